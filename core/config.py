@@ -1,0 +1,124 @@
+"""``CompileConfig``: what to compile, with which backend, around which distributed engine.
+
+The compile fields mirror ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ``dynamic``,
+``options``, ``disable``); the rest is torchkiln's own. Values are layered by
+:mod:`torchkiln.config_sources` and validated by :mod:`torchkiln.config_validation`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+REGION_ERROR_POLICIES = ("raise", "eager")
+REST_POLICIES = ("eager", "leaves")
+PROGRESS_CHOICES = ("auto", "on", "off")
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+@attrs.frozen
+class RegionsConfig:
+    """How regions are selected (``regions:`` in YAML)."""
+
+    strategy: str = attrs.field(default="auto", converter=_lower)
+    """``auto`` (repeated blocks if any, else the whole model), ``repeated``, ``whole``,
+    ``classes``, ``paths``, ``hierarchical``, or a name a plugin declared."""
+    classes: tuple[str, ...] = ()
+    """Class-name globs: the blocks for ``classes``; extra block hints for ``repeated``."""
+    paths: tuple[str, ...] = ()
+    """Module-path globs (``model.layers.*``) for ``paths``."""
+    exclude: tuple[str, ...] = ()
+    """Module-path globs never compiled, whatever the strategy."""
+    rest: str = attrs.field(default="eager", converter=_lower)
+    """What happens outside the selected blocks: ``eager`` (left alone) or ``leaves`` (each
+    leaf module with parameters, such as ``lm_head``, compiled on its own)."""
+    min_repeats: int = 2
+    """How many same-class siblings make a repeated block."""
+
+
+@attrs.frozen
+class DDPConfig:
+    """Keyword arguments passed to ``DistributedDataParallel`` (``distributed.ddp:``)."""
+
+    find_unused_parameters: bool = False
+    bucket_cap_mb: float | None = None
+    broadcast_buffers: bool = True
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+@attrs.frozen
+class FSDP2Config:
+    """Options of the FSDP2 strategy (``distributed.fsdp2:``)."""
+
+    reshard_after_forward: bool = True
+    activation_checkpointing: bool = False
+    """Wrap each block in activation checkpointing before compiling it."""
+    mesh_device: str | None = None
+    """Device type of the device mesh; ``None`` picks it from the process group's backend
+    (``cpu`` for gloo)."""
+    dynamo_flags: bool = False
+    """Turn on the Dynamo settings the FSDP2 + compile + checkpointing recipe needs
+    (``capture_scalar_outputs``, ``skip_fwd_side_effects_in_bwd_under_checkpoint``) for the
+    lifetime of the compiled model; :func:`torchkiln.decompile` restores them."""
+
+
+@attrs.frozen
+class DeepSpeedConfig:
+    """Options of the DeepSpeed strategy (``distributed.deepspeed:``)."""
+
+    config: dict[str, Any] | str | None = None
+    """DeepSpeed's own configuration: a mapping, or the path of its JSON file."""
+
+
+@attrs.frozen
+class DistributedConfig:
+    """Which distributed engine wraps the model (``distributed:`` in YAML)."""
+
+    strategy: str = attrs.field(default="none", converter=_lower)
+    """``none``, ``ddp``, ``fsdp2``, ``deepspeed``, or a name a plugin declared."""
+    ddp: DDPConfig = attrs.Factory(DDPConfig)
+    fsdp2: FSDP2Config = attrs.Factory(FSDP2Config)
+    deepspeed: DeepSpeedConfig = attrs.Factory(DeepSpeedConfig)
+    options: dict[str, Any] = attrs.Factory(dict)
+    """Options for a strategy a third-party plugin provides."""
+
+
+@attrs.frozen
+class CompileConfig:
+    """Everything :func:`torchkiln.compile` needs to know. Frozen; use ``attrs.evolve``."""
+
+    backend: str = attrs.field(default="inductor", converter=_lower)
+    """A registered backend name (``torchkiln plugins`` lists them) or any name torch knows;
+    ``no`` turns compilation off. Case-insensitive."""
+    mode: str | None = None
+    """Passed to ``torch.compile``; checked against what the backend accepts."""
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    """``None`` is torch's automatic dynamic shapes (recompile once with symbolic sizes)."""
+    options: dict[str, Any] = attrs.Factory(dict)
+    """Backend options, as ``torch.compile(options=...)``."""
+    disable: bool = False
+    """Leave the model untouched (``torch.compile(disable=True)``)."""
+    regions: RegionsConfig = attrs.Factory(RegionsConfig)
+    distributed: DistributedConfig = attrs.Factory(DistributedConfig)
+    on_region_error: str = attrs.field(default="raise", converter=_lower)
+    """``raise``: a region that fails to compile raises. ``eager``: it runs eagerly, the
+    others stay compiled, and :func:`torchkiln.report` says why."""
+    cache_dir: str | None = None
+    """Directory for persistent compile artifacts (inductor FX-graph and AOTAutograd
+    caches); ``None`` leaves torch's own default."""
+    progress: str = attrs.field(default="auto", converter=_lower)
+    """Per-region progress during the first (compiling) call: ``auto`` (only on a
+    terminal), ``on``, ``off``."""
+    report: bool = False
+    """Print the compile report after the first compiled call."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything will be compiled."""
+        return not self.disable and self.backend != "no"

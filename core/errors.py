@@ -1,0 +1,69 @@
+"""Exceptions raised by torchkiln.
+
+Every error a user can cause derives from :class:`TorchkilnError`, so one ``except`` catches
+them all; each subclass names one concern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+
+@attrs.frozen
+class ConfigProblem:
+    """One bad value: where it is, what it was, what is allowed."""
+
+    path: str
+    """JSONPath-like field path (``$.distributed.strategy``)."""
+    message: str
+    """What is wrong and what is allowed."""
+    source: str = ""
+    """Where the value came from: ``default``, ``file:PATH``, ``env:NAME``, ``argument``,
+    ``plugin:NAME``."""
+
+    def __str__(self) -> str:
+        where = f" (from {self.source})" if self.source and self.source != "default" else ""
+        return f"{self.path}{where}: {self.message}"
+
+
+class TorchkilnError(Exception):
+    """Base class of every torchkiln error."""
+
+
+class ConfigError(TorchkilnError, ValueError):
+    """Bad configuration from a YAML file, the environment, keyword options or a plugin.
+
+    Lists every problem found, each with its field path, the bad value and what is allowed.
+    """
+
+    def __init__(self, problems: Sequence[ConfigProblem] | str):
+        if isinstance(problems, str):
+            problems = [ConfigProblem(path="$", message=problems)]
+        self.problems: tuple[ConfigProblem, ...] = tuple(problems)
+        count = len(self.problems)
+        head = f"invalid torchkiln configuration ({count} problem{'s' if count != 1 else ''}):"
+        super().__init__("\n".join([head, *(f"  {p}" for p in self.problems)]))
+
+
+class PluginError(TorchkilnError):
+    """A plugin failed to load, declared something invalid, or raised inside a hook."""
+
+
+class RegionCompileError(TorchkilnError):
+    """A region failed to compile under the ``raise`` region error policy."""
+
+    def __init__(self, path: str, group: str, error: BaseException):
+        self.path = path
+        self.group = group
+        self.error = error
+        super().__init__(
+            f"compiling region {path or '<root>'!r} (group {group!r}) failed: "
+            f"{type(error).__name__}: {error}. Set on_region_error='eager' to run failing "
+            "regions eagerly instead."
+        )
+
+
+class DistributedError(TorchkilnError):
+    """A distributed strategy cannot run as configured (no process group, wrapped twice, ...)."""

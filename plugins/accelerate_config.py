@@ -1,0 +1,1 @@
+"""Built-in plugin: accelerate_config (being written)."""

@@ -1,0 +1,1 @@
+"""Built-in plugin: fsdp2 (being written)."""

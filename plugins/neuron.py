@@ -1,0 +1,1 @@
+"""Built-in plugin: neuron (being written)."""
