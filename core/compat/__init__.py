@@ -1,0 +1,6 @@
+"""Compatibility layers for code written against other libraries.
+
+``torchkiln.compat.accelerate`` gives Hugging Face Accelerate users their dynamo
+configuration and ``compile_regions`` calls, running on torchkiln. Nothing here is imported
+by ``import torchkiln``; Accelerate itself is never imported.
+"""
