@@ -63,6 +63,10 @@ class RegionPlan:
     """One line saying why this plan was chosen (shown by ``torchkiln plan`` and logged)."""
     requested: str = ""
     """The strategy the configuration asked for (``auto``, say), when it differs."""
+    nested: tuple[RegionGroup, ...] = ()
+    """Blocks inside the compiled regions that are marked with
+    ``torch.compiler.nested_compile_region`` (the ``hierarchical`` strategy): traced and
+    compiled once, reused at every call site."""
 
     def regions(self) -> Iterator[Region]:
         for group in self.groups:
@@ -87,4 +91,5 @@ class RegionPlan:
                 for g in self.groups
             ],
             "eager": [{"path": e.path, "reason": e.reason} for e in self.eager],
+            "nested": [{"name": g.name, "regions": [r.path for r in g.regions]} for g in self.nested],
         }

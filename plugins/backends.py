@@ -1,1 +1,49 @@
-"""Built-in plugin: backends (being written)."""
+"""Built-in plugin: the core backends ``inductor``, ``eager``, ``aot_eager``, ``cudagraphs``
+and ``no``. Any other name ``torch._dynamo.list_backends()`` knows works too (compiled by
+torchkiln with ``torch.compile`` itself)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchkiln.config import CompileConfig
+from torchkiln.hookspecs import hookimpl
+from torchkiln.inplace import default_compile
+from torchkiln.regions import RegionGroup
+from torchkiln.specs import Availability, BackendSpec
+
+INDUCTOR_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _cuda_available() -> Availability:
+    if torch.cuda.is_available():
+        return Availability.yes()
+    return Availability.no("cudagraphs needs a CUDA device and torch.cuda.is_available() is False")
+
+
+BACKENDS = (
+    BackendSpec("inductor", "TorchInductor: Triton on GPU, C++/OpenMP on CPU", modes=INDUCTOR_MODES),
+    BackendSpec("eager", "Dynamo capture only, runs the graph eagerly (debugging)", modes=()),
+    BackendSpec("aot_eager", "Dynamo + AOTAutograd, runs eagerly (debugging, fast tests)", modes=()),
+    BackendSpec("cudagraphs", "CUDA graphs without inductor", probe=_cuda_available, modes=(),
+                devices=("cuda",)),
+    BackendSpec("no", "compilation off: the model runs eagerly", modes=()),
+)
+_NAMES = frozenset(spec.name for spec in BACKENDS)
+
+
+@hookimpl
+def declare_backends() -> list[BackendSpec]:
+    return list(BACKENDS)
+
+
+@hookimpl
+def compile_region(
+    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
+) -> Callable[..., Any] | None:
+    if backend not in _NAMES or backend == "no":
+        return None
+    return default_compile(fn, config)

@@ -1,1 +1,29 @@
-"""Built-in plugin: local (being written)."""
+"""Built-in plugin: the ``none`` distributed strategy (one process, no wrapper)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from torchkiln.config import CompileConfig
+from torchkiln.distributed import DistributedResult
+from torchkiln.hookspecs import hookimpl
+from torchkiln.regions import RegionPlan
+from torchkiln.specs import DistributedSpec
+
+
+@hookimpl
+def declare_distributed() -> list[DistributedSpec]:
+    return [DistributedSpec("none", "no distributed engine: compile the model in place")]
+
+
+@hookimpl(trylast=True)
+def wrap_distributed(
+    model: nn.Module, config: CompileConfig, plan: RegionPlan, strategy: str,
+    compile_regions: Callable[[nn.Module], None],
+) -> DistributedResult | None:
+    if strategy != "none":
+        return None
+    compile_regions(model)
+    return DistributedResult(wrapped=model, module=model, strategy="none")

@@ -1,0 +1,179 @@
+"""Persistent compile cache: where compiled artifacts live, and how to carry them elsewhere.
+
+Two mechanisms, both torch's own:
+
+1. **The cache directory.** Inductor's FX-graph cache (``<dir>/fxgraph``), the AOTAutograd cache
+   (``<dir>/aotautograd``), the generated C++/Triton code and its locks all live under one
+   directory, which torch reads from the environment variable ``TORCHINDUCTOR_CACHE_DIR``
+   (``torch._inductor.runtime.cache_dir_utils.cache_dir``) every time it needs a path. Neither
+   ``torch._inductor.config`` nor ``torch._functorch.config`` has a setting for the location,
+   only on/off switches (``fx_graph_cache``, ``enable_autograd_cache``, both on by default).
+   Some derived paths are memoised in process (``CacheBase.get_local_cache_path``), so
+   :func:`apply_cache_dir` sets the variable *and* clears inductor's registered in-process
+   caches, the same two steps as torch's own ``temporary_cache_dir``. Set it before the first
+   compiled call: graphs compiled before the switch were written to the old directory.
+
+   The variable is process-wide, and inductor's compile worker processes inherit it; that is
+   why it is an explicit option (``cache_dir``) and why :func:`apply_cache_dir` returns a
+   handle that restores the previous value (``torchkiln.decompile`` calls it).
+
+2. **Portable cache artifacts.** ``torch.compiler.save_cache_artifacts()`` serialises every
+   cache entry this process created or loaded (FX graph, AOTAutograd, autotuning, PGO) into
+   one blob; ``load_cache_artifacts`` puts them into the local caches of another process,
+   another machine or a container image, so that its first compile is a cache hit.
+   :func:`save_cache_artifacts` / :func:`load_cache_artifacts` do that to and from a file.
+
+See ``docs/cache.md`` for sharing one directory between ranks and machines.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import attrs
+
+from torchkiln.errors import TorchkilnError
+
+CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+"""The environment variable inductor (and AOTAutograd, and Dynamo's PGO) read for the cache
+location."""
+
+
+def _clear_inductor_memos() -> None:
+    # Paths derived from the cache dir are memoised in process; torch's own
+    # temporary_cache_dir() clears them the same way when it switches directories.
+    try:
+        from torch._inductor.utils import clear_caches
+    except ImportError:  # pragma: no cover - very old torch
+        return
+    clear_caches()
+
+
+@attrs.define
+class CacheDirSetting:
+    """The cache directory in force since :func:`apply_cache_dir`, and what it replaced.
+
+    Use it as a context manager, or call :meth:`restore` when done.
+    """
+
+    path: str
+    """The absolute cache directory now in force."""
+    previous: str | None
+    """The value of ``TORCHINDUCTOR_CACHE_DIR`` before (``None``: it was unset)."""
+    restored: bool = False
+
+    def restore(self) -> None:
+        """Put the previous cache directory back (idempotent)."""
+        if self.restored:
+            return
+        self.restored = True
+        if os.environ.get(CACHE_DIR_ENV) != self.path:
+            # Someone changed it after us; theirs wins, we do not clobber it.
+            return
+        if self.previous is None:
+            os.environ.pop(CACHE_DIR_ENV, None)
+        else:
+            os.environ[CACHE_DIR_ENV] = self.previous
+        _clear_inductor_memos()
+
+    def __enter__(self) -> CacheDirSetting:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.restore()
+
+
+def apply_cache_dir(path: str | os.PathLike[str]) -> CacheDirSetting:
+    """Point inductor's FX-graph and AOTAutograd caches at ``path`` (created if missing).
+
+    :return: a :class:`CacheDirSetting`; its ``restore()`` (or leaving it as a context
+        manager) puts the previous directory back.
+    :raises TorchkilnError: when ``path`` exists and is not a directory, or cannot be created.
+    """
+    directory = Path(path).expanduser().resolve()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as error:
+        raise TorchkilnError(f"cache_dir {str(path)!r} exists and is not a directory") from error
+    except OSError as error:
+        raise TorchkilnError(f"cache_dir {str(path)!r} cannot be created: {error}") from error
+    previous = os.environ.get(CACHE_DIR_ENV)
+    os.environ[CACHE_DIR_ENV] = str(directory)
+    _clear_inductor_memos()
+    return CacheDirSetting(path=str(directory), previous=previous)
+
+
+def current_cache_dir() -> str:
+    """The directory inductor uses now (the environment variable, else torch's default)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return os.path.abspath(os.environ.get(CACHE_DIR_ENV) or default_cache_dir())
+
+
+def cache_dir_environment(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Environment entries that make a child process (a bench worker, a launched rank) use
+    ``path`` as its compile cache from its first compile on."""
+    return {CACHE_DIR_ENV: str(Path(path).expanduser().resolve())}
+
+
+def save_cache_artifacts(path: str | os.PathLike[str]) -> Any:
+    """Write torch's portable cache artifacts of this process to ``path``.
+
+    The artifacts are every compile-cache entry this process created or loaded so far, so
+    call it after the compiled model's first calls (forward, and backward when training).
+
+    :return: torch's ``CacheInfo`` (which artifacts were saved, by kind).
+    :raises TorchkilnError: when nothing has been compiled in this process yet.
+    """
+    import torch
+
+    result = torch.compiler.save_cache_artifacts()
+    if result is None:
+        raise TorchkilnError(
+            "no compile cache artifacts to save: nothing has been compiled in this process "
+            "yet (run the compiled model first, forward and backward if you train)"
+        )
+    blob, info = result
+    target = Path(path).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write then rename, so a reader (another rank) never sees half a file.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(blob)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return info
+
+
+def load_cache_artifacts(path: str | os.PathLike[str]) -> Any:
+    """Load portable cache artifacts written by :func:`save_cache_artifacts` into this
+    process's compile caches, so the next compile of the same graphs is a cache hit.
+
+    Call it before the first compiled call.
+
+    :return: torch's ``CacheInfo`` of what was loaded (``None`` when the file held nothing
+        usable by this torch version).
+    :raises TorchkilnError: when ``path`` does not exist or cannot be read.
+    """
+    import torch
+
+    source = Path(path).expanduser()
+    try:
+        blob = source.read_bytes()
+    except FileNotFoundError as error:
+        raise TorchkilnError(f"cache artifacts file {str(path)!r} does not exist") from error
+    except OSError as error:
+        raise TorchkilnError(f"cache artifacts file {str(path)!r} cannot be read: {error}") from error
+    return torch.compiler.load_cache_artifacts(blob)

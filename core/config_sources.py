@@ -1,0 +1,261 @@
+"""Where configuration comes from, lowest to highest precedence:
+
+defaults < YAML file < ``TORCHKILN_*`` environment < keyword arguments < ``resolve_compile_config``
+
+The YAML file is the explicit path given, else ``$TORCHKILN_CONFIG``, else ``./torchkiln.yaml``
+when it exists. Each layer is a nested mapping; layers merge field by field and every field
+remembers its source, which ``torchkiln config show`` prints and error messages name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from torchkiln.config import CompileConfig
+from torchkiln.errors import ConfigError, ConfigProblem
+
+ENV_PREFIX = "TORCHKILN_"
+DEFAULT_FILE = "torchkiln.yaml"
+# Shorthands: a string in place of a section means its strategy.
+SECTION_SHORTHANDS = {"regions": "strategy", "distributed": "strategy"}
+# TORCHKILN_* variables that are not configuration fields.
+CONTROL_VARIABLES = frozenset(
+    {
+        "TORCHKILN_CONFIG",
+        "TORCHKILN_DISABLE_PLUGIN_AUTOLOAD",
+        "TORCHKILN_PLUGINS",
+        "TORCHKILN_DISABLED_PLUGINS",
+        "TORCHKILN_STRICT_PLUGINS",
+        "TORCHKILN_TRACE_PLUGINS",
+        "TORCHKILN_ACCELERATE_CONFIG",
+    }
+)
+ENV_TRUE = ("1", "true", "yes", "on")
+ENV_FALSE = ("0", "false", "no", "off")
+
+
+@attrs.frozen
+class Layer:
+    """One source of configuration values."""
+
+    source: str
+    """``file:PATH``, ``env``, ``argument``, ``plugin:NAME`` ..."""
+    values: Mapping[str, Any]
+    """Nested mapping in the YAML shape."""
+    env_names: Mapping[str, str] = attrs.Factory(dict)
+    """For the environment layer: field path -> variable name."""
+
+    def source_of(self, path: str) -> str:
+        if path in self.env_names:
+            return f"env:{self.env_names[path]}"
+        return self.source
+
+
+# --- the schema, derived from the attrs classes ------------------------------------------------
+
+
+def leaf_fields(cls: type = CompileConfig, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every settable field as (dotted path, type); attrs-class fields are descended into."""
+    hints = typing.get_type_hints(cls)
+    for field in attrs.fields(cls):
+        path = f"{prefix}{field.name}"
+        kind = hints[field.name]
+        if attrs.has(kind):
+            yield from leaf_fields(kind, path + ".")
+        else:
+            yield path, kind
+
+
+def section_classes(cls: type = CompileConfig, prefix: str = "") -> Iterator[tuple[str, type]]:
+    """Every attrs section as (dotted path, class); the root is ``""``."""
+    yield prefix.rstrip("."), cls
+    hints = typing.get_type_hints(cls)
+    for field in attrs.fields(cls):
+        if attrs.has(hints[field.name]):
+            yield from section_classes(hints[field.name], f"{prefix}{field.name}.")
+
+
+def env_name(path: str) -> str:
+    return ENV_PREFIX + path.upper().replace(".", "_")
+
+
+def dollar(path: str) -> str:
+    return "$." + path if path else "$"
+
+
+# --- the file layer ----------------------------------------------------------------------------
+
+
+def find_config_file(explicit: str | os.PathLike[str] | None, env: Mapping[str, str], cwd: Path) -> Path | None:
+    if explicit is not None:
+        return Path(explicit)
+    if env.get("TORCHKILN_CONFIG"):
+        return Path(env["TORCHKILN_CONFIG"])
+    candidate = cwd / DEFAULT_FILE
+    return candidate if candidate.is_file() else None
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a torchkiln YAML file with a safe loader; any problem is a ConfigError."""
+    where = f"file:{path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError([ConfigProblem("$", f"cannot read config file: {error.strerror or error}", where)]) from error
+    try:
+        data = yaml.safe_load(text)
+    except yaml.constructor.ConstructorError as error:
+        mark = error.problem_mark
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError([ConfigProblem(
+            "$", f"YAML tag not allowed{line}: {error.problem}. torchkiln reads YAML with a safe "
+            "loader: only plain mappings, lists, strings, numbers, booleans and null", where,
+        )]) from error
+    except yaml.YAMLError as error:
+        raise ConfigError([ConfigProblem("$", f"not valid YAML: {error}", where)]) from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigProblem(
+            "$", f"the top level must be a mapping of fields, got {type(data).__name__}", where)])
+    return data
+
+
+# --- the environment layer ---------------------------------------------------------------------
+
+
+def _parse_env_value(raw: str, kind: Any) -> Any:
+    """Turn one environment string into a value of ``kind``; ValueError says what is allowed."""
+    text = raw.strip()
+    args = typing.get_args(kind)
+    optional = type(None) in args
+    if optional and text.lower() in ("", "none", "null", "auto"):
+        return None
+    base = next((a for a in args if a is not type(None)), kind) if args and _is_union(kind) else kind
+    if base is bool:
+        if text.lower() in ENV_TRUE:
+            return True
+        if text.lower() in ENV_FALSE:
+            return False
+        allowed = "/".join(ENV_TRUE + ENV_FALSE) + ("/none" if optional else "")
+        raise ValueError(f"{raw!r} is not a boolean; allowed: {allowed}")
+    if base is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{raw!r} is not a whole number") from None
+    if base is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{raw!r} is not a number") from None
+    if typing.get_origin(base) is tuple:
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    if typing.get_origin(base) is dict or base is dict:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{raw!r} is not a JSON object ({error.msg})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{raw!r} is not a JSON object")
+        return value
+    return text
+
+
+def _is_union(kind: Any) -> bool:
+    return typing.get_origin(kind) in (typing.Union, types.UnionType)
+
+
+def env_fields() -> dict[str, tuple[str, Any]]:
+    """Variable name -> (field path, type), shorthands included."""
+    table = {env_name(path): (path, kind) for path, kind in leaf_fields()}
+    for section, field in SECTION_SHORTHANDS.items():
+        table[env_name(section)] = (f"{section}.{field}", str)
+    return table
+
+
+def read_env(env: Mapping[str, str]) -> tuple[Layer, list[ConfigProblem], list[str]]:
+    """The environment layer, the problems found, and unknown TORCHKILN_* names."""
+    table = env_fields()
+    values: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    problems: list[ConfigProblem] = []
+    unknown: list[str] = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in CONTROL_VARIABLES:
+            continue
+        if name not in table:
+            unknown.append(name)
+            continue
+        path, kind = table[name]
+        try:
+            value = _parse_env_value(env[name], kind)
+        except ValueError as error:
+            problems.append(ConfigProblem(dollar(path), str(error), f"env:{name}"))
+            continue
+        set_path(values, path, value)
+        names[path] = name
+    return Layer("env", values, names), problems, unknown
+
+
+# --- merging -----------------------------------------------------------------------------------
+
+
+def set_path(target: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        target = target.setdefault(part, {})
+    target[last] = value
+
+
+def normalise_shorthands(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``regions: whole`` means ``regions: {strategy: whole}``; attrs instances become dicts."""
+    result: dict[str, Any] = {}
+    for key, value in values.items():
+        if attrs.has(type(value)):
+            value = attrs.asdict(value, recurse=True, retain_collection_types=True)
+        if key in SECTION_SHORTHANDS and isinstance(value, str):
+            value = {SECTION_SHORTHANDS[key]: value}
+        result[key] = value
+    return result
+
+
+def merge_layers(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Merge layers (later wins) into one nested mapping plus each leaf's source.
+
+    Sections (attrs sub-configs) merge key by key; any other value, mappings such as
+    ``options`` included, is replaced whole.
+    """
+    sections = {path for path, _ in section_classes()}
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    def walk(target: dict[str, Any], values: Mapping[str, Any], prefix: str, layer: Layer) -> None:
+        for key, value in values.items():
+            path = f"{prefix}{key}"
+            if path in sections and isinstance(value, Mapping):
+                child = target.get(key)
+                if not isinstance(child, dict):
+                    child = target[key] = {}
+                walk(child, value, path + ".", layer)
+            else:
+                target[key] = value
+                sources[path] = layer.source_of(path)
+
+    for layer in layers:
+        walk(merged, normalise_shorthands(layer.values), "", layer)
+    return merged, sources
+
+
+def all_sources(explicit: Mapping[str, str]) -> dict[str, str]:
+    """Every leaf field path with its source, ``default`` where nothing set it."""
+    return {path: explicit.get(path, "default") for path, _ in leaf_fields()}

@@ -1,0 +1,211 @@
+"""Structure merged configuration into :class:`CompileConfig` and check it, collecting every
+problem into one :class:`ConfigError`.
+
+Structuring is cattrs with strict primitive hooks (``"yes"`` is not a boolean, ``1`` is not a
+string), so a wrong type is reported with its path, not coerced. Semantic checks (registered
+backend names, modes a backend takes, strategies a plugin declares) need the plugin manager.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import cattrs
+
+from torchkiln.config import PROGRESS_CHOICES, REGION_ERROR_POLICIES, REST_POLICIES, CompileConfig
+from torchkiln.config_sources import dollar, section_classes
+from torchkiln.errors import ConfigError, ConfigProblem
+
+_TYPE_NAMES = {bool: "a boolean (true/false)", int: "a whole number", float: "a number",
+               str: "a string"}
+
+
+def _strict(kind: type) -> Any:
+    def structure(value: Any, _: Any) -> Any:
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            raise TypeError(f"expected {_TYPE_NAMES[kind]}, got {type(value).__name__} {value!r}")
+        return value
+
+    return structure
+
+
+def _string_tuple(value: Any, _: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _mapping(value: Any, _: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a mapping, got {type(value).__name__} {value!r}")
+    return dict(value)
+
+
+def _mapping_or_path(value: Any, _: Any) -> dict[str, Any] | str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"expected a mapping or the path of a JSON file, got {type(value).__name__}")
+
+
+def make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    for kind in (bool, int, float, str):
+        converter.register_structure_hook(kind, _strict(kind))
+    converter.register_structure_hook_func(lambda t: t == tuple[str, ...], _string_tuple)
+    converter.register_structure_hook_func(lambda t: t == dict[str, Any], _mapping)
+    converter.register_structure_hook_func(
+        lambda t: t == (dict[str, Any] | str | None), _mapping_or_path
+    )
+    return converter
+
+
+CONVERTER = make_converter()
+_CATTRS_LINE = re.compile(r"^(?P<message>.*) @ (?P<path>\$.*)$")
+
+
+def unknown_key_problems(values: Mapping[str, Any], sources: Mapping[str, str]) -> list[ConfigProblem]:
+    """Keys that are not fields, with the allowed ones and a close match."""
+    problems = []
+    for section, cls in section_classes():
+        node: Any = values
+        for part in [p for p in section.split(".") if p]:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if not isinstance(node, Mapping):
+            continue
+        allowed = [f.name for f in attrs.fields(cls)]
+        for key in node:
+            if key not in allowed:
+                path = f"{section}.{key}" if section else str(key)
+                close = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(ConfigProblem(
+                    dollar(path), f"unknown field {key!r}{hint}; allowed: {', '.join(allowed)}",
+                    sources.get(path, ""),
+                ))
+    return problems
+
+
+def without_unknown_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    sections = dict(section_classes())
+
+    def prune(node: Mapping[str, Any], section: str) -> dict[str, Any]:
+        allowed = {f.name for f in attrs.fields(sections[section])}
+        out = {}
+        for key, value in node.items():
+            if key not in allowed:
+                continue
+            child = f"{section}.{key}" if section else key
+            out[key] = prune(value, child) if child in sections and isinstance(value, Mapping) else value
+        return out
+
+    return prune(values, "")
+
+
+def structure(values: Mapping[str, Any], sources: Mapping[str, str]) -> CompileConfig:
+    """Turn a merged mapping into a CompileConfig, or raise one ConfigError with every problem."""
+    problems = unknown_key_problems(values, sources)
+    try:
+        config = CONVERTER.structure(without_unknown_keys(values), CompileConfig)
+    except Exception as error:  # cattrs groups every failure in one exception
+        for line in cattrs.transform_error(error):
+            match = _CATTRS_LINE.match(line)
+            message, path = (match["message"], match["path"]) if match else (line, "$")
+            field = path.removeprefix("$.").removeprefix("$")
+            problems.append(ConfigProblem(path, _humanise(message, values, field), sources.get(field, "")))
+        raise ConfigError(problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:
+    """cattrs says 'invalid value for type, expected X'; add the bad value."""
+    node: Any = values
+    for part in field.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    if message.startswith("invalid value for type"):
+        expected = message.removeprefix("invalid value for type, ")
+        expected = expected.replace("dict[str, typing.Any]", "a mapping").replace(" | str", " or a path")
+        return f"{expected} (got {node!r})"
+    return message
+
+
+def _choice(config_value: Any, allowed: typing.Iterable[str], what: str) -> str | None:
+    allowed = sorted(allowed)
+    if config_value in allowed:
+        return None
+    close = difflib.get_close_matches(str(config_value), allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{config_value!r} is not {what}{hint}; allowed: {', '.join(allowed)}"
+
+
+def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> None:
+    """Semantic checks against the registered plugins; raises one ConfigError."""
+    problems: list[ConfigProblem] = []
+
+    def add(path: str, message: str | None) -> None:
+        if message:
+            problems.append(ConfigProblem(dollar(path), message, sources.get(path, "")))
+
+    add("on_region_error", _choice(config.on_region_error, REGION_ERROR_POLICIES, "a region error policy"))
+    add("regions.rest", _choice(config.regions.rest, REST_POLICIES, "a rest policy"))
+    add("progress", _choice(config.progress, PROGRESS_CHOICES, "a progress setting"))
+    if config.regions.min_repeats < 1:
+        add("regions.min_repeats", f"{config.regions.min_repeats} must be at least 1")
+    add("regions.strategy", _choice(config.regions.strategy, plugins.selectors(), "a declared region strategy"))
+    add("distributed.strategy", _choice(
+        config.distributed.strategy, plugins.distributed_strategies(), "a declared distributed strategy"))
+    if config.regions.strategy == "classes" and not config.regions.classes:
+        add("regions.classes", "strategy 'classes' needs at least one class-name glob in regions.classes")
+    if config.regions.strategy == "paths" and not config.regions.paths:
+        add("regions.paths", "strategy 'paths' needs at least one module-path glob in regions.paths")
+    if config.backend != "no":
+        problems.extend(_backend_problems(config, sources, plugins))
+    strategy = plugins.distributed_strategies().get(config.distributed.strategy)
+    if strategy is not None:
+        availability = strategy.spec.probe()
+        if not availability.available:
+            add("distributed.strategy", f"{config.distributed.strategy!r} is not available: {availability.reason}")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _backend_problems(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> list[ConfigProblem]:
+    declared = plugins.backends(include_torch=False)
+    known = plugins.backends()
+    source = sources.get("backend", "")
+    if config.backend not in known:
+        torch_only = sorted(set(known) - set(declared))
+        close = difflib.get_close_matches(config.backend, list(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return [ConfigProblem("$.backend", (
+            f"{config.backend!r} is not a registered backend{hint}; registered by plugins: "
+            f"{', '.join(sorted([*declared, 'no']))}; known to torch: {', '.join(torch_only) or 'none'}"
+        ), source)]
+    spec = known[config.backend].spec
+    problems = []
+    availability = spec.probe()
+    if not availability.available:
+        problems.append(ConfigProblem("$.backend", f"backend {config.backend!r} is not available here: {availability.reason}", source))
+    if config.mode is not None and spec.modes is not None and config.mode not in spec.modes:
+        problems.append(ConfigProblem("$.mode", (
+            f"{config.mode!r} is not a mode backend {config.backend!r} accepts; allowed: "
+            f"{', '.join(spec.modes) or 'none (leave mode unset)'}"), sources.get("mode", "")))
+    if spec.options is not None:
+        for key in config.options:
+            if key not in spec.options:
+                problems.append(ConfigProblem(f"$.options.{key}", (
+                    f"backend {config.backend!r} does not accept option {key!r}; allowed: "
+                    f"{', '.join(spec.options) or 'none'}"), sources.get("options", "")))
+    return problems

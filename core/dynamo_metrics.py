@@ -1,0 +1,82 @@
+"""Read Dynamo's own compile records (counters and compilation metrics) for one window of
+time, so the report states what torch measured rather than guesses."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import attrs
+import torch._dynamo.utils as dynamo_utils
+
+RECOMPILE_LIMIT_MARKERS = ("recompile limit", "recompile_limit", "cache_size_limit")
+
+
+@attrs.frozen
+class CompileRecord:
+    """One Dynamo frame compilation, reduced to what the report shows."""
+
+    compile_id: str
+    co_name: str
+    seconds: float
+    graph_ops: int
+    recompile_reason: str | None
+    fail_reason: str | None
+    cache_hits: int
+    cache_misses: int
+
+    @property
+    def hit_recompile_limit(self) -> bool:
+        text = f"{self.fail_reason or ''} {self.recompile_reason or ''}".lower()
+        return any(marker in text for marker in RECOMPILE_LIMIT_MARKERS)
+
+
+def _record(metrics: Any) -> CompileRecord:
+    hits = sum(int(getattr(metrics, name, 0) or 0) for name in (
+        "inductor_fx_local_cache_hit_count", "inductor_fx_remote_cache_hit_count",
+        "aotautograd_local_cache_hit_count", "aotautograd_remote_cache_hit_count"))
+    misses = sum(int(getattr(metrics, name, 0) or 0) for name in (
+        "inductor_fx_local_cache_miss_count", "inductor_fx_remote_cache_miss_count",
+        "aotautograd_local_cache_miss_count", "aotautograd_remote_cache_miss_count"))
+    return CompileRecord(
+        compile_id=str(getattr(metrics, "compile_id", "") or ""),
+        co_name=str(getattr(metrics, "co_name", "") or ""),
+        seconds=float(getattr(metrics, "entire_frame_compile_time_s", 0.0) or 0.0),
+        graph_ops=int(getattr(metrics, "graph_op_count", 0) or 0),
+        recompile_reason=getattr(metrics, "recompile_reason", None),
+        fail_reason=getattr(metrics, "fail_reason", None),
+        cache_hits=hits,
+        cache_misses=misses,
+    )
+
+
+def all_records() -> list[CompileRecord]:
+    """Every compilation Dynamo still remembers (it keeps the most recent ones only)."""
+    return [_record(m) for m in dynamo_utils.get_compilation_metrics()]
+
+
+@attrs.define
+class Window:
+    """Counters and compile records between :meth:`open` and :meth:`close`."""
+
+    _metrics_before: list[Any] = attrs.field(factory=list)
+    _graphs_before: int = 0
+    _breaks_before: collections.Counter[str] = attrs.field(factory=collections.Counter)
+
+    @classmethod
+    def open(cls) -> Window:
+        counters = dynamo_utils.counters
+        return cls(
+            list(dynamo_utils.get_compilation_metrics()),
+            int(counters["stats"]["unique_graphs"]),
+            collections.Counter(counters["graph_break"]),
+        )
+
+    def close(self) -> tuple[list[CompileRecord], int, dict[str, int]]:
+        """New compile records, graphs compiled, and graph-break reasons with counts."""
+        before_ids = {id(m) for m in self._metrics_before}
+        new = [_record(m) for m in dynamo_utils.get_compilation_metrics() if id(m) not in before_ids]
+        counters = dynamo_utils.counters
+        graphs = int(counters["stats"]["unique_graphs"]) - self._graphs_before
+        breaks = collections.Counter(counters["graph_break"]) - self._breaks_before
+        return new, max(graphs, 0), dict(breaks)

@@ -1,0 +1,259 @@
+"""Compile regions in place and undo it.
+
+Each region's ``forward`` becomes an instance attribute: the group's compiled function bound to
+the module. ``nn.Module.__call__`` still runs the module's hooks eagerly around it, exactly as
+with ``nn.Module.compile()``; the class, attributes, children and ``state_dict()`` keys are
+untouched. Unlike ``nn.Module.compile()`` this also compiles ``torch.nn`` built-ins
+(``nn.Linear``, ``nn.TransformerEncoderLayer``): Dynamo skips a *top* frame whose code lives in
+``torch/nn``, so each group is compiled through a small function of its own (a fresh code
+object per group, hence one Dynamo cache per group shared by all of its regions).
+
+The first call of each region goes through a shim that times it, reads Dynamo's records,
+applies the region error policy and reports progress; it then installs the bare compiled
+function, so nothing of torchkiln stays on the forward path.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.config import CompileConfig
+from torchkiln.dynamo_metrics import CompileRecord, Window
+from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
+from torchkiln.progress import ProgressObserver
+from torchkiln.regions import Region, RegionGroup, RegionPlan
+
+STATE_ATTR = "_torchkiln_compiled"
+_MISSING = object()
+
+
+@attrs.define(eq=False)
+class RegionState:
+    """What torchkiln knows about one compiled region."""
+
+    region: Region
+    group_index: int
+    previous_forward: Any = _MISSING
+    """The instance-level ``forward`` the module had before, if any (restored by decompile)."""
+    status: str = "pending"
+    """``pending`` (not called yet), ``compiled``, ``eager`` (fell back), ``failed``."""
+    fallback_reason: str | None = None
+    first_call_seconds: float | None = None
+    records: list[CompileRecord] = attrs.Factory(list)
+    graphs: int = 0
+    graph_breaks: dict[str, int] = attrs.Factory(dict)
+
+
+@attrs.define(eq=False)
+class CompiledModel:
+    """State kept on the root module (in ``__dict__``, never as a submodule or buffer)."""
+
+    plan: RegionPlan
+    config: CompileConfig
+    regions: list[RegionState]
+    code_names: dict[str, str]
+    """Group name -> the co_name of its compiled function (to attribute later recompiles)."""
+    nested: list[tuple[nn.Module, Any]] = attrs.Factory(list)
+    restore: list[Callable[[], None]] = attrs.Factory(list)
+    """Undo actions for anything set beyond forwards (distributed strategies add to it)."""
+    on_first_calls_done: list[Callable[[CompiledModel], None]] = attrs.Factory(list)
+
+    @property
+    def pending(self) -> int:
+        return sum(state.status == "pending" for state in self.regions)
+
+
+def state_of(model: Any) -> CompiledModel | None:
+    return getattr(model, "__dict__", {}).get(STATE_ATTR)
+
+
+def group_function(group: RegionGroup, index: int, forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(module, *args, **kwargs) -> forward(module, ...)`` with a code object of its own."""
+
+    def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return forward(module, *args, **kwargs)
+
+    name = "torchkiln_" + "".join(c if c.isalnum() else "_" for c in group.name) + f"_{index}"
+    region_forward.__code__ = region_forward.__code__.replace(co_name=name, co_qualname=name)
+    region_forward.__name__ = region_forward.__qualname__ = name
+    return region_forward
+
+
+def instance_forward_function(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """For a module whose ``forward`` was already replaced on the instance (autocast wrappers)."""
+
+    def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return previous(*args, **kwargs)
+
+    return region_forward
+
+
+def default_compile(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
+    """``torch.compile`` with the configured options (used for backends only torch knows)."""
+    kwargs: dict[str, Any] = {
+        "backend": config.backend, "fullgraph": config.fullgraph, "dynamic": config.dynamic,
+    }
+    if config.mode is not None:
+        kwargs["mode"] = config.mode
+    if config.options:
+        kwargs["options"] = dict(config.options)
+    return torch.compile(fn, **kwargs)
+
+
+def _is_compile_failure(error: BaseException) -> bool:
+    import torch._dynamo.exc as dynamo_exc
+
+    return isinstance(error, dynamo_exc.TorchDynamoException | RegionCompileError)
+
+
+class Compiler:
+    """Compiles one plan's regions in place."""
+
+    def __init__(self, plan: RegionPlan, config: CompileConfig, plugins: Any, progress: ProgressObserver):
+        self.plan = plan
+        self.config = config
+        self.plugins = plugins
+        self.progress = progress
+        self.calls = 0
+
+    def __call__(self, root: nn.Module) -> None:
+        """The ``compile_regions`` callback handed to ``wrap_distributed``."""
+        self.calls += 1
+        if self.calls > 1:
+            raise TorchkilnError("compile_regions was called twice; a wrap_distributed plugin "
+                                 "must call it exactly once")
+        if state_of(root) is not None:
+            raise TorchkilnError("this model is already compiled by torchkiln; call "
+                                 "torchkiln.decompile(model) first")
+        state = CompiledModel(self.plan, self.config, [], {})
+        object.__setattr__(root, STATE_ATTR, state)
+        self._mark_nested(root, state)
+        for index, group in enumerate(self.plan.groups):
+            self._compile_group(root, state, index, group)
+
+    def _compile_group(self, root: nn.Module, state: CompiledModel, index: int, group: RegionGroup) -> None:
+        modules = [root.get_submodule(region.path) for region in group.regions]
+        shared = group_function(group, index, type(modules[0]).forward)
+        state.code_names[group.name] = shared.__code__.co_name
+        compiled_shared, error = self._compile(shared, group)
+        for region, module in zip(group.regions, modules, strict=True):
+            region_state = RegionState(region, index, module.__dict__.get("forward", _MISSING))
+            state.regions.append(region_state)
+            if error is not None:
+                region_state.status = "eager"
+                region_state.fallback_reason = f"compile_region failed: {type(error).__name__}: {error}"
+                continue
+            compiled = compiled_shared
+            if region_state.previous_forward is not _MISSING:
+                # A per-instance forward (an autocast wrapper, say) is compiled on its own.
+                compiled, _ = self._compile(instance_forward_function(region_state.previous_forward), group)
+            bound = types.MethodType(compiled, module)
+            module.__dict__["forward"] = self._first_call_shim(module, bound, region_state, state)
+
+    def _compile(self, fn: Callable[..., Any], group: RegionGroup) -> tuple[Callable[..., Any], BaseException | None]:
+        try:
+            compiled = self.plugins.hook.compile_region(
+                fn=fn, group=group, config=self.config, backend=self.config.backend)
+            if compiled is None:
+                if self.plugins.backends().get(self.config.backend) is None:
+                    raise PluginError(f"no plugin compiles backend {self.config.backend!r}")
+                compiled = default_compile(fn, self.config)
+            return compiled, None
+        except Exception as error:
+            if self.config.on_region_error == "raise":
+                raise RegionCompileError(group.regions[0].path, group.name, error) from error
+            return fn, error
+
+    def _first_call_shim(
+        self, module: nn.Module, compiled: Callable[..., Any], region_state: RegionState, state: CompiledModel
+    ) -> Callable[..., Any]:
+        group_count = len(self.plan.groups)
+        progress = self.progress
+        policy = self.config.on_region_error
+
+        def first_call(*args: Any, **kwargs: Any) -> Any:
+            region = region_state.region
+            progress.start(region, region_state.group_index, group_count)
+            window = Window.open()
+            started = time.perf_counter()
+            module.__dict__["forward"] = compiled  # recursion and re-entry see the final state
+            try:
+                output = compiled(*args, **kwargs)
+                region_state.status = "compiled"
+            except Exception as error:
+                output = _handle_failure(module, region_state, error, policy, args, kwargs)
+            finally:
+                region_state.first_call_seconds = time.perf_counter() - started
+                region_state.records, region_state.graphs, region_state.graph_breaks = window.close()
+                progress.done(region, region_state.first_call_seconds, region_state.status == "compiled")
+                if state.pending == 0:
+                    for callback in state.on_first_calls_done:
+                        callback(state)
+            return output
+
+        return first_call
+
+    def _mark_nested(self, root: nn.Module, state: CompiledModel) -> None:
+        """Hierarchical plans: mark blocks with ``nested_compile_region`` (once per class)."""
+        if not self.plan.nested:
+            return
+        marked_by_class: dict[type, Callable[..., Any]] = {}
+        for group in self.plan.nested:
+            for region in group.regions:
+                module = root.get_submodule(region.path)
+                cls = type(module)
+                if cls not in marked_by_class:
+                    marked_by_class[cls] = torch.compiler.nested_compile_region(cls.forward)
+                state.nested.append((module, module.__dict__.get("forward", _MISSING)))
+                module.__dict__["forward"] = types.MethodType(marked_by_class[cls], module)
+
+
+def _handle_failure(
+    module: nn.Module, region_state: RegionState, error: Exception, policy: str,
+    args: tuple[Any, ...], kwargs: dict[str, Any],
+) -> Any:
+    region = region_state.region
+    if not _is_compile_failure(error):
+        region_state.status = "compiled"
+        raise error  # the user's own error, raised the same way eager would
+    region_state.fallback_reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    if policy == "raise":
+        region_state.status = "failed"
+        raise RegionCompileError(region.path, region.group, error) from error
+    region_state.status = "eager"
+    _restore_forward(module, region_state.previous_forward)
+    print(f"torchkiln: region {region.display_path} ({region.group}) runs eagerly: "
+          f"{region_state.fallback_reason}", file=sys.stderr)
+    # Hooks already ran in nn.Module.__call__; only the forward itself runs again, eagerly.
+    return module.forward(*args, **kwargs)
+
+
+def _restore_forward(module: nn.Module, previous: Any) -> None:
+    if previous is _MISSING:
+        module.__dict__.pop("forward", None)
+    else:
+        module.__dict__["forward"] = previous
+
+
+def decompile(root: nn.Module) -> bool:
+    """Remove every compiled path torchkiln installed on ``root``; ``False`` if none."""
+    state = state_of(root)
+    if state is None:
+        return False
+    for region_state in state.regions:
+        module = root.get_submodule(region_state.region.path)
+        _restore_forward(module, region_state.previous_forward)
+    for module, previous in state.nested:
+        _restore_forward(module, previous)
+    for undo in reversed(state.restore):
+        undo()
+    del root.__dict__[STATE_ATTR]
+    return True

@@ -1,0 +1,157 @@
+"""The public pipeline: ``compile``, ``plan``, ``decompile``, ``is_compiled``, ``report``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from torch import nn
+
+from torchkiln.distributed import DistributedResult
+from torchkiln.errors import DistributedError, PluginError, TorchkilnError
+from torchkiln.inplace import STATE_ATTR, CompiledModel, Compiler, state_of
+from torchkiln.inplace import decompile as _decompile_inplace
+from torchkiln.plugin_manager import PluginManager, get_plugin_manager
+from torchkiln.progress import make_progress
+from torchkiln.regions import RegionPlan
+from torchkiln.report import CompileReport, build_report
+from torchkiln.resolve import ConfigArg, ResolvedConfig, resolve_config
+
+logger = logging.getLogger("torchkiln")
+RESULT_ATTR = "_torchkiln_distributed"
+
+
+def _plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> RegionPlan:
+    config = resolved.config
+    selector = config.regions.strategy
+    plan = pm.hook.select_regions(model=model, config=config, selector=selector)
+    if plan is None:
+        raise PluginError(f"no plugin answered select_regions for strategy {selector!r}")
+    level = logging.WARNING if plan.selector != selector and plan.selector == "whole" else logging.INFO
+    logger.log(level, "torchkiln: %s", plan.reason or f"selected {plan.region_count} regions")
+    return plan
+
+
+def plan(model: nn.Module, config: ConfigArg = None, *, plugins: PluginManager | None = None,
+         **options: Any) -> RegionPlan:
+    """The region plan for ``model``, without compiling anything.
+
+    :param model: the root module.
+    :param config: see :func:`torchkiln.compile`.
+    :param options: ``CompileConfig`` fields.
+    :return: each region's path and group, what stays eager and why.
+    """
+    pm = plugins or get_plugin_manager()
+    return _plan(model, resolve_config(config, plugins=pm, **options), pm)
+
+
+def _check_not_wrapped(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TorchkilnError(f"torchkiln.compile expects a torch.nn.Module, got {type(model).__name__}")
+    wrapped_by = {
+        "DistributedDataParallel": "DDP", "DataParallel": "DataParallel",
+        "FullyShardedDataParallel": "FSDP", "DeepSpeedEngine": "DeepSpeed",
+        "OptimizedModule": "torch.compile",
+    }
+    name = type(model).__name__
+    if name in wrapped_by:
+        raise DistributedError(
+            f"the model is already wrapped by {wrapped_by[name]} ({name}); pass the plain module "
+            "to torchkiln.compile and let the distributed strategy wrap it "
+            "(distributed='ddp' / 'fsdp2' / 'deepspeed')"
+        )
+
+
+def compile(model: nn.Module, config: ConfigArg = None, *, plugins: PluginManager | None = None,
+            **options: Any) -> Any:
+    """Compile ``model`` region by region, in place.
+
+    :param model: the root module (not yet wrapped by DDP, FSDP or DeepSpeed).
+    :param config: a YAML path, a mapping in the YAML shape, or a ``CompileConfig``. By default
+        ``$TORCHKILN_CONFIG`` or ``./torchkiln.yaml`` is read when present.
+    :param plugins: a :class:`~torchkiln.PluginManager` (default: the process one).
+    :param options: ``CompileConfig`` fields (``backend="eager"``, ``regions="whole"``, ...),
+        the highest-precedence source.
+    :return: ``model`` itself, compiled in place; or, with a distributed strategy, what that
+        strategy wraps it in (the DDP module, the FSDP2-sharded model, the DeepSpeed engine).
+    :raises ConfigError: bad configuration, before anything is touched.
+    """
+    _check_not_wrapped(model)
+    pm = (plugins or get_plugin_manager()).ensure_loaded()
+    resolved = resolve_config(config, plugins=pm, **options)
+    cfg = resolved.config
+    if not cfg.enabled:
+        logger.info("torchkiln: compilation is off (backend=%r, disable=%r)", cfg.backend, cfg.disable)
+        if cfg.distributed.strategy == "none":
+            return model
+    region_plan = _plan(model, resolved, pm) if cfg.enabled else RegionPlan("none", (), reason="compilation off")
+    compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
+    compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
+    result = pm.hook.wrap_distributed(
+        model=model, config=cfg, plan=region_plan, strategy=cfg.distributed.strategy,
+        compile_regions=compile_regions,
+    )
+    if result is None:
+        raise PluginError(f"no plugin answered wrap_distributed for strategy {cfg.distributed.strategy!r}")
+    if compiler.calls != 1:
+        raise PluginError(
+            f"the {cfg.distributed.strategy!r} strategy called compile_regions {compiler.calls} "
+            "times; it must call it exactly once")
+    state = state_of(result.module)
+    if state is not None and cfg.report:
+        state.on_first_calls_done.append(lambda s: print(build_report(s), file=sys.stderr))
+    if result.wrapped is not result.module:
+        object.__setattr__(result.wrapped, RESULT_ATTR, result) if _can_tag(result.wrapped) else None
+    return result.wrapped
+
+
+def _skip_compile(compiler: Compiler) -> Any:
+    def skip(module: nn.Module) -> None:
+        compiler.calls += 1
+
+    return skip
+
+
+def _can_tag(obj: Any) -> bool:
+    return hasattr(obj, "__dict__")
+
+
+def _root(model: Any) -> nn.Module:
+    """The plain module behind whatever compile returned."""
+    result: DistributedResult | None = getattr(model, "__dict__", {}).get(RESULT_ATTR)
+    if result is not None:
+        return result.module
+    return model
+
+
+def _compiled_state(model: Any) -> CompiledModel | None:
+    return state_of(_root(model))
+
+
+def is_compiled(model: Any) -> bool:
+    """Whether torchkiln compiled ``model`` (or the module inside the returned wrapper)."""
+    return _compiled_state(model) is not None
+
+
+def decompile(model: Any) -> nn.Module:
+    """Undo :func:`torchkiln.compile` in place: every region's ``forward`` and every setting
+    torchkiln changed is restored. Returns the plain module (unwrapped from DDP/DeepSpeed when
+    ``model`` is a wrapper torchkiln returned). A no-op on a module torchkiln did not compile."""
+    root = _root(model)
+    _decompile_inplace(root)
+    if root is not model and RESULT_ATTR in getattr(model, "__dict__", {}):
+        del model.__dict__[RESULT_ATTR]
+    return root
+
+
+def report(model: Any) -> CompileReport:
+    """Per region: graphs compiled, compile seconds, graph breaks, recompiles, cache hits and
+    any fallback reason, from Dynamo's own records. Meaningful after the first call."""
+    state = _compiled_state(model)
+    if state is None:
+        raise TorchkilnError("this model was not compiled by torchkiln.compile (or was decompiled)")
+    return build_report(state)
+
+
+__all__ = ["STATE_ATTR", "compile", "decompile", "is_compiled", "plan", "report"]

@@ -1,0 +1,128 @@
+"""``torchkiln.report(model)``: per region, what Dynamo compiled and what it cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from torchkiln.dynamo_metrics import CompileRecord, all_records
+from torchkiln.inplace import CompiledModel, RegionState
+
+
+@attrs.frozen
+class RegionReport:
+    """One region after its first call."""
+
+    path: str
+    group: str
+    status: str
+    """``compiled``, ``eager`` (fell back), ``failed``, or ``pending`` (not called yet)."""
+    graphs: int
+    """Graphs Dynamo compiled during this region's first call (0 when it reused its group's)."""
+    compile_seconds: float
+    """Dynamo's own compile time for those graphs."""
+    first_call_seconds: float | None
+    graph_breaks: dict[str, int]
+    recompiles: int
+    recompile_reasons: tuple[str, ...]
+    cache_hits: int
+    """Inductor FX-graph and AOTAutograd cache hits while compiling this region."""
+    reused: bool
+    """The region ran its group's already-compiled code (a Dynamo cache hit)."""
+    fallback_reason: str | None
+    recompile_limit_hit: bool
+
+    @property
+    def graph_break_count(self) -> int:
+        return sum(self.graph_breaks.values())
+
+
+@attrs.frozen
+class CompileReport:
+    """What :func:`torchkiln.report` returns. ``str()`` renders a table."""
+
+    backend: str
+    selector: str
+    reason: str
+    regions: tuple[RegionReport, ...]
+    eager: tuple[tuple[str, str], ...]
+    later_recompiles: dict[str, tuple[str, ...]]
+    """Recompiles after the first calls (new shapes, say), by group, with Dynamo's reasons."""
+
+    @property
+    def total_graphs(self) -> int:
+        return sum(r.graphs for r in self.regions)
+
+    @property
+    def total_compile_seconds(self) -> float:
+        return sum(r.compile_seconds for r in self.regions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self, recurse=True) | {
+            "total_graphs": self.total_graphs,
+            "total_compile_seconds": self.total_compile_seconds,
+        }
+
+    def __str__(self) -> str:
+        try:
+            from torchkiln.report_table import render_report
+        except ImportError:
+            return _plain_table(self)
+        return render_report(self)
+
+
+def _region_report(state: RegionState) -> RegionReport:
+    records: list[CompileRecord] = state.records
+    reasons = tuple(r.recompile_reason for r in records if r.recompile_reason)
+    return RegionReport(
+        path=state.region.path,
+        group=state.region.group,
+        status=state.status,
+        graphs=state.graphs,
+        compile_seconds=round(sum(r.seconds for r in records), 6),
+        first_call_seconds=state.first_call_seconds,
+        graph_breaks=dict(state.graph_breaks),
+        recompiles=len(reasons),
+        recompile_reasons=reasons,
+        cache_hits=sum(r.cache_hits for r in records),
+        reused=state.status == "compiled" and not records,
+        fallback_reason=state.fallback_reason,
+        recompile_limit_hit=any(r.hit_recompile_limit for r in records),
+    )
+
+
+def build_report(state: CompiledModel) -> CompileReport:
+    seen = {r.compile_id for s in state.regions for r in s.records}
+    later: dict[str, list[str]] = {}
+    code_to_group = {code: group for group, code in state.code_names.items()}
+    for record in all_records():
+        group = next((g for code, g in code_to_group.items() if code in record.co_name), None)
+        if group is not None and record.compile_id not in seen:
+            later.setdefault(group, []).append(record.recompile_reason or record.fail_reason or "compiled")
+    return CompileReport(
+        backend=state.config.backend,
+        selector=state.plan.selector,
+        reason=state.plan.reason,
+        regions=tuple(_region_report(s) for s in state.regions),
+        eager=tuple((e.path, e.reason) for e in state.plan.eager),
+        later_recompiles={g: tuple(v) for g, v in later.items()},
+    )
+
+
+def _plain_table(report: CompileReport) -> str:
+    header = ("region", "group", "status", "graphs", "compile s", "breaks", "recompiles", "cache hits")
+    rows = [header] + [
+        (r.path or "<root>", r.group, r.status + (" (reused)" if r.reused else ""), str(r.graphs),
+         f"{r.compile_seconds:.2f}", str(r.graph_break_count), str(r.recompiles), str(r.cache_hits))
+        for r in report.regions
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [f"torchkiln compile report: backend={report.backend} selector={report.selector}"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    for r in report.regions:
+        if r.fallback_reason:
+            lines.append(f"  {r.path or '<root>'}: {r.fallback_reason}")
+        if r.recompile_limit_hit:
+            lines.append(f"  {r.path or '<root>'}: hit Dynamo's recompile limit; later calls run eagerly")
+    return "\n".join(lines)

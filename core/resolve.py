@@ -1,0 +1,130 @@
+"""Resolve the effective :class:`CompileConfig` from every source, and say where each value
+came from."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from torchkiln import config_sources as sources_
+from torchkiln.config import CompileConfig
+from torchkiln.config_validation import check, structure
+from torchkiln.errors import ConfigError, ConfigProblem, PluginError
+from torchkiln.plugin_manager import PluginManager, get_plugin_manager
+
+ConfigArg = CompileConfig | Mapping[str, Any] | str | os.PathLike[str] | None
+
+
+@attrs.frozen
+class ResolvedConfig:
+    """The effective configuration and the source of every field."""
+
+    config: CompileConfig
+    sources: Mapping[str, str]
+    """Dotted field path -> ``default``, ``file:PATH``, ``env:NAME``, ``argument``,
+    ``plugin:NAME``."""
+    file: Path | None = None
+
+
+def resolve_config(
+    config: ConfigArg = None,
+    *,
+    plugins: PluginManager | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> ResolvedConfig:
+    """Merge defaults < YAML file < ``TORCHKILN_*`` < ``options``, validate, run plugins.
+
+    :param config: a YAML path (used instead of ``$TORCHKILN_CONFIG`` / ``./torchkiln.yaml``), a
+        mapping in the YAML shape (a layer above the file), or a complete ``CompileConfig``
+        (used as given: no file or environment is read).
+    :param plugins: the plugin manager (default: the process one).
+    :param env: the environment (default ``os.environ``).
+    :param cwd: where ``torchkiln.yaml`` is looked for (default: the current directory).
+    :param options: ``CompileConfig`` fields, highest precedence.
+    :raises ConfigError: listing every bad value with its path, source and allowed values.
+    """
+    pm = (plugins or get_plugin_manager()).ensure_loaded()
+    env = dict(os.environ if env is None else env)
+    layers, problems, file = _layers(config, env, Path(cwd or os.getcwd()))
+    if options:
+        layers.append(sources_.Layer("argument", options))
+    values, explicit = sources_.merge_layers(layers)
+    all_sources = sources_.all_sources(explicit)
+    if problems:
+        try:
+            structure(values, all_sources)
+        except ConfigError as error:
+            problems.extend(error.problems)
+        raise ConfigError(problems)
+    resolved = structure(values, all_sources)
+    check(resolved, all_sources, pm)
+    resolved, all_sources = _apply_plugins(resolved, all_sources, layers, pm)
+    return ResolvedConfig(resolved, all_sources, file)
+
+
+def _layers(config: ConfigArg, env: Mapping[str, str], cwd: Path) -> tuple[list[sources_.Layer], list[ConfigProblem], Path | None]:
+    if isinstance(config, CompileConfig):
+        return [sources_.Layer("config object", attrs.asdict(config, retain_collection_types=True))], [], None
+    layers: list[sources_.Layer] = []
+    path_arg = config if isinstance(config, str | os.PathLike) else None
+    file = sources_.find_config_file(path_arg, env, cwd)
+    if file is not None:
+        layers.append(sources_.Layer(f"file:{file}", sources_.read_yaml(file)))
+    env_layer, problems, unknown = sources_.read_env(env)
+    if unknown:
+        known = sorted(sources_.env_fields()) + sorted(sources_.CONTROL_VARIABLES)
+        warnings.warn(
+            f"ignoring unknown environment variable(s) {', '.join(unknown)}; torchkiln reads: "
+            + ", ".join(known), RuntimeWarning, stacklevel=4,
+        )
+    layers.append(env_layer)
+    if isinstance(config, Mapping):
+        layers.append(sources_.Layer("argument", config))
+    elif config is not None and path_arg is None:
+        raise ConfigError([ConfigProblem("$", (
+            f"config must be a CompileConfig, a mapping or the path of a YAML file, "
+            f"not {type(config).__name__}"), "argument")])
+    return layers, problems, file
+
+
+def _apply_plugins(
+    config: CompileConfig, sources: dict[str, str], layers: list[sources_.Layer], pm: PluginManager
+) -> tuple[CompileConfig, dict[str, str]]:
+    """Let every ``resolve_compile_config`` implementation adjust; the first called wins."""
+    hook = pm.hook.resolve_compile_config
+    plugin_layers: list[sources_.Layer] = []
+    owners: dict[str, str] = {}
+    for impl in reversed(hook.get_hookimpls()):
+        try:
+            override = impl.function(**{a: {"config": config, "sources": sources}[a] for a in impl.argnames})
+        except ConfigError:
+            raise
+        except Exception as error:
+            raise PluginError(
+                f"plugin {impl.plugin_name!r} raised in resolve_compile_config(): "
+                f"{type(error).__name__}: {error}") from error
+        if not override:
+            continue
+        _, paths = sources_.merge_layers([sources_.Layer(f"plugin:{impl.plugin_name}", override)])
+        for path in paths:
+            if path in owners:
+                warnings.warn(
+                    f"plugins {owners[path]!r} and {impl.plugin_name!r} both set {path!r} in "
+                    f"resolve_compile_config; keeping {owners[path]!r}'s value", RuntimeWarning, stacklevel=4)
+        owners.update({p: impl.plugin_name for p in paths if p not in owners})
+        plugin_layers.append(sources_.Layer(f"plugin:{impl.plugin_name}", override))
+    if not plugin_layers:
+        return config, sources
+    # Reversed, so the first-called plugin is merged last and wins.
+    values, explicit = sources_.merge_layers(layers + plugin_layers[::-1])
+    merged_sources = sources_.all_sources(explicit)
+    adjusted = structure(values, merged_sources)
+    check(adjusted, merged_sources, pm)
+    return adjusted, merged_sources
