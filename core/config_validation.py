@@ -186,12 +186,14 @@ def _backend_problems(config: CompileConfig, sources: Mapping[str, str], plugins
     known = plugins.backends()
     source = sources.get("backend", "")
     if config.backend not in known:
-        torch_only = sorted(set(known) - set(declared))
+        # Torch's debugging and testing-only backends work by name but are not advertised.
+        torch_only = sorted(n for n in set(known) - set(declared)
+                            if "testing_only" not in n and "minifier" not in n)
         close = difflib.get_close_matches(config.backend, list(known), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return [ConfigProblem("$.backend", (
             f"{config.backend!r} is not a registered backend{hint}; registered by plugins: "
-            f"{', '.join(sorted([*declared, 'no']))}; known to torch: {', '.join(torch_only) or 'none'}"
+            f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
         ), source)]
     spec = known[config.backend].spec
     problems = []

@@ -1,0 +1,228 @@
+"""The ``torchkiln`` command line (also ``python -m torchkiln``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from torchkiln.errors import TorchkilnError
+
+# Sub-commands that live with their own feature: (module, function adding the parser).
+EXTRA_COMMANDS = (("torchkiln.bench.cli", "add_bench_parser"),)
+EXTRA_CONFIG_COMMANDS = (("torchkiln.compat.accelerate_cli", "add_import_accelerate_parser"),)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except TorchkilnError as error:
+        print(f"torchkiln: error: {error}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchkiln", description="Regional, in-place torch.compile for large models.")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_plugins(commands)
+    _add_config(commands)
+    _add_plan(commands)
+    for module, function in EXTRA_COMMANDS:
+        _add_extra(commands, module, function)
+    return parser
+
+
+def _add_extra(subparsers: Any, module: str, function: str) -> None:
+    try:
+        adder = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError):
+        return  # that feature is not part of this installation
+    adder(subparsers)
+
+
+# --- torchkiln plugins -------------------------------------------------------------------------
+
+
+def _add_plugins(commands: Any) -> None:
+    p = commands.add_parser("plugins", help="list plugins, backends, region and distributed strategies",
+                            description="List every plugin and what it declares, with availability.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.set_defaults(handler=_plugins)
+
+
+def plugins_listing() -> dict[str, Any]:
+    from torchkiln.plugin_manager import get_plugin_manager
+
+    pm = get_plugin_manager().ensure_loaded()
+
+    def availability(spec: Any) -> dict[str, Any]:
+        result = spec.probe()
+        return {"available": result.available, "reason": result.reason}
+
+    return {
+        "plugins": [attrs.asdict(info) for info in pm.plugin_infos()],
+        "failed": [attrs.asdict(f) for f in pm.failed],
+        "backends": [
+            {"name": name, "plugin": d.plugin, "origin": d.spec.origin, "description": d.spec.description,
+             "training": d.spec.training, "modes": d.spec.modes, "devices": d.spec.devices,
+             **availability(d.spec)}
+            for name, d in sorted(pm.backends().items())
+        ],
+        "selectors": [{"name": n, "plugin": d.plugin, "description": d.spec.description}
+                      for n, d in sorted(pm.selectors().items())],
+        "distributed": [{"name": n, "plugin": d.plugin, "description": d.spec.description, **availability(d.spec)}
+                        for n, d in sorted(pm.distributed_strategies().items())],
+    }
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    listing = plugins_listing()
+    if args.json:
+        print(json.dumps(listing, indent=2, default=list))
+        return 0
+    print(_table("plugins", ["name", "kind", "distribution", "hooks"], [
+        [p["name"], "built-in" if p["builtin"] else "external",
+         f"{p['distribution']} {p['version']}" if p["distribution"] else "", ", ".join(p["hooks"])]
+        for p in listing["plugins"]]))
+    for failure in listing["failed"]:
+        print(f"  FAILED {failure['entry_point']} ({failure['distribution']} {failure['version']}): {failure['error']}")
+    print(_table("backends", ["name", "from", "available", "training", "why not"], [
+        [b["name"], b["plugin"], "yes" if b["available"] else "no", "yes" if b["training"] else "inference only",
+         b["reason"]] for b in listing["backends"]]))
+    print(_table("region strategies", ["name", "plugin", "description"],
+                 [[s["name"], s["plugin"], s["description"]] for s in listing["selectors"]]))
+    print(_table("distributed strategies", ["name", "plugin", "available", "why not"], [
+        [d["name"], d["plugin"], "yes" if d["available"] else "no", d["reason"]] for d in listing["distributed"]]))
+    return 0
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    rows = [header, *rows]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    lines = [f"\n{title}:"]
+    lines += ["  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+# --- torchkiln config --------------------------------------------------------------------------
+
+
+def _add_config(commands: Any) -> None:
+    p = commands.add_parser("config", help="show or validate configuration",
+                            description="Show the effective configuration or validate a file.")
+    sub = p.add_subparsers(title="config commands", metavar="COMMAND")
+    show = sub.add_parser("show", help="print the effective configuration and where each value came from",
+                          description="Defaults < YAML file < TORCHKILN_* environment; each value's source is shown.")
+    show.add_argument("--file", help="YAML file (default: $TORCHKILN_CONFIG or ./torchkiln.yaml)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(handler=_config_show)
+    validate = sub.add_parser("validate", help="check a YAML file; non-zero exit with every problem",
+                              description="Validate a torchkiln YAML file (with the current environment).")
+    validate.add_argument("file", help="YAML file to check")
+    validate.set_defaults(handler=_config_validate)
+    for module, function in EXTRA_CONFIG_COMMANDS:
+        _add_extra(sub, module, function)
+    p.set_defaults(handler=lambda args: (p.print_help(), 2)[1])
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    from torchkiln.resolve import resolve_config
+
+    resolved = resolve_config(args.file)
+    values = attrs.asdict(resolved.config, retain_collection_types=False)
+    if args.json:
+        print(json.dumps({"config": values, "sources": dict(resolved.sources),
+                          "file": str(resolved.file) if resolved.file else None}, indent=2))
+        return 0
+    print(f"# file: {resolved.file or 'none'}")
+    for path, source in resolved.sources.items():
+        value: Any = values
+        for part in path.split("."):
+            value = value[part]
+        print(f"{path} = {json.dumps(value)}  # {source}")
+    return 0
+
+
+def _config_validate(args: argparse.Namespace) -> int:
+    from torchkiln.resolve import resolve_config
+
+    resolve_config(args.file)
+    print(f"{args.file}: valid")
+    return 0
+
+
+# --- torchkiln plan ----------------------------------------------------------------------------
+
+
+def _add_plan(commands: Any) -> None:
+    p = commands.add_parser(
+        "plan", help="print the region plan of a model as a tree",
+        description="MODEL is a built-in example (llama, gpt2, toy; NAME:DEPTH picks the depth) "
+                    "or package.module:factory.")
+    p.add_argument("model", help="llama[:DEPTH], gpt2[:DEPTH], toy[:DEPTH] or package.module:factory")
+    p.add_argument("--regions", help="region strategy (default from configuration: auto)")
+    p.add_argument("--config", help="YAML file")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(handler=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import torchkiln
+    from torchkiln.examples import load_model
+
+    model = load_model(args.model)
+    options = {"regions": args.regions} if args.regions else {}
+    plan = torchkiln.plan(model, args.config, **options)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+        return 0
+    print(render_plan_tree(model, plan))
+    return 0
+
+
+def render_plan_tree(model: Any, plan: Any) -> str:
+    """The module tree down to the regions, each line marked compiled / eager / nested."""
+    region_group = {r.path: g.name for g in plan.groups for r in g.regions}
+    nested_group = {r.path: g.name for g in plan.nested for r in g.regions}
+    eager = {e.path: e.reason for e in plan.eager}
+    lines = [f"{type(model).__name__}  [{plan.reason}]"]
+    if "" in region_group:
+        lines[0] += f"  <- compiled as one region (group {region_group['']})"
+
+    def visit(module: Any, prefix: str, indent: str) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            label = f"{indent}{name}: {type(child).__name__}"
+            if path in region_group:
+                lines.append(f"{label}  <- compiled (group {region_group[path]})")
+                if any(p.startswith(path + ".") for p in nested_group):
+                    visit(child, path + ".", indent + "  ")
+                continue
+            if path in nested_group:
+                lines.append(f"{label}  <- nested region (group {nested_group[path]})")
+                continue
+            if path in eager:
+                lines.append(f"{label}  (eager: {eager[path]})")
+                continue
+            if any(p.startswith(path + ".") for p in (*region_group, *nested_group)):
+                lines.append(label)
+                visit(child, path + ".", indent + "  ")
+
+    visit(model, "", "  ")
+    units = len(plan.groups)
+    lines.append(f"\n{plan.region_count} regions in {units} groups: {units} compile unit(s) expected"
+                 + (f", {len(plan.nested)} nested block group(s)" if plan.nested else ""))
+    for group in plan.groups:
+        lines.append(f"  {group.name}: {len(group.regions)} region(s) — {group.reason}")
+    return "\n".join(lines)
