@@ -1,1 +1,57 @@
-"""Built-in plugin: xla (being written)."""
+"""Built-in plugin: PyTorch/XLA (TPUs and other XLA devices), backends ``xla`` and
+``xla_inference``.
+
+torch registers the ``openxla`` (forward and backward, through AOTAutograd) and ``openxla_eval``
+(forward only) dynamo backends itself; on first use both hand each graph to
+``torch_xla.core.dynamo_bridge``. So all this plugin needs is torch_xla importable, and the
+model and its inputs on the XLA device (``torch_xla.device()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from torchkiln.hookspecs import hookimpl
+from torchkiln.plugins._vendor import compile_with_torch, probe_import
+from torchkiln.specs import Availability, BackendSpec
+
+if TYPE_CHECKING:
+    from torchkiln.config import CompileConfig
+    from torchkiln.regions import RegionGroup
+
+INSTALL_HINT = "pip install torch_xla (https://github.com/pytorch/xla#installation)"
+BRIDGE = "torch_xla.core.dynamo_bridge"
+TORCH_BACKENDS = {"xla": "openxla", "xla_inference": "openxla_eval"}
+"""Our name -> the torch backend name."""
+
+
+def probe() -> Availability:
+    return probe_import(BRIDGE, INSTALL_HINT)
+
+
+@hookimpl
+def declare_backends() -> Sequence[BackendSpec]:
+    # Both torch backends take neither mode nor options: openxla ignores them (AOTAutograd
+    # logs and drops extra arguments) and openxla_eval raises, so say so up front.
+    common: dict[str, Any] = dict(probe=probe, modes=(), options=(), devices=("xla",))
+    return [
+        BackendSpec("xla", "PyTorch/XLA through torch's openxla backend", training=True, **common),
+        BackendSpec(
+            "xla_inference",
+            "PyTorch/XLA forward only (torch's openxla_eval); no backward",
+            training=False,
+            **common,
+        ),
+    ]
+
+
+@hookimpl
+def compile_region(
+    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
+) -> Callable[..., Any] | None:
+    torch_backend = TORCH_BACKENDS.get(backend)
+    if torch_backend is None:
+        return None
+    __import__(BRIDGE)  # fail now, naming torch_xla, rather than on the first forward call
+    return compile_with_torch(fn, config, torch_backend)

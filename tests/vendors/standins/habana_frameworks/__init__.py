@@ -1,0 +1,1 @@
+"""Stand-in for Intel Gaudi's habana_frameworks (tests only)."""
