@@ -175,5 +175,7 @@ def load_cache_artifacts(path: str | os.PathLike[str]) -> Any:
     except FileNotFoundError as error:
         raise TorchkilnError(f"cache artifacts file {str(path)!r} does not exist") from error
     except OSError as error:
-        raise TorchkilnError(f"cache artifacts file {str(path)!r} cannot be read: {error}") from error
+        raise TorchkilnError(
+            f"cache artifacts file {str(path)!r} cannot be read: {error}"
+        ) from error
     return torch.compiler.load_cache_artifacts(blob)

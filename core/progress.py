@@ -81,7 +81,9 @@ class StreamProgress:
         self.seconds += seconds
         group_index = self._current_group.pop(id(region.module), None)
         if not self.live and compiled:
-            where = f"group {group_index + 1}/{self.group_count}: " if group_index is not None else ""
+            where = (
+                f"group {group_index + 1}/{self.group_count}: " if group_index is not None else ""
+            )
             self._write_line(f"compiled {where}{_describe(region)} in {seconds:.1f} s")
         if self.finished == self.region_count:
             summary = (

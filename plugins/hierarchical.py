@@ -1,1 +1,149 @@
-"""Built-in plugin: hierarchical (being written)."""
+"""Built-in plugin: the ``hierarchical`` region strategy.
+
+The whole model is compiled as one graph (one region, the root), and every repeated block
+inside it is marked with ``torch.compiler.nested_compile_region``: Dynamo traces and compiles
+the block once and stamps it out at each call site. The goal is the steady-state speed of a
+full ``torch.compile`` (one graph, no region boundaries) with a cold start close to regional
+compilation (each block compiled once).
+
+The plan's single group is the root; ``plan.nested`` holds the repeated blocks (found exactly
+as the ``repeated`` strategy finds them, ``regions.classes`` and ``regions.exclude``
+included). The engine marks each block class's ``forward`` function once and binds it per
+instance; :func:`torchkiln.decompile` removes the marks.
+
+Where torch has no ``nested_compile_region`` the strategy falls back to regional compilation
+(the ``repeated`` plan) and says so in ``plan.reason``. Nesting one marked region inside
+another is refused: upstream it can silently compute wrong results.
+
+torch versions: 2.11 spells it ``nested_compile_region(fn=None, backend_options=None)``,
+2.12 and later ``nested_compile_region(fn=None, *, options=None, max_reuse_entries=8,
+reuse_hash_fn=None)`` (an error after 8 guard failures instead of unbounded re-tracing).
+torchkiln only ever passes the function, which both accept; :func:`mark_nested` is the one
+place that calls it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.config import CompileConfig
+from torchkiln.errors import TorchkilnError
+from torchkiln.hookspecs import hookimpl
+from torchkiln.regions import Region, RegionGroup, RegionPlan
+from torchkiln.specs import SelectorSpec
+
+NAME = "hierarchical"
+
+
+class NestedRegionError(TorchkilnError):
+    """Two nested compile regions would contain one another."""
+
+
+@hookimpl
+def declare_selectors() -> list[SelectorSpec]:
+    return [
+        SelectorSpec(
+            NAME,
+            "the whole model as one graph, each repeated block marked with "
+            "torch.compiler.nested_compile_region (compiled once, stamped out N times)",
+        )
+    ]
+
+
+@hookimpl
+def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan | None:
+    if selector != NAME:
+        return None
+    missing = missing_api_reason()
+    if missing is not None:
+        return _regional_fallback(model, config, missing)
+    return hierarchical_plan(model, config)
+
+
+def nested_region_api() -> Callable[..., Any] | None:
+    """``torch.compiler.nested_compile_region``, or ``None`` where this torch lacks it."""
+    compiler = getattr(torch, "compiler", None)
+    api = getattr(compiler, "nested_compile_region", None)
+    return api if callable(api) else None
+
+
+def missing_api_reason() -> str | None:
+    """Why hierarchical compilation cannot run on this torch (``None``: it can)."""
+    if nested_region_api() is None:
+        return (
+            f"torch {torch.__version__} has no torch.compiler.nested_compile_region "
+            "(hierarchical compilation needs torch 2.11 or later)"
+        )
+    return None
+
+
+def mark_nested(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a plain function (a block class's ``forward``) as a nested compile region.
+
+    Only the function is passed, positionally: the one form torch 2.11 and 2.12+ both accept.
+    """
+    api = nested_region_api()
+    if api is None:
+        raise TorchkilnError(missing_api_reason() or "nested_compile_region is unavailable")
+    if inspect.ismethod(fn):
+        # A bound method would bake one instance into the shared region.
+        raise TorchkilnError("mark_nested needs the class's forward function, not a bound method")
+    return api(fn)
+
+
+def hierarchical_plan(model: nn.Module, config: CompileConfig) -> RegionPlan:
+    """The root as the one compiled region, the repeated blocks as nested regions."""
+    from torchkiln.plugins.selectors import find_repeated_groups
+
+    nested = tuple(find_repeated_groups(model, config))
+    check_not_nested(nested)
+    root_name = type(model).__name__
+    if nested:
+        counts = ", ".join(f"{len(g.regions)}x {g.name}" for g in nested)
+        reason = (
+            f"hierarchical: whole model as one graph; nested_compile_region on the repeated "
+            f"blocks ({counts})"
+        )
+    else:
+        reason = (
+            "hierarchical: no repeated blocks found; the whole model is compiled as one graph "
+            "with nothing nested (the same as regions.strategy=whole)"
+        )
+    root = RegionGroup(root_name, (Region("", model, root_name),), reason)
+    return RegionPlan(NAME, (root,), reason=reason, nested=nested)
+
+
+def check_not_nested(groups: tuple[RegionGroup, ...] | list[RegionGroup]) -> None:
+    """Refuse nested regions that contain one another.
+
+    :raises NestedRegionError: naming both regions and what to change.
+    """
+    regions = [region for group in groups for region in group.regions]
+    owner_of = {id(region.module): region for region in regions}
+    for outer in regions:
+        for inner_module in outer.module.modules():
+            inner = owner_of.get(id(inner_module))
+            if inner is None or inner_module is outer.module:
+                continue
+            raise NestedRegionError(
+                f"hierarchical: nested region {outer.display_path!r} "
+                f"({type(outer.module).__name__}) contains nested region "
+                f"{inner.display_path!r} ({type(inner_module).__name__}); a "
+                "nested_compile_region inside another one is refused (it can silently "
+                "compute wrong results upstream). Narrow regions.classes, or drop one of them "
+                "with regions.exclude."
+            )
+
+
+def _regional_fallback(model: nn.Module, config: CompileConfig, why: str) -> RegionPlan:
+    from torchkiln.plugins.selectors import select_regions as builtin_select
+
+    plan: RegionPlan = builtin_select(model=model, config=config, selector="repeated")
+    reason = f"hierarchical unavailable: {why}; falling back to regional compilation. {plan.reason}"
+    return attrs.evolve(plan, reason=reason, requested=NAME)
