@@ -1,1 +1,142 @@
-"""Built-in plugin: fsdp2 (being written)."""
+"""Built-in plugin: the ``fsdp2`` distributed strategy (``torch.distributed.fsdp.fully_shard``).
+
+Order (the one torchtitan proved): optional activation checkpointing of each region, then
+in-place compile of each region, then ``fully_shard`` on each region and finally on the root.
+Compiling before sharding keeps FSDP2's parameter all-gather / reshard hooks *outside* the
+compiled code: they are module hooks, and ``nn.Module.__call__`` runs them eagerly around the
+region's compiled ``forward``, so a block's parameters are gathered before it runs and
+resharded after, exactly as without compilation.
+
+Activation checkpointing uses torch's composable ``checkpoint`` (hooks on the module, in place),
+so the state-dict keys stay the plain model's: no ``_checkpoint_wrapped_module.`` prefix.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchkiln.config import CompileConfig, FSDP2Config
+from torchkiln.distributed import (
+    DistributedResult,
+    check_not_wrapped,
+    check_options,
+    require_process_group,
+)
+from torchkiln.hookspecs import hookimpl
+from torchkiln.inplace import state_of
+from torchkiln.regions import RegionPlan
+from torchkiln.specs import DistributedSpec
+
+STRATEGY = "fsdp2"
+BACKEND_DEVICES = {"gloo": "cpu", "mpi": "cpu", "nccl": "cuda", "xccl": "xpu", "hccl": "hpu"}
+DYNAMO_FLAGS = ("capture_scalar_outputs", "skip_fwd_side_effects_in_bwd_under_checkpoint")
+"""Set to ``True`` with ``distributed.fsdp2.dynamo_flags``; the second only where torch has it."""
+
+
+@hookimpl
+def declare_distributed() -> list[DistributedSpec]:
+    return [
+        DistributedSpec(
+            STRATEGY,
+            "FSDP2 fully_shard: checkpointing, in-place compile, then shard each region and the root",
+        )
+    ]
+
+
+def mesh_device_type(settings: FSDP2Config, model: nn.Module) -> str:
+    """The device mesh's type: ``distributed.fsdp2.mesh_device``, else the process group's
+    device (``cpu`` for gloo). ``init_device_mesh``'s own default is the accelerator, which
+    a gloo process group cannot serve."""
+    if settings.mesh_device:
+        return settings.mesh_device
+    backend = str(torch.distributed.get_backend())
+    model_device = next((p.device.type for p in model.parameters()), "cpu")
+    if ":" in backend:  # one backend per device type: "cpu:gloo,cuda:nccl"
+        devices = [part.split(":", 1)[0] for part in backend.split(",")]
+        if model_device in devices:
+            return model_device
+        return next((d for d in devices if d != "cpu"), "cpu")
+    return BACKEND_DEVICES.get(backend, model_device)
+
+
+def set_dynamo_flags(model: nn.Module) -> Callable[[], None]:
+    """Turn the :data:`DYNAMO_FLAGS` on; return the (idempotent) undo, which also runs when
+    ``model`` is garbage collected."""
+    import torch._dynamo.config as dynamo_config
+
+    previous = {
+        name: getattr(dynamo_config, name) for name in DYNAMO_FLAGS if hasattr(dynamo_config, name)
+    }
+    for name in previous:
+        setattr(dynamo_config, name, True)
+    return weakref.finalize(model, _restore_flags, previous)
+
+
+def _restore_flags(previous: dict[str, Any]) -> None:
+    import torch._dynamo.config as dynamo_config
+
+    for name, value in previous.items():
+        setattr(dynamo_config, name, value)
+
+
+def _checkpoint_regions(model: nn.Module, paths: list[str]) -> None:
+    from torch.distributed._composable import checkpoint
+
+    for path in paths:
+        checkpoint(model.get_submodule(path))
+
+
+def _shard(model: nn.Module, paths: list[str], kwargs: dict[str, Any]) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    # Deepest first: a module's fully_shard leaves out parameters its sharded children manage.
+    for path in sorted((p for p in paths if p), key=lambda p: -p.count(".")):
+        fully_shard(model.get_submodule(path), **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def shard_kwargs(config: CompileConfig, model: nn.Module) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    settings = config.distributed.fsdp2
+    kwargs: dict[str, Any] = {"reshard_after_forward": settings.reshard_after_forward}
+    kwargs.update(
+        check_options(
+            STRATEGY, "fully_shard", fully_shard, config.distributed.options, reserved=("module",)
+        )
+    )
+    if kwargs.get("mesh") is None:
+        device_type = mesh_device_type(settings, model)
+        kwargs["mesh"] = init_device_mesh(device_type, (torch.distributed.get_world_size(),))
+    return kwargs
+
+
+@hookimpl
+def wrap_distributed(
+    model: nn.Module,
+    config: CompileConfig,
+    plan: RegionPlan,
+    strategy: str,
+    compile_regions: Callable[[nn.Module], None],
+) -> DistributedResult | None:
+    if strategy != STRATEGY:
+        return None
+    require_process_group(STRATEGY)
+    check_not_wrapped(model, STRATEGY)
+    settings = config.distributed.fsdp2
+    kwargs = shard_kwargs(config, model)
+    paths = list(dict.fromkeys(region.path for region in plan.regions()))
+    if settings.activation_checkpointing:
+        _checkpoint_regions(model, paths)
+    compile_regions(model)
+    state = state_of(model)
+    if settings.dynamo_flags and state is not None:
+        state.restore.append(set_dynamo_flags(model))
+    _shard(model, paths, kwargs)
+    return DistributedResult(wrapped=model, module=model, strategy=STRATEGY)
