@@ -222,7 +222,7 @@ def normalise_shorthands(values: Mapping[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in values.items():
         if attrs.has(type(value)):
-            value = attrs.asdict(value, recurse=True, retain_collection_types=True)
+            value = attrs.asdict(value, recurse=True)
         if key in SECTION_SHORTHANDS and isinstance(value, str):
             value = {SECTION_SHORTHANDS[key]: value}
         result[key] = value

@@ -71,7 +71,7 @@ def resolve_config(
 
 def _layers(config: ConfigArg, env: Mapping[str, str], cwd: Path) -> tuple[list[sources_.Layer], list[ConfigProblem], Path | None]:
     if isinstance(config, CompileConfig):
-        return [sources_.Layer("config object", attrs.asdict(config, retain_collection_types=True))], [], None
+        return [sources_.Layer("config object", attrs.asdict(config))], [], None
     layers: list[sources_.Layer] = []
     path_arg = config if isinstance(config, str | os.PathLike) else None
     file = sources_.find_config_file(path_arg, env, cwd)
