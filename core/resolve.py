@@ -7,7 +7,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import attrs
 
@@ -17,7 +17,7 @@ from torchkiln.config_validation import check, structure
 from torchkiln.errors import ConfigError, ConfigProblem, PluginError
 from torchkiln.plugin_manager import PluginManager, get_plugin_manager
 
-ConfigArg = CompileConfig | Mapping[str, Any] | str | os.PathLike[str] | None
+ConfigArg: TypeAlias = CompileConfig | Mapping[str, Any] | str | os.PathLike[str] | None
 
 
 @attrs.frozen

@@ -29,6 +29,10 @@ class Availability:
         return cls(False, reason)
 
 
+def _lower_name(name: str) -> str:
+    return name.lower()
+
+
 def _always_available() -> Availability:
     return Availability.yes()
 
@@ -40,7 +44,7 @@ class BackendSpec:
     The plugin that declares a backend also answers ``compile_region`` for it.
     """
 
-    name: str = attrs.field(converter=str.lower)
+    name: str = attrs.field(converter=_lower_name)
     """Name users pass as ``backend=`` (matched case-insensitively)."""
     description: str = ""
     probe: Callable[[], Availability] = _always_available
@@ -63,7 +67,7 @@ class BackendSpec:
 class SelectorSpec:
     """A region strategy (value of ``regions.strategy``) a plugin provides."""
 
-    name: str = attrs.field(converter=str.lower)
+    name: str = attrs.field(converter=_lower_name)
     description: str = ""
 
 
@@ -71,7 +75,7 @@ class SelectorSpec:
 class DistributedSpec:
     """A distributed strategy (value of ``distributed.strategy``) a plugin provides."""
 
-    name: str = attrs.field(converter=str.lower)
+    name: str = attrs.field(converter=_lower_name)
     description: str = ""
     probe: Callable[[], Availability] = _always_available
     """Tells whether the strategy's engine is installed (DeepSpeed, say)."""
