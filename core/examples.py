@@ -88,7 +88,10 @@ EXAMPLES: dict[str, Callable[..., nn.Module]] = {"llama": llama, "gpt2": gpt2, "
 def example_inputs(model: nn.Module, batch: int = 1, seq: int = 128) -> torch.Tensor:
     """Token ids that fit ``model``'s vocabulary."""
     config = getattr(model, "config", None)
-    vocab = getattr(config, "vocab_size", None) or model.embed.num_embeddings
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is None:
+        embedding = next(m for m in model.modules() if isinstance(m, nn.Embedding))
+        vocab = embedding.num_embeddings
     generator = torch.Generator().manual_seed(1)
     return torch.randint(0, vocab, (batch, seq), generator=generator)
 
