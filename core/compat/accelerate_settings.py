@@ -120,10 +120,12 @@ BACKEND_MAP: Mapping[DynamoBackend, BackendMapping] = {
         "onnxrt",
     ),
     DynamoBackend.TENSORRT: BackendMapping("tensorrt", "Torch-TensorRT"),
-    DynamoBackend.AOT_TORCHXLA_TRACE_ONCE: BackendMapping("openxla", "torch_xla, training"),
-    DynamoBackend.TORCHXLA_TRACE_ONCE: BackendMapping("openxla_eval", "torch_xla, inference"),
+    DynamoBackend.AOT_TORCHXLA_TRACE_ONCE: BackendMapping("xla", "PyTorch/XLA, training"),
+    DynamoBackend.TORCHXLA_TRACE_ONCE: BackendMapping(
+        "xla_inference", "PyTorch/XLA, inference only"
+    ),
     DynamoBackend.TVM: BackendMapping("tvm", "Apache TVM"),
-    DynamoBackend.HPU_BACKEND: BackendMapping("hpu_backend", "Intel Gaudi"),
+    DynamoBackend.HPU_BACKEND: BackendMapping("hpu", "Intel Gaudi's hpu_backend"),
     DynamoBackend.NEURON: BackendMapping("neuron", "AWS Neuron"),
 }
 
@@ -172,10 +174,10 @@ def _known_backends_hint() -> str:
     try:
         from torchkiln.plugin_manager import get_plugin_manager
 
-        names = sorted(get_plugin_manager().backends())
+        names = sorted(get_plugin_manager().backends(include_torch=False))
     except Exception:  # an error message must not fail while being built
         return " (`torchkiln plugins` lists them)"
-    return f" (here: {', '.join(names)})"
+    return f" (plugins here: {', '.join(names)}; `torchkiln plugins` lists torch's too)"
 
 
 def parse_truth(value: object, path: str, source: str) -> bool:

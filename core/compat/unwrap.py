@@ -1,0 +1,170 @@
+"""Unwrapping without touching the prepared model.
+
+``extract_model_from_parallel`` hands back the plain module behind DDP, DataParallel, FSDP
+(v1) or a DeepSpeed engine and, on request, a version of it without torch.compile or without
+the mixed-precision ``forward`` wrapper. torchkiln compiles in place, so "without compile"
+cannot be a reference to an untouched original: it is an *uncompiled twin*, a new module
+tree that shares every parameter, buffer and untouched submodule with the prepared model
+and copies only the modules that carry a compiled ``forward`` (and their ancestors). The
+prepared model is never modified.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from torchkiln.inplace import STATE_ATTR, CompiledModel, RegionState, state_of
+
+ORIG_MOD = "_orig_mod"
+ORIGINAL_FORWARD = "_original_forward"
+"""Where ``Accelerator.prepare`` keeps the forward it wrapped in autocast."""
+_MISSING: Any = object()
+LIVE_STATUSES = ("pending", "compiled")
+"""Region statuses whose ``forward`` is a compiled path (``eager``/``failed`` fell back)."""
+
+
+def container_types() -> tuple[type, ...]:
+    """Wrapper classes whose ``.module`` is the user's model; vendor classes only if loaded."""
+    types_: list[type] = [nn.parallel.DistributedDataParallel, nn.DataParallel]
+    fsdp = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    if fsdp is not None:
+        types_.append(fsdp.FullyShardedDataParallel)
+    deepspeed = sys.modules.get("deepspeed")
+    engine = getattr(deepspeed, "DeepSpeedEngine", None) if deepspeed is not None else None
+    if isinstance(engine, type):
+        types_.append(engine)
+    return tuple(types_)
+
+
+def unwrap_containers(model: Any) -> Any:
+    """``model.module`` through every DDP / DataParallel / FSDP / DeepSpeed layer, read only."""
+    wrappers = container_types()
+    while isinstance(model, wrappers):
+        model = model.module
+    return model
+
+
+def live_regions(state: CompiledModel | None) -> list[RegionState]:
+    if state is None:
+        return []
+    return [r for r in state.regions if r.status in LIVE_STATUSES]
+
+
+def shallow_module_copy(module: nn.Module) -> nn.Module:
+    """A new instance of the same class sharing tensors, children and settings with
+    ``module``; its own registries (parameters, buffers, children, hooks) are new dicts, so
+    changing the copy never changes ``module``."""
+    twin = module.__class__.__new__(module.__class__)
+    for key, value in module.__dict__.items():
+        twin.__dict__[key] = copy.copy(value) if isinstance(value, dict | set) else value
+    twin.__dict__.pop(STATE_ATTR, None)
+    twin.__dict__.pop(ORIG_MOD, None)
+    return twin
+
+
+def carry_forward(forward: Any, original: nn.Module, twin: nn.Module, path: str) -> Any:
+    """``forward`` as it should be on ``twin``: rebound if it was bound to ``original``;
+    ``_MISSING`` (use the class ``forward``) if it closes over ``original`` and cannot move."""
+    if forward is _MISSING:
+        return _MISSING
+    if isinstance(forward, types.MethodType) and forward.__self__ is original:
+        if forward.__func__ is getattr(type(original), "forward", None):
+            return _MISSING
+        return types.MethodType(forward.__func__, twin)
+    if _closes_over(forward, original):
+        warnings.warn(
+            f"the instance forward of {path or '<root>'} ({forward!r}) wraps the prepared "
+            "module's own bound forward, so it cannot run on an uncompiled copy; the copy uses "
+            "the class forward instead. Wrap forward as a method (MethodType) to keep it.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return _MISSING
+    return forward
+
+
+def _closes_over(function: Any, module: nn.Module) -> bool:
+    """Whether ``function`` or a function it ``functools.wraps`` is a method of ``module``."""
+    seen = 0
+    while function is not None and seen < 32:
+        if getattr(function, "__self__", None) is module:
+            return True
+        function = getattr(function, "__wrapped__", None)
+        seen += 1
+    return False
+
+
+def without_fp32_wrapper(original: nn.Module, forward: Any) -> Any:
+    """The forward ``Accelerator.prepare`` wrapped, if it did; else ``forward`` unchanged."""
+    if ORIGINAL_FORWARD not in original.__dict__:
+        return forward
+    return original.__dict__[ORIGINAL_FORWARD]
+
+
+def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
+    """``root`` as it was before torchkiln compiled it, as a parameter-sharing twin."""
+    state = state_of(root)
+    previous: dict[int, Any] = {}
+    paths: set[str] = {""}
+    if state is not None:
+        for region in state.regions:
+            previous[id(region.region.module)] = region.previous_forward
+            paths.update(_with_ancestors(region.region.path))
+        for module, before in state.nested:
+            previous.setdefault(id(module), before)
+        for path, module in root.named_modules(remove_duplicate=False):
+            if id(module) in previous:  # nested_compile_region marks (hierarchical plans)
+                paths.update(_with_ancestors(path))
+    return _copy_tree(root, "", paths, previous, drop_fp32_wrapper, {})
+
+
+def root_copy_without_fp32_wrapper(root: nn.Module) -> nn.Module:
+    """A copy of ``root`` alone (children shared, still compiled) minus the autocast wrapper."""
+    twin = shallow_module_copy(root)
+    _set_forward(twin, carry_forward(without_fp32_wrapper(root, _MISSING), root, twin, ""))
+    twin.__dict__.pop(ORIGINAL_FORWARD, None)
+    return twin
+
+
+def _with_ancestors(path: str) -> list[str]:
+    parts = path.split(".") if path else []
+    return [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _copy_tree(
+    module: nn.Module,
+    path: str,
+    paths: set[str],
+    previous: dict[int, Any],
+    drop_fp32_wrapper: bool,
+    memo: dict[int, nn.Module],
+) -> nn.Module:
+    if id(module) in memo:  # a submodule reachable twice stays one object in the twin
+        return memo[id(module)]
+    twin = memo[id(module)] = shallow_module_copy(module)
+    for name, child in module._modules.items():
+        child_path = f"{path}.{name}" if path else name
+        if child is not None and child_path in paths:
+            twin._modules[name] = _copy_tree(
+                child, child_path, paths, previous, drop_fp32_wrapper, memo
+            )
+    forward = previous.get(id(module), module.__dict__.get("forward", _MISSING))
+    if drop_fp32_wrapper and not path:
+        forward = without_fp32_wrapper(module, forward)
+        twin.__dict__.pop(ORIGINAL_FORWARD, None)
+    _set_forward(twin, carry_forward(forward, module, twin, path))
+    return twin
+
+
+def _set_forward(module: nn.Module, forward: Callable[..., Any] | Any) -> None:
+    if forward is _MISSING:
+        module.__dict__.pop("forward", None)
+    else:
+        module.__dict__["forward"] = forward
