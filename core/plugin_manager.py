@@ -19,11 +19,12 @@ Environment variables (read when a manager is created):
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 from typing import Any, Generic, TypeVar
 
@@ -195,16 +196,22 @@ class PluginManager(pluggy.PluginManager):
 
     def _check_plugin(self, name: str, plugin: object) -> None:
         """Reject hook implementations for hooks torchkiln does not define (typos)."""
-        known = {n for n in dir(hookspecs) if isinstance(getattr(hookspecs, n), Callable)}  # type: ignore[arg-type]
+        known = self.hook_names()
         for hook_name in self._hook_names(plugin):
             if hook_name not in known:
+                close = difflib.get_close_matches(hook_name, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise PluginError(
-                    f"plugin {name!r} implements unknown hook {hook_name!r}; torchkiln hooks: "
-                    + ", ".join(sorted(self.hook_names()))
+                    f"plugin {name!r} implements unknown hook {hook_name!r}{hint}; torchkiln "
+                    "hooks: " + ", ".join(known)
                 )
 
     def hook_names(self) -> list[str]:
-        return [name for name in vars(self.hook) if not name.startswith("_")]
+        """The hooks torchkiln specifies (not names a plugin implemented without a spec)."""
+        return sorted(
+            name for name, caller in vars(self.hook).items()
+            if not name.startswith("_") and getattr(caller, "spec", None) is not None
+        )
 
     def _hook_names(self, plugin: object) -> tuple[str, ...]:
         names = []
