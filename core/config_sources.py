@@ -140,7 +140,10 @@ def _parse_env_value(raw: str, kind: Any) -> Any:
     optional = type(None) in args
     if optional and text.lower() in ("", "none", "null", "auto"):
         return None
-    base = next((a for a in args if a is not type(None)), kind) if args and _is_union(kind) else kind
+    members = [a for a in args if a is not type(None)] if _is_union(kind) else [kind]
+    if str in members[1:] and not text.startswith("{"):
+        return text  # ``dict | str``: a JSON object, else a string (a file path)
+    base = members[0]
     if base is bool:
         if text.lower() in ENV_TRUE:
             return True
