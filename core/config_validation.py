@@ -18,7 +18,7 @@ import attrs
 import cattrs
 
 from torchkiln.config import PROGRESS_CHOICES, REGION_ERROR_POLICIES, REST_POLICIES, CompileConfig
-from torchkiln.config_sources import dollar, section_classes
+from torchkiln.config_sources import SECTION_SHORTHANDS, dollar, section_classes
 from torchkiln.errors import ConfigError, ConfigProblem
 
 _TYPE_NAMES = {bool: "a boolean (true/false)", int: "a whole number", float: "a number",
@@ -134,9 +134,17 @@ def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:
     node: Any = values
     for part in field.split("."):
         node = node.get(part) if isinstance(node, Mapping) else None
+    sections = dict(section_classes())
+    if field and field in sections:
+        # cattrs says 'expected RegionsConfig' or "unknown error ('list' object has no
+        # attribute 'keys')" for a section that is not a mapping.
+        fields = ", ".join(f.name for f in attrs.fields(sections[field]))
+        shorthand = " or a strategy name" if field in SECTION_SHORTHANDS else ""
+        return f"expected a mapping with the fields {fields}{shorthand} (got {node!r})"
     if message.startswith("invalid value for type"):
         expected = message.removeprefix("invalid value for type, ")
         expected = expected.replace("dict[str, typing.Any]", "a mapping").replace(" | str", " or a path")
+        expected = expected.replace("expected tuple", "expected a list of strings")
         return f"{expected} (got {node!r})"
     return message
 
