@@ -15,6 +15,7 @@ function, so nothing of torchkiln stays on the forward path.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import types
@@ -108,6 +109,19 @@ def default_compile(fn: Callable[..., Any], config: CompileConfig) -> Callable[.
     return torch.compile(fn, **kwargs)
 
 
+def first_call_dynamo_settings(shared_by: int) -> Any:
+    """Dynamo settings for a region's first (compiling) call only, restored on exit.
+
+    Blocks of one group often differ only in an integer attribute (``layer_idx``). Dynamo
+    specialises such attributes by default, so each block would add a recompile and block 9
+    onwards would hit the recompile limit and run eagerly. Treating them as symbolic while the
+    group's code is traced lets every block reuse one graph. Nothing stays changed afterwards.
+    """
+    if shared_by < 2:
+        return contextlib.nullcontext()
+    return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
+
+
 def _is_compile_failure(error: BaseException) -> bool:
     import torch._dynamo.exc as dynamo_exc
 
@@ -178,6 +192,7 @@ class Compiler:
         group_count = len(self.plan.groups)
         progress = self.progress
         policy = self.config.on_region_error
+        shared_by = len(self.plan.groups[region_state.group_index].regions)
 
         def first_call(*args: Any, **kwargs: Any) -> Any:
             region = region_state.region
@@ -186,7 +201,8 @@ class Compiler:
             started = time.perf_counter()
             module.__dict__["forward"] = compiled  # recursion and re-entry see the final state
             try:
-                output = compiled(*args, **kwargs)
+                with first_call_dynamo_settings(shared_by):
+                    output = compiled(*args, **kwargs)
                 region_state.status = "compiled"
             except Exception as error:
                 output = _handle_failure(module, region_state, error, policy, args, kwargs)

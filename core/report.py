@@ -72,13 +72,19 @@ class CompileReport:
         return render_report(self)
 
 
-def _region_report(state: RegionState) -> RegionReport:
+def _region_report(state: RegionState, limit_hit_at: str | None) -> RegionReport:
     records: list[CompileRecord] = state.records
     reasons = tuple(r.recompile_reason for r in records if r.recompile_reason)
+    status, fallback = state.status, state.fallback_reason
+    if limit_hit_at is not None and status == "compiled" and not records:
+        # Dynamo stopped compiling this group's code: this region's frame runs eagerly.
+        status = "eager"
+        fallback = (f"Dynamo's recompile limit was hit in group {state.region.group!r} "
+                    f"(at {limit_hit_at or '<root>'}); this region runs eagerly")
     return RegionReport(
         path=state.region.path,
         group=state.region.group,
-        status=state.status,
+        status=status,
         graphs=state.graphs,
         compile_seconds=round(sum(r.seconds for r in records), 6),
         first_call_seconds=state.first_call_seconds,
@@ -86,10 +92,21 @@ def _region_report(state: RegionState) -> RegionReport:
         recompiles=len(reasons),
         recompile_reasons=reasons,
         cache_hits=sum(r.cache_hits for r in records),
-        reused=state.status == "compiled" and not records,
-        fallback_reason=state.fallback_reason,
+        reused=status == "compiled" and not records,
+        fallback_reason=fallback,
         recompile_limit_hit=any(r.hit_recompile_limit for r in records),
     )
+
+
+def _region_reports(state: CompiledModel) -> list[RegionReport]:
+    limit_hit_at: dict[str, str] = {}
+    reports = []
+    for region_state in state.regions:
+        group = region_state.region.group
+        reports.append(_region_report(region_state, limit_hit_at.get(group)))
+        if any(r.hit_recompile_limit for r in region_state.records):
+            limit_hit_at.setdefault(group, region_state.region.path)
+    return reports
 
 
 def build_report(state: CompiledModel) -> CompileReport:
@@ -104,7 +121,7 @@ def build_report(state: CompiledModel) -> CompileReport:
         backend=state.config.backend,
         selector=state.plan.selector,
         reason=state.plan.reason,
-        regions=tuple(_region_report(s) for s in state.regions),
+        regions=tuple(_region_reports(state)),
         eager=tuple((e.path, e.reason) for e in state.plan.eager),
         later_recompiles={g: tuple(v) for g, v in later.items()},
     )
@@ -125,4 +142,6 @@ def _plain_table(report: CompileReport) -> str:
             lines.append(f"  {r.path or '<root>'}: {r.fallback_reason}")
         if r.recompile_limit_hit:
             lines.append(f"  {r.path or '<root>'}: hit Dynamo's recompile limit; later calls run eagerly")
+    for group, reasons in report.later_recompiles.items():
+        lines.append(f"  group {group}: {len(reasons)} compile(s) after the first calls: {reasons[-1]}")
     return "\n".join(lines)
