@@ -8,6 +8,7 @@ backend names, modes a backend takes, strategies a plugin declares) need the plu
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 import typing
@@ -127,6 +128,47 @@ def structure(values: Mapping[str, Any], sources: Mapping[str, str]) -> CompileC
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def validate(
+    values: Mapping[str, Any], sources: Mapping[str, str], plugins: Any,
+    problems: typing.Sequence[ConfigProblem] = (),
+) -> CompileConfig:
+    """:func:`structure` then :func:`check`, every problem (``problems`` first) in one
+    ConfigError: fields that fail to structure are left at their defaults so that the
+    semantic checks still run on the rest."""
+    found = list(problems)
+    config: CompileConfig | None
+    try:
+        config = structure(values, sources)
+    except ConfigError as error:
+        found.extend(error.problems)
+        config = _structure_without(values, [p.path for p in error.problems])
+    if config is not None:
+        try:
+            check(config, sources, plugins)
+        except ConfigError as error:
+            flagged = {p.path for p in found}
+            found.extend(p for p in error.problems if p.path not in flagged)
+    if found:
+        raise ConfigError(found)
+    assert config is not None
+    return config
+
+
+def _structure_without(values: Mapping[str, Any], bad_paths: typing.Iterable[str]) -> CompileConfig | None:
+    pruned = copy.deepcopy(dict(values))
+    for path in bad_paths:
+        parts = path.split("[", 1)[0].removeprefix("$").removeprefix(".").split(".")
+        node: Any = pruned
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and parts[-1]:
+            node.pop(parts[-1], None)
+    try:
+        return CONVERTER.structure(without_unknown_keys(pruned), CompileConfig)
+    except Exception:
+        return None
 
 
 def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:

@@ -13,7 +13,7 @@ import attrs
 
 from torchkiln import config_sources as sources_
 from torchkiln.config import CompileConfig
-from torchkiln.config_validation import check, structure
+from torchkiln.config_validation import validate
 from torchkiln.errors import ConfigError, ConfigProblem, PluginError
 from torchkiln.plugin_manager import PluginManager, get_plugin_manager
 
@@ -57,14 +57,8 @@ def resolve_config(
         layers.append(sources_.Layer("argument", options))
     values, explicit = sources_.merge_layers(layers)
     all_sources = sources_.all_sources(explicit)
-    if problems:
-        try:
-            structure(values, all_sources)
-        except ConfigError as error:
-            problems.extend(error.problems)
-        raise ConfigError(problems)
-    resolved = structure(values, all_sources)
-    check(resolved, all_sources, pm)
+    # explicit also holds the sources of unknown keys, which error messages name.
+    resolved = validate(values, {**explicit, **all_sources}, pm, problems)
     resolved, all_sources = _apply_plugins(resolved, all_sources, layers, pm)
     return ResolvedConfig(resolved, all_sources, file)
 
@@ -125,6 +119,5 @@ def _apply_plugins(
     # Reversed, so the first-called plugin is merged last and wins.
     values, explicit = sources_.merge_layers(layers + plugin_layers[::-1])
     merged_sources = sources_.all_sources(explicit)
-    adjusted = structure(values, merged_sources)
-    check(adjusted, merged_sources, pm)
+    adjusted = validate(values, {**explicit, **merged_sources}, pm)
     return adjusted, merged_sources
