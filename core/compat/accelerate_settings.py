@@ -382,9 +382,8 @@ def to_overrides(
         put("fullgraph", settings.fullgraph)
     if settings.dynamic:  # false means "not asked for": see the module docstring
         put("dynamic", True)
-    if settings.regional is True:
-        put("regions.strategy", "repeated")
-        put("regions.rest", "leaves")
-    elif settings.regional is False:
-        put("regions.strategy", "whole")
+    if settings.regional is not None and sources.get("regions.strategy", "default") == "default":
+        put("regions.strategy", "repeated" if settings.regional else "whole")
+        if settings.regional:  # Accelerate compiles the rest (lm_head, ...) separately too
+            put("regions.rest", "leaves")
     return overrides

@@ -1,0 +1,24 @@
+"""Shared fixtures for the Accelerate compatibility tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No ACCELERATE_* / TORCHKILN_* variable, no torchkiln.yaml, no real HF cache; fresh
+    Dynamo caches and counters, so graph counts belong to the test that reads them."""
+    for name in list(os.environ):
+        if name.startswith(("ACCELERATE_", "TORCHKILN_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.chdir(tmp_path)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
