@@ -126,7 +126,8 @@ class PluginManager(pluggy.PluginManager):
             self.set_blocked(name)
         if builtins:
             self._register_builtins()
-        if env_flag(self._env, "TORCHKILN_TRACE_PLUGINS"):
+        self.trace = env_flag(self._env, "TORCHKILN_TRACE_PLUGINS")
+        if self.trace:
             self.add_hookcall_monitoring(_trace_before, _trace_after)
 
     # --- registration --------------------------------------------------------------------
@@ -234,6 +235,23 @@ class PluginManager(pluggy.PluginManager):
                 infos.append(PluginInfo(name, name.startswith("torchkiln."), self._hook_names(plugin)))
         return sorted(infos, key=lambda info: (not info.builtin, info.name))
 
+    def call_impl(self, hook_name: str, impl: Any, **kwargs: Any) -> Any:
+        """Call one implementation directly (hooks whose results torchkiln combines per
+        plugin), traced like ``pm.hook`` calls under ``TORCHKILN_TRACE_PLUGINS=1``."""
+        if self.trace:
+            args = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
+            print(f"torchkiln: hook {hook_name}({args}) -> plugin {impl.plugin_name}", file=sys.stderr)
+        try:
+            result = impl.function(**{name: kwargs[name] for name in impl.argnames})
+        except Exception as error:
+            if self.trace:
+                print(f"torchkiln: hook {hook_name} [{impl.plugin_name}] raised {error!r}", file=sys.stderr)
+            raise
+        if self.trace:
+            print(f"torchkiln: hook {hook_name} [{impl.plugin_name}] returned {_short(result)}",
+                  file=sys.stderr)
+        return result
+
     # --- declarations ----------------------------------------------------------------------
 
     def _declared(self, hook_name: str, kind: str) -> dict[str, Declared[Any]]:
@@ -245,7 +263,7 @@ class PluginManager(pluggy.PluginManager):
         # pluggy calls the last registered (or tryfirst) implementation first: that one wins.
         for impl in reversed(hook.get_hookimpls()):
             try:
-                specs = impl.function() or ()
+                specs = self.call_impl(hook_name, impl) or ()
             except Exception as error:
                 raise PluginError(
                     f"plugin {impl.plugin_name!r} raised in {hook_name}(): "

@@ -97,7 +97,7 @@ def _apply_plugins(
     owners: dict[str, str] = {}
     for impl in reversed(hook.get_hookimpls()):
         try:
-            override = impl.function(**{a: {"config": config, "sources": sources}[a] for a in impl.argnames})
+            override = pm.call_impl("resolve_compile_config", impl, config=config, sources=sources)
         except ConfigError:
             raise
         except Exception as error:
