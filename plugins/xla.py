@@ -22,8 +22,14 @@ if TYPE_CHECKING:
 
 INSTALL_HINT = "pip install torch_xla (https://github.com/pytorch/xla#installation)"
 BRIDGE = "torch_xla.core.dynamo_bridge"
-TORCH_BACKENDS = {"xla": "openxla", "xla_inference": "openxla_eval"}
-"""Our name -> the torch backend name."""
+TORCH_BACKENDS = {
+    "xla": "openxla",
+    "xla_inference": "openxla_eval",
+    "openxla": "openxla",
+    "openxla_eval": "openxla_eval",
+}
+"""Our name -> the torch backend name. torch's own names are declared too, so that asking for
+``openxla`` is probed for torch_xla like ``xla`` is, rather than failing at the first call."""
 
 
 def probe() -> Availability:
@@ -35,14 +41,13 @@ def declare_backends() -> Sequence[BackendSpec]:
     # Both torch backends take neither mode nor options: openxla ignores them (AOTAutograd
     # logs and drops extra arguments) and openxla_eval raises, so say so up front.
     common: dict[str, Any] = dict(probe=probe, modes=(), options=(), devices=("xla",))
+    training = "PyTorch/XLA through torch's openxla backend"
+    inference = "PyTorch/XLA forward only (torch's openxla_eval); no backward"
     return [
-        BackendSpec("xla", "PyTorch/XLA through torch's openxla backend", training=True, **common),
-        BackendSpec(
-            "xla_inference",
-            "PyTorch/XLA forward only (torch's openxla_eval); no backward",
-            training=False,
-            **common,
-        ),
+        BackendSpec("xla", training, training=True, **common),
+        BackendSpec("xla_inference", inference, training=False, **common),
+        BackendSpec("openxla", "torch's name for xla", training=True, **common),
+        BackendSpec("openxla_eval", "torch's name for xla_inference", training=False, **common),
     ]
 
 
