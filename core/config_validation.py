@@ -187,6 +187,10 @@ def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:
         expected = message.removeprefix("invalid value for type, ")
         expected = expected.replace("dict[str, typing.Any]", "a mapping").replace(" | str", " or a path")
         expected = expected.replace("expected tuple", "expected a list of strings")
+        if isinstance(node, bool) and "str" in expected:
+            # YAML 1.1 reads unquoted on/off/yes/no as booleans: `progress: off` is False.
+            return (f"{expected} (got {node!r}; YAML reads unquoted on/off/yes/no as booleans, "
+                    f"quote the value: '{'on' if node else 'off'}')")
         return f"{expected} (got {node!r})"
     return message
 
