@@ -288,12 +288,10 @@ def has_compiled_regions(module: nn.Module) -> bool:
     """Whether ``module`` or anything inside it is compiled (by torch.compile or torchkiln)."""
     target = unwrap_containers(module)
     for submodule in target.modules():
-        if isinstance(submodule, torch._dynamo.eval_frame.OptimizedModule):
-            return True
         if live_regions(state_of(submodule)):
             _remember_regions(submodule)
             return True
-    return False
+    return any(is_compiled_module(submodule) for submodule in target.modules())
 
 
 # --- unwrapping -------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def shallow_module_copy(module: nn.Module) -> nn.Module:
 def carry_forward(forward: Any, original: nn.Module, twin: nn.Module, path: str) -> Any:
     """``forward`` as it should be on ``twin``: rebound if it was bound to ``original``;
     ``_MISSING`` (use the class ``forward``) if it closes over ``original`` and cannot move."""
-    if forward is _MISSING:
+    if not callable(forward):  # no instance forward (this module's or torchkiln's sentinel)
         return _MISSING
     if isinstance(forward, types.MethodType) and forward.__self__ is original:
         if forward.__func__ is getattr(type(original), "forward", None):

@@ -19,6 +19,13 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
             monkeypatch.delenv(name)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.chdir(tmp_path)
-    torch._dynamo.reset()
+    reset_dynamo()
     yield
+    reset_dynamo()
+
+
+def reset_dynamo() -> None:
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()  # reset() keeps the counters
