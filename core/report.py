@@ -104,7 +104,11 @@ def _region_reports(state: CompiledModel) -> list[RegionReport]:
     for region_state in state.regions:
         group = region_state.region.group
         reports.append(_region_report(region_state, limit_hit_at.get(group)))
-        if any(r.hit_recompile_limit for r in region_state.records):
+        # Only the group's own frames (and their resume functions) count: a limit hit in a
+        # library frame called from the region (DeepSpeed ZeRO-3's hooks) leaves the group's code
+        # compiled and reused.
+        code = state.code_names.get(group, "")
+        if any(r.hit_recompile_limit and code and code in r.co_name for r in region_state.records):
             limit_hit_at.setdefault(group, region_state.region.path)
     return reports
 
