@@ -121,8 +121,10 @@ def wrap_distributed(
 ) -> DistributedResult | None:
     if strategy != STRATEGY:
         return None
-    deepspeed = import_deepspeed()
+    if not (availability := probe()).available:
+        raise DistributedError(availability.reason)
     require_launch()
+    deepspeed = import_deepspeed()
     check_not_wrapped(model, STRATEGY)
     kwargs = check_options(
         STRATEGY,

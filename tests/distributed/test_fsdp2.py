@@ -1,0 +1,82 @@
+"""FSDP2: checkpointing, in-place compile, then fully_shard per region and on the root;
+checked against hand-written fully_shard in 2 processes on a CPU mesh."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+LOSS_TOL = 1e-4
+PARAM_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def ranks(run_worker):
+    return run_worker("fsdp2")
+
+
+def assert_close(got, want):
+    assert len(got) == len(want) == 3
+    for a, b in zip(got, want, strict=True):
+        assert abs(a - b) < LOSS_TOL, (got, want)
+
+
+def test_losses_match_uncompiled_fsdp2(ranks):
+    for data in ranks:
+        assert data["returned_is_model"] is True
+        assert_close(data["losses"], data["reference_losses"])
+    assert ranks[0]["losses"][0] != ranks[0]["losses"][-1]
+
+
+def test_blocks_sharded_on_a_cpu_mesh(ranks):
+    assert ranks[0]["sharded_layers"] == [True, True]
+    assert ranks[0]["mesh_device"] == "cpu"
+
+
+def test_fsdp_hooks_still_fire_around_compiled_blocks(ranks):
+    hooks = ranks[0]["hooks"]
+    # 2 blocks x 3 steps: all-gathered before each block's forward, resharded after.
+    assert hooks["unsharded_in_forward"] == [True, 6]
+    assert hooks["resharded_after"] == [True, 6]
+
+
+def test_every_region_runs_compiled_code(ranks):
+    for data in ranks:
+        for key in ("regions", "ac_regions"):
+            regions = data[key]
+            assert [r["path"] for r in regions] == ["model.layers.0", "model.layers.1"]
+            assert all(r["status"] == "compiled" for r in regions), regions
+            assert regions[0]["graphs"] >= 1
+        assert data["new_dynamo_graphs"] >= 1
+
+
+def test_full_state_dict_gathered_to_rank0_with_plain_keys(ranks):
+    for key in ("state_dict", "ac_state_dict"):
+        state = ranks[0][key]
+        assert state["keys_match"], (state["extra_keys"], state["missing_keys"])
+        assert state["load_error"] is None
+        assert state["reloaded_equal"] is True
+        assert ranks[1][key]["size"] == 0
+    assert ranks[0]["state_dict"]["max_diff_vs_reference"] < PARAM_TOL
+    # Activation checkpointing recomputes the same values: the same trained weights.
+    assert ranks[0]["ac_state_dict"]["max_diff_vs_reference"] < PARAM_TOL
+
+
+def test_activation_checkpointing_recomputes_blocks(ranks):
+    data = ranks[0]
+    assert_close(data["ac_losses"], data["reference_losses"])
+    assert data["ac_layer0_forward_calls"] == 6  # 3 forwards + 3 recomputes in backward
+
+
+def test_dynamo_flags_only_when_asked_and_restored_by_decompile(ranks):
+    data = ranks[0]
+    assert data["flags_untouched"] is True
+    assert data["ac_flags_on"] is True
+    assert data["ac_flags_restored"] is True
+
+
+def test_sharding_a_sharded_model_again_is_refused(ranks):
+    error = ranks[0]["wrap_sharded_again"]
+    assert error["type"] == "DistributedError"
+    assert "already sharded by FSDP2" in error["message"]

@@ -1,0 +1,447 @@
+"""One rank of a 2-process distributed check, run by ``torchrun`` from the tests.
+
+``python -m torch.distributed.run --nproc_per_node=2 worker.py STRATEGY OUT_DIR [ZERO_STAGE]``
+
+Each rank trains the same small Llama twice from the same seeds, a few optimizer steps each:
+once wrapped by hand with the engine's own API (the reference) and once through
+``torchkiln.compile(..., backend="aot_eager", distributed=STRATEGY)``. It measures, and writes
+to ``OUT_DIR/rank<N>.json``; the pytest files assert on those numbers. Several checks share a
+run because each process start costs seconds on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import torchkiln
+from torchkiln.distributed import DistributedResult, check_result, full_state_dict, unwrap
+from torchkiln.examples import llama
+
+STEPS = 3
+LR = 1e-2
+BATCH, SEQ = 2, 16
+MODEL_SHAPE = {
+    "depth": 2,
+    "hidden_size": 64,
+    "heads": 4,
+    "kv_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+}
+
+
+def build() -> nn.Module:
+    return llama(**MODEL_SHAPE)
+
+
+def rank() -> int:
+    return dist.get_rank()
+
+
+def batches() -> list[torch.Tensor]:
+    """Different data on each rank (so gradients must be all-reduced), the same in every run."""
+    generator = torch.Generator().manual_seed(100 + rank())
+    return [
+        torch.randint(0, MODEL_SHAPE["vocab_size"], (BATCH, SEQ), generator=generator)
+        for _ in range(STEPS)
+    ]
+
+
+def mean_over_ranks(value: torch.Tensor) -> float:
+    value = value.detach().float().clone()
+    dist.all_reduce(value)
+    return value.item() / dist.get_world_size()
+
+
+def train_torch(
+    forward: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer
+) -> list[float]:
+    losses = []
+    for ids in batches():
+        loss = forward(ids)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(mean_over_ranks(loss))
+    return losses
+
+
+def train_engine(engine: Any) -> list[float]:
+    losses = []
+    for ids in batches():
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(mean_over_ranks(loss))
+    return losses
+
+
+def loss_of(model: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda ids: model(input_ids=ids, labels=ids).loss
+
+
+def dynamo_graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def region_summary(model: Any) -> list[dict[str, Any]]:
+    report = torchkiln.report(model)
+    return [
+        {
+            "path": r.path,
+            "status": r.status,
+            "graphs": r.graphs,
+            "reused": r.reused,
+            "graph_breaks": r.graph_break_count,
+            "fallback_reason": r.fallback_reason,
+        }
+        for r in report.regions
+    ]
+
+
+def state_dict_checks(
+    state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """On rank 0: the gathered dict against a fresh plain model and against the reference."""
+    if rank() != 0:
+        return {"size": len(state)}
+    fresh = build()
+    plain_keys = sorted(fresh.state_dict())
+    load_error = None
+    try:
+        fresh.load_state_dict(state, strict=True)
+    except Exception as error:  # reported, asserted on by the test
+        load_error = f"{type(error).__name__}: {error}"
+    reloaded = fresh.state_dict()
+    return {
+        "size": len(state),
+        "keys_match": sorted(state) == plain_keys,
+        "extra_keys": sorted(set(state) - set(plain_keys))[:5],
+        "missing_keys": sorted(set(plain_keys) - set(state))[:5],
+        "load_error": load_error,
+        "max_diff_vs_reference": max_diff(state, reference),
+        "reloaded_equal": all(
+            torch.equal(reloaded[k], state[k].to(reloaded[k].dtype)) for k in state
+        ),
+    }
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    if set(a) != set(b):
+        return math.inf
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def error_text(action: Callable[[], Any]) -> dict[str, str] | None:
+    try:
+        action()
+    except Exception as error:
+        return {"type": type(error).__name__, "message": str(error)}
+    return None
+
+
+def params_checksum(module: nn.Module) -> float:
+    return float(sum(p.detach().float().sum().item() for p in module.parameters()))
+
+
+# --- DDP --------------------------------------------------------------------------------------
+
+
+def run_ddp() -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    out: dict[str, Any] = {}
+    reference = DistributedDataParallel(build())
+    out["reference_losses"] = train_torch(
+        loss_of(reference), torch.optim.AdamW(reference.parameters(), lr=LR)
+    )
+    reference_state = {k: v.detach().clone() for k, v in reference.module.state_dict().items()}
+
+    model = build()
+    graphs_before = dynamo_graphs()
+    wrapped = torchkiln.compile(
+        model,
+        backend="aot_eager",
+        distributed={"strategy": "ddp", "ddp": {"bucket_cap_mb": 1, "broadcast_buffers": False}},
+    )
+    out["returned"] = type(wrapped).__name__
+    out["bucket_bytes_cap"] = wrapped.bucket_bytes_cap
+    out["broadcast_buffers"] = wrapped.broadcast_buffers
+    out["unwrap_is_model"] = unwrap(wrapped) is model
+    out["losses"] = train_torch(loss_of(wrapped), torch.optim.AdamW(wrapped.parameters(), lr=LR))
+    out["new_dynamo_graphs"] = dynamo_graphs() - graphs_before
+    out["regions"] = region_summary(wrapped)
+    out["params_checksum"] = params_checksum(model)
+    out["state_dict"] = state_dict_checks(full_state_dict(wrapped), reference_state)
+    out["state_dict_all_ranks_size"] = len(full_state_dict(wrapped, rank0_only=False))
+
+    # Wrapping twice, three ways.
+    out["wrap_ddp_again"] = error_text(
+        lambda: torchkiln.compile(wrapped, backend="aot_eager", distributed="ddp")
+    )
+    out["wrap_held_module_again"] = error_text(
+        lambda: torchkiln.compile(model, backend="aot_eager", distributed="ddp")
+    )
+    double = DistributedResult(
+        wrapped=DistributedDataParallel(DistributedDataParallel(build())),
+        module=build(),
+        strategy="double",
+    )
+    out["check_result_double"] = error_text(lambda: check_result(double, double.module))
+    out["plugin_wraps_twice"] = error_text(
+        lambda: torchkiln.compile(
+            build(), backend="aot_eager", distributed="double", plugins=double_wrapping_plugins()
+        )
+    )
+    out["bad_option"] = error_text(
+        lambda: torchkiln.compile(
+            build(),
+            backend="aot_eager",
+            distributed={"strategy": "ddp", "options": {"bucket_size": 3}},
+        )
+    )
+    return out
+
+
+def double_wrapping_plugins() -> torchkiln.PluginManager:
+    """A plugin manager with a faulty third-party strategy that wraps the model in DDP twice."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torchkiln.specs import DistributedSpec
+
+    class DoubleWrap:
+        @torchkiln.hookimpl
+        def declare_distributed(self) -> list[DistributedSpec]:
+            return [DistributedSpec("double", "wraps twice (a faulty plugin)")]
+
+        @torchkiln.hookimpl
+        def wrap_distributed(self, model, strategy, compile_regions):  # type: ignore[no-untyped-def]
+            if strategy != "double":
+                return None
+            compile_regions(model)
+            wrapped = DistributedDataParallel(DistributedDataParallel(model))
+            return DistributedResult(wrapped=wrapped, module=model, strategy="double")
+
+    pm = torchkiln.PluginManager(entry_points=False)
+    pm.register(DoubleWrap(), name="double-wrap")
+    return pm
+
+
+# --- FSDP2 ------------------------------------------------------------------------------------
+
+
+def fsdp2_reference() -> tuple[list[float], dict[str, torch.Tensor]]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = build()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    losses = train_torch(loss_of(model), torch.optim.AdamW(model.parameters(), lr=LR))
+    state = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    return losses, state
+
+
+def watch_fsdp_hooks(model: nn.Module) -> dict[str, list[bool]]:
+    """Hooks registered after ``fully_shard``'s run after its own: is each block's parameter
+    set unsharded (plain tensors) when its forward starts and resharded (DTensors) after?"""
+    from torch.distributed.tensor import DTensor
+
+    seen: dict[str, list[bool]] = {
+        "unsharded_in_forward": [],
+        "resharded_after": [],
+        "forward_calls": [],
+    }
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(
+            lambda m, args: seen["unsharded_in_forward"].append(
+                not any(isinstance(p, DTensor) for p in m.parameters())
+            )
+        )
+        layer.register_forward_hook(
+            lambda m, args, output: seen["resharded_after"].append(
+                all(isinstance(p, DTensor) for p in m.parameters())
+            )
+        )
+    return seen
+
+
+def run_fsdp2() -> dict[str, Any]:
+    import torch._dynamo.config as dynamo_config
+    from torch.distributed.fsdp import FSDPModule
+
+    out: dict[str, Any] = {}
+    out["reference_losses"], reference_state = fsdp2_reference()
+
+    model = build()
+    flags_before = dynamo_config.capture_scalar_outputs
+    graphs_before = dynamo_graphs()
+    wrapped = torchkiln.compile(model, backend="aot_eager", distributed="fsdp2")
+    out["returned_is_model"] = wrapped is model
+    out["sharded_layers"] = [isinstance(layer, FSDPModule) for layer in model.model.layers]
+    out["mesh_device"] = (
+        model.model.layers[0]._get_fsdp_state()._fsdp_param_group.mesh_info.mesh.device_type
+    )
+    hooks = watch_fsdp_hooks(model)
+    out["losses"] = train_torch(loss_of(wrapped), torch.optim.AdamW(model.parameters(), lr=LR))
+    out["hooks"] = {k: [all(v), len(v)] for k, v in hooks.items() if v}
+    out["new_dynamo_graphs"] = dynamo_graphs() - graphs_before
+    out["regions"] = region_summary(wrapped)
+    out["flags_untouched"] = dynamo_config.capture_scalar_outputs == flags_before
+    out["state_dict"] = state_dict_checks(full_state_dict(wrapped), reference_state)
+    out["wrap_sharded_again"] = error_text(
+        lambda: torchkiln.compile(wrapped, backend="aot_eager", distributed="fsdp2")
+    )
+
+    # Activation checkpointing + the Dynamo flags, restored by decompile.
+    model = build()
+    wrapped = torchkiln.compile(
+        model,
+        backend="aot_eager",
+        distributed={
+            "strategy": "fsdp2",
+            "fsdp2": {"activation_checkpointing": True, "dynamo_flags": True},
+        },
+    )
+    calls = [0]
+    model.model.layers[0].register_forward_pre_hook(
+        lambda m, args: calls.__setitem__(0, calls[0] + 1)
+    )
+    out["ac_flags_on"] = bool(dynamo_config.capture_scalar_outputs)
+    out["ac_losses"] = train_torch(loss_of(wrapped), torch.optim.AdamW(model.parameters(), lr=LR))
+    out["ac_layer0_forward_calls"] = calls[0]  # forward + recompute in backward
+    out["ac_regions"] = region_summary(wrapped)
+    out["ac_state_dict"] = state_dict_checks(full_state_dict(wrapped), reference_state)
+    torchkiln.decompile(wrapped)
+    out["ac_flags_restored"] = dynamo_config.capture_scalar_outputs == flags_before
+    return out
+
+
+# --- DeepSpeed --------------------------------------------------------------------------------
+
+
+def deepspeed_config(stage: int) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1000,
+    }
+
+
+def config_optimizer(stage: int) -> dict[str, Any]:
+    """DeepSpeed's own optimizer section; torch_adam avoids JIT-building a fused Adam."""
+    return deepspeed_config(stage) | {
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}}
+    }
+
+
+def gathered_reference(engine: Any) -> dict[str, torch.Tensor]:
+    import deepspeed
+
+    module = engine.module
+    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+        return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def run_deepspeed(stage: int, out_dir: Path) -> dict[str, Any]:
+    import deepspeed
+
+    out: dict[str, Any] = {"stage": stage}
+    # Stage 0 passes a torch optimizer factory through distributed.options; stage 3 uses
+    # DeepSpeed's optimizer section, from a JSON file (the other way users configure it).
+    if stage == 3:
+        ds_config: dict[str, Any] | str = str(out_dir / "ds_config.json")
+        if rank() == 0:
+            Path(ds_config).write_text(json.dumps(config_optimizer(stage)))
+        dist.barrier()
+        options: dict[str, Any] = {}
+        reference_kwargs: dict[str, Any] = {"config": config_optimizer(stage)}
+    else:
+        ds_config = deepspeed_config(stage)
+
+        def factory(params: Any) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(params, lr=LR)
+
+        options = {"optimizer": factory}
+        reference_kwargs = {"config": deepspeed_config(stage), "optimizer": factory}
+
+    reference = build()
+    engine, *_ = deepspeed.initialize(
+        model=reference, model_parameters=[p for p in reference.parameters()], **reference_kwargs
+    )
+    out["reference_losses"] = train_engine(engine)
+    reference_state = gathered_reference(engine)
+
+    model = build()
+    graphs_before = dynamo_graphs()
+    wrapped = torchkiln.compile(
+        model,
+        backend="aot_eager",
+        distributed={
+            "strategy": "deepspeed",
+            "deepspeed": {"config": ds_config},
+            "options": options,
+        },
+    )
+    out["returned"] = type(wrapped).__name__
+    out["engine_module_is_model"] = wrapped.module is model
+    out["zero_stage"] = wrapped.zero_optimization_stage()
+    result = torchkiln.distributed.distributed_result(wrapped)
+    out["extras"] = {k: type(v).__name__ for k, v in (result.extras if result else {}).items()}
+    out["engine_optimizer"] = type(wrapped.optimizer).__name__
+    out["unwrap_is_model"] = unwrap(wrapped) is model
+    out["losses"] = train_engine(wrapped)
+    out["new_dynamo_graphs"] = dynamo_graphs() - graphs_before
+    out["regions"] = region_summary(wrapped)
+    out["state_dict"] = state_dict_checks(full_state_dict(wrapped), reference_state)
+    out["wrap_engine_again"] = error_text(
+        lambda: torchkiln.compile(
+            wrapped,
+            backend="aot_eager",
+            distributed={"strategy": "deepspeed", "deepspeed": {"config": ds_config}},
+        )
+    )
+    return out
+
+
+def main() -> None:
+    strategy, out_dir = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    try:
+        if strategy == "ddp":
+            out = run_ddp()
+        elif strategy == "fsdp2":
+            out = run_fsdp2()
+        elif strategy == "deepspeed":
+            out = run_deepspeed(int(sys.argv[3]), out_dir)
+        else:
+            raise SystemExit(f"unknown strategy {strategy!r}")
+    except Exception:
+        out = {"error": traceback.format_exc()}
+    out["world_size"] = dist.get_world_size()
+    (out_dir / f"rank{rank()}.json").write_text(json.dumps(out, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    main()
