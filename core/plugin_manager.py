@@ -229,6 +229,8 @@ class PluginManager(pluggy.PluginManager):
         self.ensure_loaded()
         infos = []
         for name, plugin in self.list_name_plugin():
+            if plugin is None:  # blocked (TORCHKILN_DISABLED_PLUGINS): pluggy keeps the name
+                continue
             if name in self.external:
                 infos.append(self.external[name])
             else:
