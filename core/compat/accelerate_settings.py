@@ -133,7 +133,7 @@ BACKEND_MAP: Mapping[DynamoBackend, BackendMapping] = {
 def parse_backend(value: object, path: str, source: str) -> DynamoBackend:
     """Accelerate's backend name (any case, or a :class:`DynamoBackend`) as a member."""
     try:
-        return DynamoBackend(value)
+        return DynamoBackend(value)  # type: ignore[arg-type]  # any case; _missing_ handles it
     except ValueError:
         allowed = ", ".join(name.lower() for name in DynamoBackend.list())
         raise ConfigError(

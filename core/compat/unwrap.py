@@ -47,7 +47,7 @@ def unwrap_containers(model: Any) -> Any:
     """``model.module`` through every DDP / DataParallel / FSDP / DeepSpeed layer, read only."""
     wrappers = container_types()
     while isinstance(model, wrappers):
-        model = model.module
+        model = getattr(model, "module")  # noqa: B009 - every wrapper class keeps it there
     return model
 
 
