@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from torchkiln.config import CompileConfig
+from torchkiln.distributed import full_state_dict, unwrap
 from torchkiln.errors import (
     ConfigError,
     DistributedError,
@@ -32,9 +33,11 @@ __all__ = [
     "__version__",
     "compile",
     "decompile",
+    "full_state_dict",
     "get_plugin_manager",
     "hookimpl",
     "is_compiled",
     "plan",
     "report",
+    "unwrap",
 ]
