@@ -281,7 +281,24 @@ def is_compiled_module(module: nn.Module) -> bool:
         return True
     reference = _REGION_ROOTS.get(module)
     root = reference() if reference is not None else None
-    return root is not None and any(r.region.module is module for r in live_regions(state_of(root)))
+    if root is not None:
+        return any(r.region.module is module for r in live_regions(state_of(root)))
+    return _looks_like_torchkiln_region(module)
+
+
+def _looks_like_torchkiln_region(module: nn.Module) -> bool:
+    """A region of a model compiled by ``torchkiln.compile`` directly (no root at hand): its
+    instance ``forward`` is torchkiln's first-call shim, or the group's compiled function
+    (named ``torchkiln_<group>_<n>``) bound to it."""
+    forward = module.__dict__.get("forward")
+    if forward is None:
+        return False
+    if getattr(forward, "__qualname__", "").startswith("Compiler._first_call_shim."):
+        return True
+    function = getattr(forward, "__func__", None)
+    return getattr(forward, "__self__", None) is module and getattr(
+        function, "__name__", ""
+    ).startswith("torchkiln_")
 
 
 def has_compiled_regions(module: nn.Module) -> bool:

@@ -112,6 +112,18 @@ def test_forward_hooks_added_after_compile_still_fire() -> None:
     assert compiled_graphs() >= 1
 
 
+def test_regions_of_a_model_compiled_by_torchkiln_directly_count_as_compiled() -> None:
+    model = torchkiln.compile(gpt2_model(), backend="eager")
+    block = model.transformer.h[1]
+    assert is_compiled_module(block)  # before the first call (first-call shim) ...
+    logits(model, token_ids())
+    assert is_compiled_module(block)  # ... and after
+    assert not is_compiled_module(model.lm_head)  # torchkiln's default: regions.rest=eager
+    assert not is_compiled_module(model.transformer)
+    torchkiln.decompile(model)
+    assert not is_compiled_module(block) and not has_compiled_regions(model)
+
+
 def test_blocks_in_sequential_and_moduledict_are_found() -> None:
     class Block(nn.Module):
         def __init__(self) -> None:
