@@ -1,0 +1,108 @@
+"""The example script under torchrun and the deepspeed launcher, configured only by the
+environment or a YAML file: the configuration must reach every rank."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import describe, free_port, launch_env, read_ranks, torchrun
+
+pytestmark = pytest.mark.distributed
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "distributed_train.py"
+PLAIN_KEYS = 21  # llama(depth=2): embeddings, 2 x 9 block tensors, final norm, lm_head
+
+
+def run_example(tmp_path: Path, env: dict[str, str] | None = None) -> list[dict]:
+    out = tmp_path / "out"
+    out.mkdir()
+    process = torchrun(EXAMPLE, ["--json", str(out)], cwd=tmp_path, env=env)
+    return read_ranks(out, process)
+
+
+def test_environment_reaches_every_rank_under_torchrun(tmp_path):
+    ranks = run_example(
+        tmp_path, env={"TORCHKILN_DISTRIBUTED_STRATEGY": "ddp", "TORCHKILN_BACKEND": "aot_eager"}
+    )
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for data in ranks:
+        assert data["world_size"] == 2
+        assert data["returned"] == "DistributedDataParallel"
+        assert data["plain_module"] == "LlamaForCausalLM"
+        assert data["backend"] == "aot_eager"
+        assert data["regions_compiled"] == data["regions"] == 2
+    assert [r["state_dict_keys"] for r in ranks] == [PLAIN_KEYS, 0]
+
+
+def test_yaml_in_working_directory_reaches_every_rank(tmp_path):
+    (tmp_path / "torchkiln.yaml").write_text(
+        "backend: aot_eager\n"
+        "distributed:\n"
+        "  strategy: fsdp2\n"
+        "  fsdp2:\n"
+        "    reshard_after_forward: true\n"
+    )
+    ranks = run_example(tmp_path)
+    for data in ranks:
+        assert data["returned"] == "FSDPLlamaForCausalLM"  # fully_shard's class, same object
+        assert data["plain_module"] == "FSDPLlamaForCausalLM"
+        assert data["backend"] == "aot_eager"
+        assert data["regions_compiled"] == 2
+    assert ranks[0]["losses"] != ranks[1]["losses"]  # each rank trained on its own data
+    assert [r["state_dict_keys"] for r in ranks] == [PLAIN_KEYS, 0]
+
+
+@pytest.mark.skipif(
+    shutil.which("deepspeed", path=str(Path(sys.executable).parent)) is None,
+    reason="DeepSpeed's launcher is not installed",
+)
+def test_deepspeed_launcher_with_yaml_from_environment(tmp_path):
+    (tmp_path / "ds_config.json").write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": 2,
+                "zero_optimization": {"stage": 2},
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+            }
+        )
+    )
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "backend: aot_eager\n"
+        "distributed:\n"
+        "  strategy: deepspeed\n"
+        f"  deepspeed:\n    config: {tmp_path / 'ds_config.json'}\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    launcher = Path(sys.executable).parent / "deepspeed"
+    command = [
+        str(launcher),
+        "--num_gpus=2",
+        f"--master_port={free_port()}",
+        str(EXAMPLE),
+        "--json",
+        str(out),
+    ]
+    process = subprocess.run(
+        command,
+        cwd=tmp_path,
+        env=launch_env({"TORCHKILN_CONFIG": str(config)}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert process.returncode == 0, describe(process)
+    ranks = read_ranks(out, process)
+    for data in ranks:
+        assert data["returned"] == "DeepSpeedEngine"
+        assert data["plain_module"] == "LlamaForCausalLM"
+        assert data["regions_compiled"] == 2
+    assert [r["state_dict_keys"] for r in ranks] == [PLAIN_KEYS, 0]
