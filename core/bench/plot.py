@@ -1,0 +1,73 @@
+"""``--plot FILE.png``: first-call time against depth, and steady-state time, per strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from torchkiln.bench.runner import CellResult
+from torchkiln.bench.settings import BenchError
+
+
+def require_matplotlib() -> None:
+    """Fail before any cell runs when ``--plot`` cannot be honoured."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise BenchError(
+            "--plot needs matplotlib, which is not installed: pip install 'torchkiln[bench]' "
+            "(or drop --plot)"
+        ) from error
+
+
+def _series(
+    results: Sequence[CellResult], batch: int, value: str
+) -> dict[str, list[tuple[int, float]]]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    for result in results:
+        if result.ok and result.cell.batch == batch and result.cell.depth is not None:
+            number = result.cold_first_call if value == "first" else result.steady
+            if number is not None:
+                series.setdefault(result.cell.strategy, []).append((result.cell.depth, number))
+    return series
+
+
+def write_plot(results: Sequence[CellResult], path: str | Path, title: str) -> Path:
+    """Two panels for the smallest batch: cold first call (s) and steady state (ms) vs depth."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never opens a window
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r.cell.batch for r in results})
+    if not batches:
+        raise BenchError("--plot: no results to draw")
+    batch = batches[0]
+    figure, (first_axis, steady_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for strategy, points in _series(results, batch, "first").items():
+        points.sort()
+        first_axis.plot([d for d, _ in points], [v for _, v in points], marker="o", label=strategy)
+    for strategy, points in _series(results, batch, "steady").items():
+        points.sort()
+        steady_axis.plot(
+            [d for d, _ in points], [v * 1000 for _, v in points], marker="o", label=strategy
+        )
+    first_axis.set(
+        title=f"first call, cold cache (batch {batch})", xlabel="depth (blocks)", ylabel="seconds"
+    )
+    steady_axis.set(
+        title=f"steady-state call (batch {batch})", xlabel="depth (blocks)", ylabel="milliseconds"
+    )
+    depths = sorted({r.cell.depth for r in results if r.cell.depth is not None})
+    for axis in (first_axis, steady_axis):
+        axis.set_xticks(depths)
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, dpi=110)
+    plt.close(figure)
+    return target

@@ -1,0 +1,213 @@
+"""What one ``torchkiln bench`` run measures: the workload grid, the strategies, the presets."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+
+import attrs
+
+from torchkiln.errors import TorchkilnError
+
+STRATEGIES = ("eager", "full", "regional", "hierarchical", "accelerate")
+"""Every strategy the worker knows, in table order."""
+
+COMPILED_STRATEGIES = frozenset(STRATEGIES) - {"eager"}
+
+STRATEGY_HELP = {
+    "eager": "no compilation (the baseline)",
+    "full": "torch.compile(model): the whole model, a fresh OptimizedModule wrapper",
+    "regional": "torchkiln.compile(model): repeated blocks compiled once, in place",
+    "hierarchical": "torchkiln.compile(model, regions='hierarchical'): one graph, "
+    "blocks as nested_compile_region",
+    "accelerate": "accelerate.utils.compile_regions(model) (when accelerate is installed)",
+}
+
+DEFAULT_MODEL = "llama"
+DEFAULT_DEPTHS = (4, 8, 16, 32)
+DEFAULT_BATCHES = (1, 4)
+QUICK_DEPTHS = (4, 16)
+QUICK_BATCHES = (1,)
+DEFAULT_SEQ = 128
+
+
+class BenchError(TorchkilnError):
+    """A ``torchkiln bench`` request that cannot run as given."""
+
+
+def accelerate_available() -> bool:
+    return importlib.util.find_spec("accelerate") is not None
+
+
+def default_strategies() -> tuple[str, ...]:
+    """Every strategy that can run here (``accelerate`` only when it is installed)."""
+    return tuple(s for s in STRATEGIES if s != "accelerate" or accelerate_available())
+
+
+@attrs.frozen
+class Cell:
+    """One point of the grid: a model at one depth and batch size, under one strategy."""
+
+    depth: int | None
+    """``None`` for a ``package.module:factory`` model run without ``--depths``."""
+    batch: int
+    strategy: str
+
+    @property
+    def label(self) -> str:
+        depth = f"depth {self.depth} " if self.depth is not None else ""
+        return f"{depth}batch {self.batch} {self.strategy}"
+
+
+@attrs.frozen
+class BenchSettings:
+    """Everything a bench run needs, validated."""
+
+    model: str = DEFAULT_MODEL
+    """A built-in example name (``llama``, ``gpt2``, ``toy``) or ``package.module:factory``."""
+    depths: tuple[int | None, ...] = DEFAULT_DEPTHS
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    seq: int = DEFAULT_SEQ
+    strategies: tuple[str, ...] = attrs.Factory(default_strategies)
+    backend: str = "inductor"
+    train: bool = False
+    """Measure forward+backward instead of forward only."""
+    device: str = "cpu"
+    steady_iters: int = 30
+    """Timed calls for the steady-state median (after warm-up)."""
+    warmup_iters: int = 3
+    warm: bool = True
+    """Also run each compiled cell a second time, reusing its cache directory."""
+    timeout: float = 1800.0
+    """Seconds one worker process may run before it is stopped and reported as failed."""
+    preset: str = "default"
+
+    def cells(self) -> list[Cell]:
+        return [
+            Cell(depth, batch, strategy)
+            for depth in self.depths
+            for batch in self.batches
+            for strategy in self.strategies
+        ]
+
+    def to_dict(self) -> dict[str, object]:
+        return attrs.asdict(self)
+
+
+def _positive_ints(text: str, option: str) -> tuple[int, ...]:
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise BenchError(
+                f"{option} {text!r}: expected comma-separated whole numbers >= 1, such as 4,16"
+            )
+        values.append(int(part))
+    return tuple(dict.fromkeys(values))
+
+
+def parse_strategies(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(s.strip().lower() for s in text.split(",") if s.strip()))
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown or not names:
+        raise BenchError(
+            f"--strategies {text!r}: unknown {', '.join(unknown) or '(empty)'}; "
+            f"choose from {', '.join(STRATEGIES)}"
+        )
+    if "accelerate" in names and not accelerate_available():
+        raise BenchError(
+            "--strategies includes accelerate, but accelerate is not installed "
+            "(pip install 'torchkiln[accelerate]')"
+        )
+    return tuple(s for s in STRATEGIES if s in names)
+
+
+def _model_depths(
+    model: str, depths: str | None, quick: bool
+) -> tuple[str, tuple[int | None, ...]]:
+    """Split ``NAME:DEPTH`` and decide the depths to run."""
+    from torchkiln.examples import EXAMPLES
+
+    name, _, arg = model.partition(":")
+    builtin = name in EXAMPLES
+    if builtin and arg:
+        if not arg.isdigit() or int(arg) < 1:
+            raise BenchError(f"--model {model!r}: the depth after ':' must be a whole number >= 1")
+        if depths is not None:
+            raise BenchError(
+                f"--model {model!r} already fixes the depth; drop --depths or use --model {name}"
+            )
+        return name, (int(arg),)
+    if not builtin and not arg:
+        raise BenchError(
+            f"--model {model!r} is neither a built-in example ({', '.join(sorted(EXAMPLES))}, "
+            "optionally NAME:DEPTH) nor 'package.module:factory'"
+        )
+    if depths is not None:
+        return model, _positive_ints(depths, "--depths")
+    if not builtin:
+        return model, (None,)  # the factory's own default size
+    return model, QUICK_DEPTHS if quick else DEFAULT_DEPTHS
+
+
+def make_settings(
+    *,
+    model: str = DEFAULT_MODEL,
+    quick: bool = False,
+    depths: str | None = None,
+    batch: str | None = None,
+    seq: int = DEFAULT_SEQ,
+    strategies: str | None = None,
+    backend: str = "inductor",
+    train: bool = False,
+    device: str = "cpu",
+    steady_iters: int = 30,
+    warm: bool = True,
+    timeout: float = 1800.0,
+) -> BenchSettings:
+    """Validate command-line style values into :class:`BenchSettings`.
+
+    :raises BenchError: naming the bad option and what is allowed.
+    """
+    model, depth_list = _model_depths(model, depths, quick)
+    batches = (
+        _positive_ints(batch, "--batch") if batch else (QUICK_BATCHES if quick else DEFAULT_BATCHES)
+    )
+    if seq < 1:
+        raise BenchError(f"--seq {seq}: must be >= 1")
+    if steady_iters < 1:
+        raise BenchError(f"--steady-iters {steady_iters}: must be >= 1")
+    if timeout <= 0:
+        raise BenchError(f"--timeout {timeout}: must be > 0 seconds")
+    device = _check_device(device)
+    return BenchSettings(
+        model=model,
+        depths=depth_list,
+        batches=batches,
+        seq=seq,
+        strategies=parse_strategies(strategies) if strategies else default_strategies(),
+        backend=backend.lower(),
+        train=train,
+        device=device,
+        steady_iters=steady_iters,
+        warm=warm,
+        timeout=timeout,
+        preset="quick" if quick else "default",
+    )
+
+
+def _check_device(device: str) -> str:
+    import torch
+
+    device = device.lower()
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise BenchError(f"--device {device!r}: choose auto, cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device cuda: torch sees no CUDA device here")
+    return device
+
+
+def strategies_summary(names: Sequence[str]) -> str:
+    return "; ".join(f"{n}: {STRATEGY_HELP[n]}" for n in names)

@@ -1,0 +1,133 @@
+"""The bench results as a console table, with the ratios to full compile next to the times."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torchkiln.bench.runner import CellResult
+from torchkiln.bench.targets import Target
+
+HEADER = (
+    "depth", "batch", "strategy",
+    "first call", "x full", "warm", "warm/cold",
+    "steady ms", "x full", "graphs", "recompiles", "breaks", "max |diff|",
+)  # fmt: skip
+RIGHT_ALIGNED = frozenset(range(len(HEADER))) - {2}
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _ratio(value: float | None, base: float | None, digits: int = 2) -> str:
+    if value is None or not base:
+        return "-"
+    return f"{value / base:.{digits}f}"
+
+
+def _counts(result: CellResult) -> dict[str, Any]:
+    return (result.cold or {}).get("after_steady", {})
+
+
+def _row(result: CellResult, full: CellResult | None) -> tuple[str, ...]:
+    cell = result.cell
+    depth = "-" if cell.depth is None else str(cell.depth)
+    if not result.ok:
+        message = result.failure.message if result.failure else "no result"
+        return (depth, str(cell.batch), cell.strategy, f"FAILED ({message})", *[""] * 9)
+    full_ok = full if full is not None and full.ok and full is not result else None
+    cold = result.cold_first_call
+    steady_ms = None if result.steady is None else result.steady * 1000
+    counts = _counts(result)
+    diff = (result.cold or {}).get("max_abs_diff")
+    failure_note = f" ({result.failure.run} failed)" if result.failure else ""
+    return (
+        depth,
+        str(cell.batch),
+        cell.strategy + failure_note,
+        _seconds(cold),
+        _ratio(cold, full_ok.cold_first_call) if full_ok else "",
+        _seconds(result.warm_first_call),
+        _ratio(result.warm_first_call, cold),
+        "-" if steady_ms is None else f"{steady_ms:.2f}",
+        _ratio(result.steady, full_ok.steady, 3) if full_ok else "",
+        str(counts.get("graphs", "-")),
+        str(counts.get("recompiles", "-")),
+        str(counts.get("graph_breaks", "-")),
+        "-" if diff is None else f"{diff:.1e}",
+    )
+
+
+def _format(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(width) if index in RIGHT_ALIGNED else cell.ljust(width)
+            for index, (cell, width) in enumerate(zip(row, widths))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def render_table(results: Sequence[CellResult]) -> str:
+    """One row per cell; ``x full`` is the cell's time divided by full compile's, same depth and
+    batch (first call: cold runs; steady: medians)."""
+    full = {(r.cell.depth, r.cell.batch): r for r in results if r.cell.strategy == "full"}
+    rows: list[tuple[str, ...]] = [HEADER]
+    previous: tuple[int | None, int] | None = None
+    for result in results:
+        key = (result.cell.depth, result.cell.batch)
+        if previous is not None and key != previous:
+            rows.append(("",) * len(HEADER))
+        previous = key
+        rows.append(_row(result, full.get(key)))
+    return "\n".join(_format(rows))
+
+
+def render_targets(targets: Sequence[Target]) -> str:
+    lines = ["targets:"]
+    for target in targets:
+        value = "" if target.value is None else f" {target.value:.3g}x (limit {target.limit:g}x)"
+        lines.append(f"  [{target.verdict}] {target.name}:{value} - {target.detail}")
+    return "\n".join(lines)
+
+
+def render_header(settings: dict[str, Any], environment: dict[str, Any]) -> str:
+    mode = "forward+backward" if settings.get("train") else "forward (no_grad)"
+    return (
+        f"torchkiln bench: model {settings['model']}, seq {settings['seq']}, "
+        f"backend {settings['backend']}, {mode}, device {environment.get('device_name')}, "
+        f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}\n"
+        "first call = compile + first call in a fresh process with an empty inductor cache; "
+        "warm = the same with that cache kept; steady = median call after warm-up"
+    )
+
+
+def render_failures(results: Sequence[CellResult]) -> str:
+    lines = []
+    for result in results:
+        if result.failure is not None:
+            lines.append(f"{result.cell.label}: {result.failure.run} run: {result.failure.message}")
+            lines += [f"    {line}" for line in result.failure.stderr_tail.splitlines()[-8:]]
+    return "\n".join(["failures:", *lines]) if lines else ""
+
+
+def render_all(
+    settings: dict[str, Any],
+    environment: dict[str, Any],
+    results: Sequence[CellResult],
+    targets: Sequence[Target],
+) -> str:
+    parts = [
+        render_header(settings, environment),
+        "",
+        render_table(results),
+        "",
+        render_targets(targets),
+    ]
+    failures = render_failures(results)
+    if failures:
+        parts += ["", failures]
+    return "\n".join(parts)

@@ -1,0 +1,147 @@
+"""The numbers torchkiln promises, checked against one bench run.
+
+From the project's issues, on the default model:
+
+* regional first call <= 0.5x full compile at depth 16 and 32 (cold caches);
+* regional first call not slower than accelerate's ``compile_regions`` at depth 16 and 32;
+* regional first call at depth 32 <= 1.2x its first call at depth 4;
+* warm start <= 0.3x cold (torchkiln's strategies);
+* hierarchical steady state within 3% of full compile; regional within 5%.
+
+A target whose cells were not run (or failed) is reported as not measured, never as met.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from torchkiln.bench.runner import CellResult
+
+LARGE_DEPTHS = (16, 32)
+
+
+@attrs.frozen
+class Target:
+    """One promise, checked."""
+
+    name: str
+    met: bool | None
+    """``None``: not measured in this run."""
+    value: float | None
+    limit: float
+    detail: str
+
+    @property
+    def verdict(self) -> str:
+        return {True: "met", False: "NOT met", None: "not measured"}[self.met]
+
+    def to_dict(self) -> dict[str, object]:
+        return attrs.asdict(self) | {"verdict": self.verdict}
+
+
+class _Grid:
+    def __init__(self, results: Iterable[CellResult]):
+        self.cells = {(r.cell.depth, r.cell.batch, r.cell.strategy): r for r in results if r.ok}
+        self.batches = sorted({b for _, b, _ in self.cells})
+        self.depths = sorted({d for d, _, _ in self.cells if d is not None})
+
+    def get(self, depth: int | None, batch: int, strategy: str) -> CellResult | None:
+        return self.cells.get((depth, batch, strategy))
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _worst(pairs: list[tuple[str, float]]) -> tuple[str, float] | None:
+    return max(pairs, key=lambda p: p[1]) if pairs else None
+
+
+def _first_call_ratio(grid: _Grid, strategy: str, against: str, limit: float, name: str) -> Target:
+    pairs = []
+    for depth in LARGE_DEPTHS:
+        for batch in grid.batches:
+            mine, theirs = grid.get(depth, batch, strategy), grid.get(depth, batch, against)
+            if mine and theirs:
+                ratio = _ratio(mine.cold_first_call, theirs.cold_first_call)
+                if ratio is not None:
+                    pairs.append((f"depth {depth} batch {batch}", ratio))
+    worst = _worst(pairs)
+    if worst is None:
+        return Target(name, None, None, limit, f"needs {strategy} and {against} at depth 16 or 32")
+    detail = ", ".join(f"{where}: {ratio:.2f}x" for where, ratio in pairs)
+    return Target(name, worst[1] <= limit, worst[1], limit, detail)
+
+
+def _depth_scaling(grid: _Grid, limit: float) -> Target:
+    name = "regional first call, depth 32 vs depth 4"
+    if 4 not in grid.depths or len(grid.depths) < 2:
+        return Target(name, None, None, limit, "needs regional at depth 4 and a deeper depth")
+    deepest = max(grid.depths)
+    pairs = []
+    for batch in grid.batches:
+        shallow, deep = grid.get(4, batch, "regional"), grid.get(deepest, batch, "regional")
+        if shallow and deep:
+            ratio = _ratio(deep.cold_first_call, shallow.cold_first_call)
+            if ratio is not None:
+                pairs.append((f"batch {batch}", ratio))
+    worst = _worst(pairs)
+    if worst is None:
+        return Target(name, None, None, limit, "needs regional at depth 4 and a deeper depth")
+    detail = f"depth {deepest} / depth 4: " + ", ".join(f"{w}: {r:.2f}x" for w, r in pairs)
+    if deepest != 32:
+        # The promise is about depth 32; a shallower run is shown, not judged.
+        return Target(name, None, worst[1], limit, detail + " (the target is stated at depth 32)")
+    return Target(name, worst[1] <= limit, worst[1], limit, detail)
+
+
+def _warm_vs_cold(grid: _Grid, limit: float) -> Target:
+    name = "warm start vs cold (regional, hierarchical)"
+    pairs = []
+    for (depth, batch, strategy), result in sorted(grid.cells.items(), key=str):
+        if strategy in ("regional", "hierarchical"):
+            ratio = _ratio(result.warm_first_call, result.cold_first_call)
+            if ratio is not None:
+                pairs.append((f"{strategy} depth {depth} batch {batch}", ratio))
+    worst = _worst(pairs)
+    if worst is None:
+        return Target(name, None, None, limit, "needs warm runs of regional or hierarchical")
+    return Target(name, worst[1] <= limit, worst[1], limit, f"worst: {worst[0]} {worst[1]:.2f}x")
+
+
+def _steady_vs_full(grid: _Grid, strategy: str, limit: float) -> Target:
+    name = f"{strategy} steady state vs full"
+    pairs = []
+    for depth in grid.depths or [None]:
+        for batch in grid.batches:
+            mine, full = grid.get(depth, batch, strategy), grid.get(depth, batch, "full")
+            if mine and full:
+                ratio = _ratio(mine.steady, full.steady)
+                if ratio is not None:
+                    pairs.append((f"depth {depth} batch {batch}", ratio))
+    worst = _worst(pairs)
+    if worst is None:
+        return Target(name, None, None, limit, f"needs {strategy} and full in the same cells")
+    return Target(name, worst[1] <= limit, worst[1], limit, f"worst: {worst[0]} {worst[1]:.3f}x")
+
+
+def check_targets(results: Iterable[CellResult]) -> list[Target]:
+    grid = _Grid(results)
+    return [
+        _first_call_ratio(
+            grid, "regional", "full", 0.5, "regional first call vs full (depth 16, 32)"
+        ),
+        _first_call_ratio(
+            grid,
+            "regional",
+            "accelerate",
+            1.0,
+            "regional first call vs accelerate compile_regions (depth 16, 32)",
+        ),
+        _depth_scaling(grid, 1.2),
+        _warm_vs_cold(grid, 0.3),
+        _steady_vs_full(grid, "hierarchical", 1.03),
+        _steady_vs_full(grid, "regional", 1.05),
+    ]
