@@ -57,7 +57,7 @@ from torchkiln.compat.unwrap import (
     unwrap_containers,
 )
 from torchkiln.config import CompileConfig
-from torchkiln.inplace import state_of
+from torchkiln.inplace import CompiledModel, state_of
 
 __all__ = [
     "DynamoBackend",
@@ -200,8 +200,10 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     :return: ``module`` itself; ``module._orig_mod is module``, so code that reads
         ``_orig_mod`` keeps working, and ``state_dict()`` keys are unchanged.
     """
-    _compile_in_place(module, compile_kwargs)
+    state = _compile_in_place(module, compile_kwargs)
     module.__dict__[ORIG_MOD] = module  # not a submodule: never in state_dict() or children()
+    if state is not None:  # torchkiln.decompile takes it away again
+        state.restore.append(lambda: module.__dict__.pop(ORIG_MOD, None))
     return module
 
 
@@ -220,12 +222,13 @@ def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module
     return module
 
 
-def _compile_in_place(module: nn.Module, compile_kwargs: Mapping[str, Any]) -> None:
+def _compile_in_place(module: nn.Module, compile_kwargs: Mapping[str, Any]) -> CompiledModel | None:
     import torchkiln
 
     target = unwrap_containers(module)
     torchkiln.compile(target, **torchkiln_options(compile_kwargs))
     _remember_regions(target)
+    return state_of(target)
 
 
 def torchkiln_options(compile_kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -74,6 +74,7 @@ def test_compile_regions_meets_accelerates_expectations(
     assert has_compiled_regions(compiled)
     assert list(compiled.state_dict()) == keys_before  # no _orig_mod. anywhere
     assert "_orig_mod" not in dict(compiled.named_children())
+    assert not any("_orig_mod" in path for path, _ in compiled.named_modules())
 
     torch.testing.assert_close(logits(compiled, ids), eager)
     assert compiled_region_paths(compiled) == expected
@@ -110,6 +111,13 @@ def test_forward_hooks_added_after_compile_still_fire() -> None:
     logits(model, token_ids())
     assert calls == ["layer0", "layer1"]
     assert compiled_graphs() >= 1
+
+
+def test_decompile_undoes_compile_regions() -> None:
+    model = compile_regions(gpt2_model(), backend="eager")
+    torchkiln.decompile(model)
+    assert "_orig_mod" not in model.__dict__
+    assert not has_compiled_regions(model) and not is_compiled_module(model.transformer.h[0])
 
 
 def test_regions_of_a_model_compiled_by_torchkiln_directly_count_as_compiled() -> None:
