@@ -326,3 +326,17 @@ def test_missing_config_file_is_a_config_error(
 def test_empty_variables_count_as_unset() -> None:
     settings = read_env({"ACCELERATE_DYNAMO_BACKEND": "", "ACCELERATE_DYNAMO_MODE": "  "})
     assert settings.is_empty
+
+
+def test_the_plugin_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchkiln.plugin_manager import PluginManager
+
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "eager")
+    manager = PluginManager(
+        entry_points=False, env={"TORCHKILN_DISABLED_PLUGINS": "torchkiln.accelerate_config"}
+    )
+    resolved = resolve_config(plugins=manager)
+    assert resolved.config.backend == "inductor" and resolved.sources["backend"] == "default"
+    assert (
+        resolve_config(plugins=PluginManager(entry_points=False, env={})).config.backend == "eager"
+    )
