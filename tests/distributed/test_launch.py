@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import describe, free_port, launch_env, read_ranks, torchrun
+from launching import describe, free_port, launch_env, read_ranks, torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -1,0 +1,86 @@
+"""Launch real 2-process runs with ``torchrun`` (``python -m torch.distributed.run``) on CPU.
+
+A module of its own (not ``conftest``): several test folders have a ``conftest.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+WORKER = HERE / "worker.py"
+NPROC = 2
+TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def launch_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The parent's environment without its TORCHKILN_* settings, plus what CPU runs need."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHKILN_")}
+    env.update(
+        {
+            "DS_ACCELERATOR": "cpu",
+            "OMP_NUM_THREADS": "1",
+            # DeepSpeed JIT-builds a shared-memory op once (about 40 s); every run shares the build.
+            "TORCH_EXTENSIONS_DIR": os.environ.get(
+                "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions")
+            ),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def torchrun(
+    script: Path,
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    nproc: int = NPROC,
+) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(script),
+        *args,
+    ]
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        env=launch_env(env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+
+
+def describe(process: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {process.returncode}\n--- stdout\n{process.stdout[-4000:]}\n--- stderr\n{process.stderr[-8000:]}"
+
+
+def read_ranks(
+    out_dir: Path, process: subprocess.CompletedProcess[str], nproc: int = NPROC
+) -> list[dict[str, Any]]:
+    assert process.returncode == 0, describe(process)
+    ranks = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(nproc)]
+    for r, data in enumerate(ranks):
+        assert "error" not in data, f"rank {r} failed:\n{data['error']}"
+    return ranks
