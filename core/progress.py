@@ -59,6 +59,7 @@ class StreamProgress:
         self.finished = 0
         self.seconds = 0.0
         self.groups_started: set[int] = set()
+        self.groups_done: set[int] = set()
         self.group_count = 0
         self._current_group: dict[int, int] = {}
         """id(region.module) -> group index, to say which group a ``done`` belongs to."""
@@ -80,11 +81,14 @@ class StreamProgress:
         self.finished += 1
         self.seconds += seconds
         group_index = self._current_group.pop(id(region.module), None)
-        if not self.live and compiled:
-            where = (
-                f"group {group_index + 1}/{self.group_count}: " if group_index is not None else ""
-            )
-            self._write_line(f"compiled {where}{_describe(region)} in {seconds:.1f} s")
+        first_of_group = group_index is not None and group_index not in self.groups_done
+        if group_index is not None:
+            self.groups_done.add(group_index)
+        if not self.live and first_of_group and group_index is not None:
+            # Later regions of a group reuse its compiled code: one line per group is enough.
+            verb = "compiled" if compiled else "ran eagerly"
+            where = f"group {group_index + 1}/{self.group_count}: "
+            self._write_line(f"{verb} {where}{_describe(region)} in {seconds:.1f} s")
         if self.finished == self.region_count:
             summary = (
                 f"compiled {_plural(len(self.groups_started), 'group')} "
