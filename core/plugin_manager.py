@@ -312,7 +312,7 @@ def torch_backend_names() -> list[str]:
 
 
 def _short(value: Any, limit: int = 200) -> str:
-    text = repr(value)
+    text = " ".join(repr(value).split())  # one line per trace record, even for modules
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
