@@ -130,9 +130,10 @@ class TorchDynamoPlugin:
     use_regional_compilation: bool | None = None
 
     def __post_init__(self) -> None:
+        source = "argument"
         if self.backend is None:
+            source = f"env:{ENV_BACKEND}"
             self.backend = os.environ.get(ENV_BACKEND, "").strip() or DynamoBackend.NO
-        source = f"env:{ENV_BACKEND}" if ENV_BACKEND in os.environ else "argument"
         self.backend = parse_backend(self.backend, "$.backend", source)
         if self.mode is None:
             self.mode = os.environ.get(ENV_MODE, "").strip() or "default"

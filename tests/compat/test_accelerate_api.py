@@ -327,6 +327,9 @@ def test_plugin_is_a_dataclass_like_accelerates() -> None:
     ]
 
 
-def test_plugin_rejects_unknown_backend() -> None:
-    with pytest.raises(ValueError, match="'warp' is not an Accelerate dynamo backend"):
+def test_plugin_rejects_unknown_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=r"\(from argument\): 'warp' is not an Accelerate dynamo"):
         TorchDynamoPlugin(backend="warp")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "warp")
+    with pytest.raises(ValueError, match=r"\(from env:ACCELERATE_DYNAMO_BACKEND\): 'warp'"):
+        TorchDynamoPlugin()
