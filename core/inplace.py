@@ -33,7 +33,10 @@ from torchkiln.progress import ProgressObserver
 from torchkiln.regions import Region, RegionGroup, RegionPlan
 
 STATE_ATTR = "_torchkiln_compiled"
-_MISSING = object()
+REGION_ATTR = "_torchkiln_region"
+"""Set in each compiled region's ``__dict__`` (its :class:`RegionState`), removed by decompile."""
+MISSING = _MISSING = object()
+"""``RegionState.previous_forward`` when the module had no instance-level ``forward``."""
 
 
 @attrs.define(eq=False)
@@ -74,6 +77,11 @@ class CompiledModel:
 
 def state_of(model: Any) -> CompiledModel | None:
     return getattr(model, "__dict__", {}).get(STATE_ATTR)
+
+
+def region_state_of(module: Any) -> RegionState | None:
+    """The region state of a module torchkiln compiled as a region, else ``None``."""
+    return getattr(module, "__dict__", {}).get(REGION_ATTR)
 
 
 def group_function(group: RegionGroup, index: int, forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -161,6 +169,7 @@ class Compiler:
         for region, module in zip(group.regions, modules, strict=True):
             region_state = RegionState(region, index, module.__dict__.get("forward", _MISSING))
             state.regions.append(region_state)
+            object.__setattr__(module, REGION_ATTR, region_state)
             if error is not None:
                 region_state.status = "eager"
                 region_state.fallback_reason = f"compile_region failed: {type(error).__name__}: {error}"
@@ -267,6 +276,7 @@ def decompile(root: nn.Module) -> bool:
     for region_state in state.regions:
         module = root.get_submodule(region_state.region.path)
         _restore_forward(module, region_state.previous_forward)
+        module.__dict__.pop(REGION_ATTR, None)
     for module, previous in state.nested:
         _restore_forward(module, previous)
     for undo in reversed(state.restore):
