@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln.distributed import DistributedResult
+from torchkiln.distributed import DistributedResult, check_result
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
 from torchkiln.inplace import STATE_ATTR, CompiledModel, Compiler, state_of
 from torchkiln.inplace import decompile as _decompile_inplace
@@ -98,6 +98,7 @@ def compile(model: nn.Module, config: ConfigArg = None, *, plugins: PluginManage
         raise PluginError(
             f"the {cfg.distributed.strategy!r} strategy called compile_regions {compiler.calls} "
             "times; it must call it exactly once")
+    check_result(result, model)
     state = state_of(result.module)
     if state is not None and cfg.report:
         state.on_first_calls_done.append(lambda s: print(build_report(s), file=sys.stderr))
