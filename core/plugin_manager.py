@@ -126,8 +126,8 @@ class PluginManager(pluggy.PluginManager):
             self.set_blocked(name)
         if builtins:
             self._register_builtins()
-        self.trace = env_flag(self._env, "TORCHKILN_TRACE_PLUGINS")
-        if self.trace:
+        self.tracing = env_flag(self._env, "TORCHKILN_TRACE_PLUGINS")
+        if self.tracing:
             self.add_hookcall_monitoring(_trace_before, _trace_after)
 
     # --- registration --------------------------------------------------------------------
@@ -240,16 +240,16 @@ class PluginManager(pluggy.PluginManager):
     def call_impl(self, hook_name: str, impl: Any, **kwargs: Any) -> Any:
         """Call one implementation directly (hooks whose results torchkiln combines per
         plugin), traced like ``pm.hook`` calls under ``TORCHKILN_TRACE_PLUGINS=1``."""
-        if self.trace:
+        if self.tracing:
             args = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
             print(f"torchkiln: hook {hook_name}({args}) -> plugin {impl.plugin_name}", file=sys.stderr)
         try:
             result = impl.function(**{name: kwargs[name] for name in impl.argnames})
         except Exception as error:
-            if self.trace:
+            if self.tracing:
                 print(f"torchkiln: hook {hook_name} [{impl.plugin_name}] raised {error!r}", file=sys.stderr)
             raise
-        if self.trace:
+        if self.tracing:
             print(f"torchkiln: hook {hook_name} [{impl.plugin_name}] returned {_short(result)}",
                   file=sys.stderr)
         return result
