@@ -649,3 +649,39 @@ def test_config_error_is_a_value_error_and_a_torchkiln_error() -> None:
     assert isinstance(error, ValueError) and isinstance(error, torchkiln.TorchkilnError)
     assert error.problems == (ConfigProblem("$", "plain message"),)
     assert str(error) == "invalid torchkiln configuration (1 problem):\n  $: plain message"
+
+
+# --- the same errors from the command line ----------------------------------------------------------
+
+
+def test_config_show_with_a_bad_env_backend_exits_non_zero_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchkiln import cli
+
+    monkeypatch.setenv("TORCHKILN_BACKEND", "bogus")
+    assert cli.main(["config", "show"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(
+        "torchkiln: error: invalid torchkiln configuration (1 problem):\n"
+        "  $.backend (from env:TORCHKILN_BACKEND): 'bogus' is not a registered backend; "
+        "registered by plugins: aot_eager, cudagraphs, eager,"
+    )
+    assert "known to torch: aot_eager_decomp_partition" in err
+
+
+def test_config_validate_prints_the_config_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchkiln import cli
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("regions:\n  strategy: blocks\n", encoding="utf-8")
+    assert cli.main(["config", "validate", str(path)]) == 2
+    with pytest.raises(ConfigError) as raised:
+        resolve_config(path)
+    assert capsys.readouterr().err == f"torchkiln: error: {raised.value}\n"
+    path.write_text("regions: whole\n", encoding="utf-8")
+    assert cli.main(["config", "validate", str(path)]) == 0
+    assert capsys.readouterr().out == f"{path}: valid\n"

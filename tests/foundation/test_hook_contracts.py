@@ -489,3 +489,15 @@ def test_an_unavailable_backend_is_refused_before_anything_compiles(
     ):
         torchkiln.compile(stack, plugins=pm, backend="ghost")
     assert not torchkiln.is_compiled(stack)
+
+
+def test_pluggy_own_tracing_still_works(pm: torchkiln.PluginManager, stack: Stack) -> None:
+    # torchkiln's TORCHKILN_TRACE_PLUGINS flag must not shadow pluggy's PluginManager.trace.
+    written: list[str] = []
+    pm.trace.root.setwriter(written.append)
+    undo = pm.enable_tracing()
+    try:
+        torchkiln.plan(stack, plugins=pm, backend="eager")
+    finally:
+        undo()
+    assert any("select_regions" in line for line in written)
