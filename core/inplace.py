@@ -16,6 +16,7 @@ function, so nothing of torchkiln stays on the forward path.
 from __future__ import annotations
 
 import contextlib
+import enum
 import sys
 import time
 import types
@@ -35,7 +36,15 @@ from torchkiln.regions import Region, RegionGroup, RegionPlan
 STATE_ATTR = "_torchkiln_compiled"
 REGION_ATTR = "_torchkiln_region"
 """Set in each compiled region's ``__dict__`` (its :class:`RegionState`), removed by decompile."""
-MISSING = _MISSING = object()
+
+
+class _Missing(enum.Enum):
+    # An enum member, not object(): copy.deepcopy(model) must keep the sentinel identical, or
+    # decompiling the copy installs the copied sentinel as its forward.
+    MISSING = "MISSING"
+
+
+MISSING = _MISSING = _Missing.MISSING
 """``RegionState.previous_forward`` when the module had no instance-level ``forward``."""
 
 
