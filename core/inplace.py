@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import sys
 import time
 import types
@@ -63,6 +64,8 @@ class RegionState:
     records: list[CompileRecord] = attrs.Factory(list)
     graphs: int = 0
     graph_breaks: dict[str, int] = attrs.Factory(dict)
+    owner: CompiledModel | None = attrs.field(default=None, repr=False)
+    """The root's state this region belongs to (deep copies keep the pair together)."""
 
 
 @attrs.define(eq=False)
@@ -176,7 +179,7 @@ class Compiler:
         state.code_names[group.name] = shared.__code__.co_name
         compiled_shared, error = self._compile(shared, group)
         for region, module in zip(group.regions, modules, strict=True):
-            region_state = RegionState(region, index, module.__dict__.get("forward", _MISSING))
+            region_state = RegionState(region, index, module.__dict__.get("forward", _MISSING), owner=state)
             state.regions.append(region_state)
             object.__setattr__(module, REGION_ATTR, region_state)
             if error is not None:
@@ -187,8 +190,7 @@ class Compiler:
             if region_state.previous_forward is not _MISSING:
                 # A per-instance forward (an autocast wrapper, say) is compiled on its own.
                 compiled, _ = self._compile(instance_forward_function(region_state.previous_forward), group)
-            bound = types.MethodType(compiled, module)
-            module.__dict__["forward"] = self._first_call_shim(module, bound, region_state, state)
+            module.__dict__["forward"] = types.MethodType(self._first_call_shim(compiled, index), module)
 
     def _compile(self, fn: Callable[..., Any], group: RegionGroup) -> tuple[Callable[..., Any], BaseException | None]:
         try:
@@ -204,15 +206,22 @@ class Compiler:
                 raise RegionCompileError(group.regions[0].path, group.name, error) from error
             return fn, error
 
-    def _first_call_shim(
-        self, module: nn.Module, compiled: Callable[..., Any], region_state: RegionState, state: CompiledModel
-    ) -> Callable[..., Any]:
+    def _first_call_shim(self, compiled_function: Callable[..., Any], group_index: int) -> Callable[..., Any]:
+        """``first_call(module, *args, **kwargs)``, installed bound to the region's module.
+
+        Everything per region comes from the module it is bound to (its ``REGION_ATTR``), never
+        from this closure: ``copy.deepcopy(model)`` rebinds bound methods, so a copy made before
+        the first call runs the copy's own weights and fills the copy's report.
+        """
         group_count = len(self.plan.groups)
         progress = self.progress
         policy = self.config.on_region_error
-        shared_by = len(self.plan.groups[region_state.group_index].regions)
+        shared_by = len(self.plan.groups[group_index].regions)
 
-        def first_call(*args: Any, **kwargs: Any) -> Any:
+        def first_call(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+            region_state: RegionState = module.__dict__[REGION_ATTR]
+            state = region_state.owner
+            compiled = types.MethodType(compiled_function, module)
             region = region_state.region
             progress.start(region, region_state.group_index, group_count)
             window = Window.open()
@@ -228,7 +237,7 @@ class Compiler:
                 region_state.first_call_seconds = time.perf_counter() - started
                 region_state.records, region_state.graphs, region_state.graph_breaks = window.close()
                 progress.done(region, region_state.first_call_seconds, region_state.status == "compiled")
-                if state.pending == 0:
+                if state is not None and state.pending == 0:
                     for callback in state.on_first_calls_done:
                         callback(state)
             return output
@@ -247,7 +256,10 @@ class Compiler:
                 if cls not in marked_by_class:
                     marked_by_class[cls] = torch.compiler.nested_compile_region(cls.forward)
                 state.nested.append((module, module.__dict__.get("forward", _MISSING)))
-                module.__dict__["forward"] = types.MethodType(marked_by_class[cls], module)
+                # functools.partial, not types.MethodType: with a bound method torch 2.13 reuses
+                # the nested subgraph with the *previous* layer's weights from the third block on
+                # (silently wrong outputs); a partial keeps each call site's own parameters.
+                module.__dict__["forward"] = functools.partial(marked_by_class[cls], module)
 
 
 def _handle_failure(
