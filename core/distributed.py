@@ -268,6 +268,7 @@ def full_state_dict(obj: Any, *, rank0_only: bool = True) -> dict[str, Any]:
     :param rank0_only: return the dict on rank 0 only.
     """
     result = distributed_result(obj)
+    state: Mapping[str, Any]
     if result is not None and result.full_state_dict is not None:
         state = result.full_state_dict()
     else:

@@ -63,6 +63,8 @@ def test_full_state_dict_consolidated_with_plain_keys(ranks):
     assert state["reloaded_equal"] is True
     assert state["max_diff_vs_reference"] < PARAM_TOL
     assert ranks[1]["state_dict"]["size"] == 0
+    # Gathered on every rank when asked.
+    assert [r["state_dict_all_ranks_size"] for r in ranks] == [ranks[0]["state_dict"]["size"]] * 2
 
 
 def test_wrapping_the_engine_again_is_refused(ranks):

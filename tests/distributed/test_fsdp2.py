@@ -59,6 +59,8 @@ def test_full_state_dict_gathered_to_rank0_with_plain_keys(ranks):
         assert state["reloaded_equal"] is True
         assert ranks[1][key]["size"] == 0
     assert ranks[0]["state_dict"]["max_diff_vs_reference"] < PARAM_TOL
+    # Gathered on every rank when asked.
+    assert [r["state_dict_all_ranks_size"] for r in ranks] == [ranks[0]["state_dict"]["size"]] * 2
     # Activation checkpointing recomputes the same values: the same trained weights.
     assert ranks[0]["ac_state_dict"]["max_diff_vs_reference"] < PARAM_TOL
 

@@ -305,6 +305,7 @@ def run_fsdp2() -> dict[str, Any]:
     out["regions"] = region_summary(wrapped)
     out["flags_untouched"] = dynamo_config.capture_scalar_outputs == flags_before
     out["state_dict"] = state_dict_checks(full_state_dict(wrapped), reference_state)
+    out["state_dict_all_ranks_size"] = len(full_state_dict(wrapped, rank0_only=False))
     out["wrap_sharded_again"] = error_text(
         lambda: torchkiln.compile(wrapped, backend="aot_eager", distributed="fsdp2")
     )
@@ -412,6 +413,7 @@ def run_deepspeed(stage: int, out_dir: Path) -> dict[str, Any]:
     out["new_dynamo_graphs"] = dynamo_graphs() - graphs_before
     out["regions"] = region_summary(wrapped)
     out["state_dict"] = state_dict_checks(full_state_dict(wrapped), reference_state)
+    out["state_dict_all_ranks_size"] = len(full_state_dict(wrapped, rank0_only=False))
     out["wrap_engine_again"] = error_text(
         lambda: torchkiln.compile(
             wrapped,
