@@ -96,11 +96,35 @@ def region_state_of(module: Any) -> RegionState | None:
     return getattr(module, "__dict__", {}).get(REGION_ATTR)
 
 
-def group_function(group: RegionGroup, index: int, forward: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn(module, *args, **kwargs) -> forward(module, ...)`` with a code object of its own."""
+@functools.cache
+def traceable_int_patch() -> bool:
+    """Whether this torch can set ``allow_unspec_int_on_nn_module`` inside a traced function
+    (``torch._dynamo.patch_dynamo_config``): then the setting holds for every trace of a group's
+    code, later recompiles included, and never changes process-wide state."""
+    try:
+        torch._dynamo.patch_dynamo_config(allow_unspec_int_on_nn_module=True)
+    except (AttributeError, ValueError):
+        return False
+    return True
 
-    def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return forward(module, *args, **kwargs)
+
+def group_function(group: RegionGroup, index: int, forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(module, *args, **kwargs) -> forward(module, ...)`` with a code object of its own.
+
+    For a group of several regions, module int attributes (``layer_idx``) are traced as
+    symbolic (see :func:`first_call_dynamo_settings`): a shape change after the first calls
+    recompiles once, not once per block up to the recompile limit.
+    """
+    if len(group.regions) > 1 and traceable_int_patch():
+
+        def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            with torch._dynamo.patch_dynamo_config(allow_unspec_int_on_nn_module=True):
+                return forward(module, *args, **kwargs)
+
+    else:
+
+        def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return forward(module, *args, **kwargs)
 
     name = "torchkiln_" + "".join(c if c.isalnum() else "_" for c in group.name) + f"_{index}"
     region_forward.__code__ = region_forward.__code__.replace(co_name=name, co_qualname=name)
@@ -137,7 +161,7 @@ def first_call_dynamo_settings(shared_by: int) -> Any:
     onwards would hit the recompile limit and run eagerly. Treating them as symbolic while the
     group's code is traced lets every block reuse one graph. Nothing stays changed afterwards.
     """
-    if shared_by < 2:
+    if shared_by < 2 or traceable_int_patch():  # the group function sets it while tracing
         return contextlib.nullcontext()
     return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
 
