@@ -140,7 +140,7 @@ def _config_show(args: argparse.Namespace) -> int:
     from torchkiln.resolve import resolve_config
 
     resolved = resolve_config(args.file)
-    values = attrs.asdict(resolved.config, retain_collection_types=False)
+    values = attrs.asdict(resolved.config)
     if args.json:
         print(json.dumps({"config": values, "sources": dict(resolved.sources),
                           "file": str(resolved.file) if resolved.file else None}, indent=2))
