@@ -120,12 +120,7 @@ def test_command_line_sessions_print_what_the_page_shows(
     # The page documents the built-in plugins; installed ones could add names to the lists.
     monkeypatch.setenv("TORCHKILN_DISABLE_PLUGIN_AUTOLOAD", "1")
     write_named_yaml_files(tmp_path)  # the autouse fixture made tmp_path the working directory
-    try:
-        code = cli.main(words[1:])
-    except TypeError as error:
-        if "retain_collection_types" in str(error):
-            pytest.xfail("core/cli.py _config_show passes retain_collection_types to attrs.asdict")
-        raise
+    code = cli.main(words[1:])
     out, err = capsys.readouterr()
     actual = (out + err).rstrip("\n").splitlines()
     assert expected_lines_match(expected, actual), "\n".join(actual)
