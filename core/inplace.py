@@ -47,6 +47,9 @@ class _Missing(enum.Enum):
 
 MISSING = _MISSING = _Missing.MISSING
 """``RegionState.previous_forward`` when the module had no instance-level ``forward``."""
+DYNAMO_TENSOR_TAG = "_dynamo_static_input_type"
+"""Set by Dynamo on every parameter and buffer it traces; decompile removes the ones it set,
+or a whole-model pickle (``torch.save(model)``) would differ from the original's."""
 
 
 @attrs.define(eq=False)
@@ -81,6 +84,8 @@ class CompiledModel:
     restore: list[Callable[[], None]] = attrs.Factory(list)
     """Undo actions for anything set beyond forwards (distributed strategies add to it)."""
     on_first_calls_done: list[Callable[[CompiledModel], None]] = attrs.Factory(list)
+    tagged_before: frozenset[str] = frozenset()
+    """Parameters and buffers (by name) that carried Dynamo's tag before compiling."""
 
     @property
     def pending(self) -> int:
@@ -191,7 +196,8 @@ class Compiler:
         if state_of(root) is not None:
             raise TorchkilnError("this model is already compiled by torchkiln; call "
                                  "torchkiln.decompile(model) first")
-        state = CompiledModel(self.plan, self.config, [], {})
+        state = CompiledModel(self.plan, self.config, [], {}, tagged_before=frozenset(
+            name for name, tensor in _tensors(root) if DYNAMO_TENSOR_TAG in tensor.__dict__))
         object.__setattr__(root, STATE_ATTR, state)
         self._mark_nested(root, state)
         for index, group in enumerate(self.plan.groups):
@@ -326,5 +332,12 @@ def decompile(root: nn.Module) -> bool:
         _restore_forward(module, previous)
     for undo in reversed(state.restore):
         undo()
+    for name, tensor in _tensors(root):
+        if name not in state.tagged_before:
+            tensor.__dict__.pop(DYNAMO_TENSOR_TAG, None)
     del root.__dict__[STATE_ATTR]
     return True
+
+
+def _tensors(root: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]
