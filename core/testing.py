@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -191,6 +192,10 @@ def _loss(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return sum(t.float().sum() for t in floating)  # type: ignore[return-value]
 
 
+def _prefixed(prefix: str, message: str) -> str:
+    return f"{prefix}: {message}"
+
+
 def _graphs_so_far() -> int:
     from torch._dynamo.utils import counters
 
@@ -266,7 +271,7 @@ def assert_backend_matches_eager(
         )
     for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
         torch.testing.assert_close(
-            got, want, rtol=rtol, atol=atol, msg=lambda m, i=index: f"output {i}: {m}"
+            got, want, rtol=rtol, atol=atol, msg=functools.partial(_prefixed, f"output {index}")
         )
     diff = max((float((g.detach().double() - w.detach().double()).abs().max()) for g, w in zip(actual, expected, strict=True)
                 if g.numel()), default=0.0)  # fmt: skip
@@ -297,7 +302,11 @@ def _compare_gradients(
         if got is None:
             raise AssertionError(f"parameter {name!r} has a gradient in eager but not compiled")
         torch.testing.assert_close(
-            got, param.grad, rtol=rtol, atol=atol, msg=lambda m, n=name: f"gradient of {n}: {m}"
+            got,
+            param.grad,
+            rtol=rtol,
+            atol=atol,
+            msg=functools.partial(_prefixed, f"gradient of {name}"),
         )
         checked += 1
     if checked == 0:
