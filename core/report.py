@@ -76,7 +76,12 @@ def _region_report(state: RegionState, limit_hit_at: str | None) -> RegionReport
     records: list[CompileRecord] = state.records
     reasons = tuple(r.recompile_reason for r in records if r.recompile_reason)
     status, fallback = state.status, state.fallback_reason
-    if limit_hit_at is not None and status == "compiled" and not records:
+    if limit_hit_at == state.region.path and status == "compiled":
+        # This region's own frame hit the limit: Dynamo ran it eagerly.
+        status = "eager"
+        fallback = (f"hit Dynamo's recompile limit in group {state.region.group!r}; this region "
+                    "runs eagerly")
+    elif limit_hit_at is not None and status == "compiled" and not records:
         # Dynamo stopped compiling this group's code: this region's frame runs eagerly.
         status = "eager"
         fallback = (f"Dynamo's recompile limit was hit in group {state.region.group!r} "
@@ -98,27 +103,50 @@ def _region_report(state: RegionState, limit_hit_at: str | None) -> RegionReport
     )
 
 
+def _frame(record: CompileRecord) -> str:
+    """Dynamo's frame id (``3`` of compile id ``3/1``): the same for every compile of one code."""
+    return record.compile_id.split("/")[0]
+
+
+def _own_frames(state: CompiledModel) -> dict[str, set[str]]:
+    """Group -> the frame ids of its compiled function's code."""
+    frames: dict[str, set[str]] = {}
+    for region_state in state.regions:
+        code = state.code_names.get(region_state.region.group, "")
+        frames.setdefault(region_state.region.group, set()).update(
+            _frame(r) for r in region_state.records if code and code in r.co_name)
+    return frames
+
+
+def _is_own(record: CompileRecord, code: str, frames: set[str]) -> bool:
+    # Dynamo's record of a recompile-limit hit has no co_name: match it by frame id.
+    return (bool(code) and code in record.co_name) or (not record.co_name and _frame(record) in frames)
+
+
 def _region_reports(state: CompiledModel) -> list[RegionReport]:
     limit_hit_at: dict[str, str] = {}
+    own_frames = _own_frames(state)
     reports = []
     for region_state in state.regions:
         group = region_state.region.group
-        reports.append(_region_report(region_state, limit_hit_at.get(group)))
         # Only the group's own frames (and their resume functions) count: a limit hit in a
         # library frame called from the region (DeepSpeed ZeRO-3's hooks) leaves the group's code
         # compiled and reused.
         code = state.code_names.get(group, "")
-        if any(r.hit_recompile_limit and code and code in r.co_name for r in region_state.records):
+        if any(r.hit_recompile_limit and _is_own(r, code, own_frames.get(group, set()))
+               for r in region_state.records):
             limit_hit_at.setdefault(group, region_state.region.path)
+        reports.append(_region_report(region_state, limit_hit_at.get(group)))
     return reports
 
 
 def build_report(state: CompiledModel) -> CompileReport:
     seen = {r.compile_id for s in state.regions for r in s.records}
     later: dict[str, list[str]] = {}
-    code_to_group = {code: group for group, code in state.code_names.items()}
+    own_frames = _own_frames(state)
     for record in all_records():
-        group = next((g for code, g in code_to_group.items() if code in record.co_name), None)
+        group = next((g for g, code in state.code_names.items()
+                      if _is_own(record, code, own_frames.get(g, set()))), None)
         if group is not None and record.compile_id not in seen:
             later.setdefault(group, []).append(record.recompile_reason or record.fail_reason or "compiled")
     return CompileReport(
