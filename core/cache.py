@@ -163,9 +163,9 @@ def load_cache_artifacts(path: str | os.PathLike[str]) -> Any:
 
     Call it before the first compiled call.
 
-    :return: torch's ``CacheInfo`` of what was loaded (``None`` when the file held nothing
-        usable by this torch version).
-    :raises TorchkilnError: when ``path`` does not exist or cannot be read.
+    :return: torch's ``CacheInfo`` of what was loaded.
+    :raises TorchkilnError: when ``path`` does not exist, cannot be read, or holds nothing this
+        torch version can load.
     """
     import torch
 
@@ -178,4 +178,10 @@ def load_cache_artifacts(path: str | os.PathLike[str]) -> Any:
         raise TorchkilnError(
             f"cache artifacts file {str(path)!r} cannot be read: {error}"
         ) from error
-    return torch.compiler.load_cache_artifacts(blob)
+    info = torch.compiler.load_cache_artifacts(blob)
+    if info is None:
+        raise TorchkilnError(
+            f"cache artifacts file {str(path)!r} holds nothing torch {torch.__version__} can "
+            "load (not written by save_cache_artifacts, or by another torch version)"
+        )
+    return info
