@@ -1,0 +1,161 @@
+"""In-place mechanics: what ``forward`` becomes, copies, instance-level forwards, undo."""
+
+from __future__ import annotations
+
+import copy
+import io
+import types
+
+import pytest
+import torch
+from engine_zoo import MlpBlock, NestedListModel, graphs_compiled, sequential_model, token_ids
+from torch import nn
+from torch._dynamo.utils import counters
+
+import torchkiln
+from torchkiln.inplace import STATE_ATTR
+
+
+def compile_eager(model: nn.Module, **options: object) -> nn.Module:
+    return torchkiln.compile(model, backend="eager", progress="off", **options)
+
+
+def perturbed_copy(model: nn.Module) -> nn.Module:
+    """A deep copy whose weights differ from ``model``'s."""
+    clone = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in clone.parameters():
+            param.mul_(0.5)
+    return clone
+
+
+def plain_twin(model: nn.Module) -> nn.Module:
+    """An uncompiled model with ``model``'s weights."""
+    twin = NestedListModel()
+    twin.load_state_dict(model.state_dict())
+    return twin.eval()
+
+
+def test_after_the_first_call_forward_is_the_bare_compiled_function() -> None:
+    model = compile_eager(NestedListModel().eval())
+    block = model.stages[1][0]
+    shim = block.__dict__["forward"]
+    model(token_ids())
+
+    forward = block.__dict__["forward"]
+    assert forward is not shim
+    assert isinstance(forward, types.MethodType) and forward.__self__ is block
+    # The same function for every region of the group: one compiled code, reused.
+    assert forward.__func__ is model.stages[0][0].__dict__["forward"].__func__
+    assert type(block).forward is MlpBlock.forward
+
+
+def test_a_copy_made_before_the_first_call_runs_its_own_weights() -> None:
+    model = compile_eager(NestedListModel().eval())
+    clone = perturbed_copy(model)
+    ids = token_ids()
+
+    torch.testing.assert_close(clone(ids), plain_twin(clone)(ids))
+    torch.testing.assert_close(model(ids), plain_twin(model)(ids))
+    assert torchkiln.is_compiled(clone)
+    assert all(r.status == "compiled" for r in torchkiln.report(clone).regions)
+    assert all(r.status == "compiled" for r in torchkiln.report(model).regions)
+
+
+def test_a_copy_made_after_the_first_call_runs_its_own_weights() -> None:
+    model = compile_eager(NestedListModel().eval())
+    ids = token_ids()
+    model(ids)
+    clone = perturbed_copy(model)
+
+    torch.testing.assert_close(clone(ids), plain_twin(clone)(ids))
+    assert graphs_compiled() == 1
+
+
+def test_a_copy_of_a_compiled_model_decompiles() -> None:
+    model = compile_eager(NestedListModel().eval())
+    clone = copy.deepcopy(model)
+    torchkiln.decompile(clone)
+
+    assert not any("forward" in m.__dict__ for m in clone.modules())
+    ids = token_ids()
+    torch.testing.assert_close(clone(ids), plain_twin(clone)(ids))
+    assert counters["frames"]["total"] == 0
+    assert torchkiln.is_compiled(model)
+
+
+def test_an_instance_forward_is_compiled_and_restored() -> None:
+    """A forward set on the instance (Accelerate's autocast wrapper) is what gets compiled."""
+    model = sequential_model().eval()
+    twin = copy.deepcopy(model)
+    wrapper = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)
+    model.forward = wrapper
+    compile_eager(model, regions="whole")
+    x = torch.randn(2, 8, 32)
+
+    out = model(x)
+    assert out.dtype == torch.bfloat16  # autocast ran inside the compiled region
+    assert graphs_compiled() == 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(out, twin(x), rtol=2e-2, atol=2e-2)
+    torchkiln.decompile(model)
+    assert model.__dict__["forward"] is wrapper
+
+
+def test_compile_decompile_compile() -> None:
+    model = NestedListModel().eval()
+    ids = token_ids()
+    expected = plain_twin(model)(ids)
+    compile_eager(model)
+    model(ids)
+    torchkiln.decompile(model)
+    torch._dynamo.reset()
+    counters.clear()
+
+    compile_eager(model)
+    torch.testing.assert_close(model(ids), expected)
+    assert graphs_compiled() == 1
+    assert [r.status for r in torchkiln.report(model).regions] == ["compiled"] * 4
+
+
+def test_decompile_leaves_no_dynamo_marks_on_parameters() -> None:
+    """Dynamo tags the parameters it sees (``_dynamo_static_input_type``); decompile removes the
+    tags it caused, so a whole-model pickle is byte for byte the original's."""
+    model = NestedListModel().eval()
+    twin = copy.deepcopy(model)
+    compile_eager(model)
+    model(token_ids())
+    assert any(p.__dict__ for p in model.parameters())  # Dynamo did tag them
+
+    torchkiln.decompile(model)
+    assert [p.__dict__ for p in model.parameters()] == [p.__dict__ for p in twin.parameters()]
+    saved, saved_twin = io.BytesIO(), io.BytesIO()
+    torch.save(model, saved)
+    torch.save(twin, saved_twin)
+    assert saved.getvalue() == saved_twin.getvalue()
+
+
+def test_decompile_keeps_marks_the_user_set() -> None:
+    model = NestedListModel().eval()
+    marked = model.stages[0][0].up.weight
+    torch._dynamo.mark_static_address(marked, guard=False)
+    compile_eager(model)
+    model(token_ids())
+    torchkiln.decompile(model)
+    assert marked._dynamo_static_input_type == "unguarded"
+
+
+def test_decompile_of_an_uncompiled_model_is_a_no_op() -> None:
+    model = NestedListModel().eval()
+    before = dict(model.__dict__)
+    assert torchkiln.decompile(model) is model
+    assert model.__dict__ == before
+
+
+def test_state_lives_in_the_root_dict_not_in_modules_or_state_dict() -> None:
+    model = compile_eager(NestedListModel().eval())
+    assert STATE_ATTR in model.__dict__
+    assert STATE_ATTR not in dict(model.named_modules())
+    assert all(STATE_ATTR not in key for key in model.state_dict())
+    with pytest.raises(AttributeError):
+        model.stages[0][0]._torchkiln_compiled  # noqa: B018  (only the root holds the state)
