@@ -300,7 +300,7 @@ def _handle_failure(
     if not _is_compile_failure(error):
         region_state.status = "compiled"
         raise error  # the user's own error, raised the same way eager would
-    region_state.fallback_reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    region_state.fallback_reason = _describe_failure(error)
     if policy == "raise":
         region_state.status = "failed"
         raise RegionCompileError(region.path, region.group, error) from error
@@ -310,6 +310,20 @@ def _handle_failure(
           f"{region_state.fallback_reason}", file=sys.stderr)
     # Hooks already ran in nn.Module.__call__; only the forward itself runs again, eagerly.
     return module.forward(*args, **kwargs)
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line for line in str(error).splitlines() if line.strip()), "")
+
+
+def _describe_failure(error: BaseException) -> str:
+    """``BackendCompilerFailed: backend='x' raised: RuntimeError: why``: Dynamo's wrapper says
+    which backend; the exception it wraps says why (on a line of its own, so name it here)."""
+    text = f"{type(error).__name__}: {_first_line(error)}"
+    inner = getattr(error, "inner_exception", None) or error.__cause__
+    if inner is not None and inner is not error:
+        text += f" {type(inner).__name__}: {_first_line(inner)}"
+    return text
 
 
 def _restore_forward(module: nn.Module, previous: Any) -> None:
