@@ -140,10 +140,27 @@ def _structural_blocks(module: nn.Module, prefix: str, min_repeats: int) -> Iter
     counts = Counter(type(child) for _, child in children)
     for path, child in children:
         repeated = counts[type(child)] >= min_repeats and _has_parameters(child)
-        if repeated:
+        if repeated and not _is_stack(module, prefix, path, child, min_repeats):
             yield path, child
         else:
             yield from _structural_blocks(child, path + ".", min_repeats)
+
+
+def _is_stack(parent: nn.Module, prefix: str, path: str, child: nn.Module, min_repeats: int) -> bool:
+    """Same-class siblings held as plain attributes (an encoder and a decoder of one class) that
+    each hold a list of repeated blocks are stacks: their blocks are the regions. Siblings held
+    in a container (decoder layers, even with a list of experts inside) are blocks."""
+    in_container = isinstance(parent, CONTAINERS) or "." in path[len(prefix):]
+    return not in_container and _holds_block_list(child, min_repeats)
+
+
+def _holds_block_list(module: nn.Module, min_repeats: int) -> bool:
+    for sub in module.modules():
+        if isinstance(sub, CONTAINERS):
+            counts = Counter(type(c) for c in sub.children() if _has_parameters(c))
+            if any(n >= min_repeats for n in counts.values()):
+                return True
+    return False
 
 
 def _has_parameters(module: nn.Module) -> bool:
