@@ -193,7 +193,15 @@ def _by_path(model: nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, nn.
 
 def _drop_excluded(found: list[tuple[str, nn.Module]], config: CompileConfig) -> list[tuple[str, nn.Module]]:
     patterns = config.regions.exclude
-    return [(p, m) for p, m in found if not any(fnmatch.fnmatchcase(p, pat) for pat in patterns)]
+    return [(p, m) for p, m in found if not _excluded(p, patterns)]
+
+
+def _excluded(path: str, patterns: tuple[str, ...]) -> bool:
+    """``path`` or one of its ancestors matches: an excluded module's subtree is excluded too
+    (``rest=leaves`` must not compile the leaves inside an excluded block)."""
+    parts = path.split(".")
+    ancestors = [".".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(fnmatch.fnmatchcase(a, pat) for a in ancestors for pat in patterns)
 
 
 def group_by_class(found: list[tuple[str, nn.Module]], reason: str) -> list[RegionGroup]:
