@@ -94,3 +94,17 @@ def test_unknown_backend_lists_registered_and_torch_known_names():
     known_to_torch = message.split("known to torch: ")[1].split(", ")
     assert "aot_ts" in known_to_torch
     assert "xla" not in known_to_torch
+
+
+def test_plugin_whose_resolve_compile_config_raises_is_named():
+    class Raising:
+        @hookimpl
+        def resolve_compile_config(self, config, sources):
+            raise KeyError("no such preset")
+
+    manager = isolated_plugin_manager()
+    manager.register(Raising(), name="preset-plugin")
+    with pytest.raises(
+        PluginError, match=r"plugin 'preset-plugin' raised in resolve_compile_config\(\)"
+    ):
+        torchkiln.compile(small_model(), backend="eager", plugins=manager)
