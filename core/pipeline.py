@@ -28,7 +28,9 @@ def _plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> Regi
     plan = pm.hook.select_regions(model=model, config=config, selector=selector)
     if plan is None:
         raise PluginError(f"no plugin answered select_regions for strategy {selector!r}")
-    level = logging.WARNING if plan.selector != selector and plan.selector == "whole" else logging.INFO
+    # A fallback to the whole model, or a plan that compiles nothing, is never silent.
+    fell_back = plan.selector != selector and plan.selector == "whole"
+    level = logging.WARNING if fell_back or not plan.groups else logging.INFO
     logger.log(level, "torchkiln: %s", plan.reason or f"selected {plan.region_count} regions")
     return plan
 
