@@ -1,0 +1,291 @@
+"""``torchkiln bench``: settings, the end-to-end run in worker processes, JSON, table, targets,
+plot, per-cell failures."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchkiln.bench.runner import CellResult, RunFailure
+from torchkiln.bench.settings import (
+    DEFAULT_BATCHES,
+    DEFAULT_DEPTHS,
+    QUICK_BATCHES,
+    QUICK_DEPTHS,
+    BenchError,
+    Cell,
+    make_settings,
+)
+from torchkiln.bench.table import render_table
+from torchkiln.bench.targets import check_targets
+from torchkiln.cli import build_parser, main
+
+DOCS = Path(__file__).parents[1] / "docs" / "benchmarks.md"
+
+
+# --- settings -----------------------------------------------------------------------------------
+
+
+def test_presets() -> None:
+    default, quick = make_settings(), make_settings(quick=True)
+    assert (default.model, default.depths, default.batches, default.seq) == (
+        "llama",
+        DEFAULT_DEPTHS,
+        DEFAULT_BATCHES,
+        128,
+    )
+    assert (quick.depths, quick.batches) == (QUICK_DEPTHS, QUICK_BATCHES) == ((4, 16), (1,))
+    assert quick.strategies[:4] == ("eager", "full", "regional", "hierarchical")
+    assert len(quick.cells()) == 2 * len(quick.strategies)
+
+
+def test_depth_in_the_model_name() -> None:
+    settings = make_settings(model="llama:16", strategies="full,regional")
+    assert (settings.model, settings.depths) == ("llama", (16,))
+    assert settings.cells() == [
+        Cell(16, 1, "full"),
+        Cell(16, 1, "regional"),
+        Cell(16, 4, "full"),
+        Cell(16, 4, "regional"),
+    ]
+
+
+def test_custom_factory_without_depths_runs_at_its_own_size() -> None:
+    assert make_settings(model="torchkiln.examples:toy").depths == (None,)
+    assert make_settings(model="torchkiln.examples:toy", depths="2,3").depths == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"model": "llama:16", "depths": "4"}, "already fixes the depth"),
+        ({"model": "llama:x"}, "must be a whole number"),
+        ({"depths": "4,x"}, "--depths '4,x': expected comma-separated whole numbers"),
+        ({"batch": "0"}, "--batch '0'"),
+        (
+            {"strategies": "full,turbo"},
+            "unknown turbo; choose from eager, full, regional, hierarchical, accelerate",
+        ),
+        ({"model": "nomodule"}, "neither a built-in example"),
+        ({"seq": 0}, "--seq 0"),
+        ({"device": "tpu"}, "choose auto, cpu or cuda"),
+    ],
+)
+def test_bad_options_are_named(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(BenchError, match=re.escape(message)):
+        make_settings(**options)
+
+
+def test_accelerate_refused_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("torchkiln.bench.settings.accelerate_available", lambda: False)
+    assert "accelerate" not in make_settings().strategies
+    with pytest.raises(BenchError, match="accelerate is not installed"):
+        make_settings(strategies="regional,accelerate")
+
+
+def test_bad_option_on_the_command_line_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--strategies", "nope"]) == 2
+    assert "unknown nope" in capsys.readouterr().err
+
+
+# --- targets and table from known numbers -------------------------------------------------------
+
+
+def _result(
+    depth: int, strategy: str, cold: float, warm: float | None, steady: float
+) -> CellResult:
+    def run(first: float) -> dict[str, Any]:
+        counts = {"graphs": 1, "recompiles": 0, "graph_breaks": 0}
+        return {"first_call_seconds": first, "steady_seconds": [steady] * 3, "after_steady": counts,
+                "max_abs_diff": 0.0}  # fmt: skip
+
+    return CellResult(Cell(depth, 1, strategy), cold=run(cold), warm=run(warm) if warm else None)
+
+
+def _grid(regional_16: float = 10.0) -> list[CellResult]:
+    return [
+        _result(4, "full", 30.0, 6.0, 0.010),
+        _result(4, "regional", 9.0, 2.0, 0.0102),
+        _result(4, "hierarchical", 12.0, 3.0, 0.0100),
+        _result(4, "accelerate", 11.0, 3.0, 0.0101),
+        _result(16, "full", 40.0, 8.0, 0.040),
+        _result(16, "regional", regional_16, 2.5, 0.041),
+        _result(16, "hierarchical", 15.0, 4.0, 0.04012),
+        _result(16, "accelerate", 12.0, 3.0, 0.0405),
+    ]
+
+
+def test_targets_judged_from_the_numbers() -> None:
+    verdicts = {
+        t.name: (t.met, round(t.value, 3) if t.value is not None else None)
+        for t in check_targets(_grid())
+    }
+    assert verdicts == {
+        "regional first call vs full (depth 16, 32)": (True, 0.25),
+        "regional first call vs accelerate compile_regions (depth 16, 32)": (True, 0.833),
+        "regional first call, depth 32 vs depth 4": (None, 1.111),  # depth 32 was not run
+        "warm start vs cold (regional, hierarchical)": (True, 0.267),
+        "hierarchical steady state vs full": (True, 1.003),
+        "regional steady state vs full": (True, 1.025),
+    }
+    slow = {t.name: t.met for t in check_targets(_grid(regional_16=25.0))}
+    assert slow["regional first call vs full (depth 16, 32)"] is False
+    assert slow["regional first call vs accelerate compile_regions (depth 16, 32)"] is False
+
+
+def test_a_failed_cell_is_not_measured_never_met() -> None:
+    grid = _grid()
+    grid[5] = CellResult(Cell(16, 1, "regional"), failure=RunFailure("cold", 1, "boom", ""))
+    met = {t.name: t.met for t in check_targets(grid)}
+    assert met["regional first call vs full (depth 16, 32)"] is None
+    table = render_table(grid)
+    assert "regional      FAILED (boom)" in table
+
+
+def test_table_shows_ratios_to_full_next_to_the_times() -> None:
+    lines = render_table(_grid()).splitlines()
+    assert re.split(r"\s{2,}", lines[0].strip()) == [
+        "depth", "batch", "strategy", "first call", "x full", "warm", "warm/cold",
+        "steady ms", "x full", "graphs", "recompiles", "breaks", "max |diff|",
+    ]  # fmt: skip
+    regional_16 = next(line for line in lines if line.split()[:3] == ["16", "1", "regional"])
+    assert re.split(r"\s{2,}", regional_16.strip()) == [
+        "16", "1", "regional", "10.00 s", "0.25", "2.50 s", "0.25", "41.00", "1.025", "1", "0", "0", "0.0e+00",
+    ]  # fmt: skip
+
+
+def test_plot_draws_a_png(tmp_path: Path) -> None:
+    from torchkiln.bench.plot import write_plot
+
+    target = write_plot(_grid(), tmp_path / "plots" / "bench.png", "test")
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchkiln.bench.plot import require_matplotlib
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(BenchError, match=re.escape("pip install 'torchkiln[bench]'")):
+        require_matplotlib()
+
+
+# --- end to end, in worker processes ------------------------------------------------------------
+
+
+def _bench_json(tmp_path: Path, *options: str) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--model", "toy", "--depths", "2", "--batch", "1", "--seq", "8",
+                 "--steady-iters", "3", "--json", str(out), *options])  # fmt: skip
+    return code, json.loads(out.read_text())
+
+
+def _check_measured(cell: dict[str, Any], warm: bool) -> None:
+    assert cell["failure"] is None
+    assert cell["depth"] == 2 and cell["batch"] == 1
+    assert cell["cold_first_call_seconds"] > 0 and cell["steady_median_seconds"] > 0
+    assert len(cell["cold"]["steady_seconds"]) == 3
+    assert cell["cold"]["max_abs_diff"] < 1e-5
+    assert "inductor-cache" in cell["cold"]["cache_dir"]
+    compiled = cell["strategy"] != "eager"
+    assert cell["cold"]["after_steady"]["graphs"] == (1 if compiled else 0)
+    assert cell["cold"]["after_steady"]["recompiles"] == 0
+    if warm and compiled:
+        assert cell["warm_first_call_seconds"] > 0
+        assert cell["warm"]["cache_dir"] == cell["cold"]["cache_dir"]
+    else:
+        assert cell["warm"] is None
+
+
+def test_bench_writes_every_cell_with_numbers_and_ratios(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, document = _bench_json(
+        tmp_path, "--backend", "eager", "--strategies", "full,regional", "--no-warm"
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert document["settings"]["backend"] == "eager"
+    environment = document["environment"]
+    assert environment["torch"].startswith("2.") and environment["torch_threads"] >= 1
+    assert environment["cpu"] and environment["device"] == "cpu"
+    assert [c["strategy"] for c in document["cells"]] == ["full", "regional"]
+    for cell in document["cells"]:
+        _check_measured(cell, warm=False)
+    assert document["cells"][1]["cold"]["torchkiln_report"]["selector"] == "repeated"
+    assert {t["name"] for t in document["targets"]} >= {"regional steady state vs full"}
+    assert "x full" in captured.out and "warm/cold" in captured.out and "targets:" in captured.out
+    row = next(
+        line for line in captured.out.splitlines() if line.split()[:3] == ["2", "1", "regional"]
+    )
+    # first call, its ratio to full, warm (not run), warm/cold, steady ms, its ratio to full
+    assert re.search(r"\d+\.\d\d s\s+\d+\.\d\d\s+-\s+-\s+\d+\.\d\d\s+\d+\.\d{3}\s", row), row
+    assert "[2/2] depth 2 batch 1 regional: cold run" in captured.err
+
+
+@pytest.mark.slow  # 7 worker processes
+def test_every_strategy_cold_and_warm(tmp_path: Path) -> None:
+    code, document = _bench_json(
+        tmp_path, "--backend", "eager", "--strategies", "eager,full,regional,hierarchical"
+    )
+    assert code == 0
+    cells = {c["strategy"]: c for c in document["cells"]}
+    assert list(cells) == ["eager", "full", "regional", "hierarchical"]
+    for cell in cells.values():
+        _check_measured(cell, warm=True)
+    assert cells["hierarchical"]["cold"]["torchkiln_report"]["selector"] == "hierarchical"
+
+
+def test_a_failing_cell_is_reported_and_the_run_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # math:sqrt is importable but no model factory: every worker fails while building it.
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--model", "math:sqrt", "--strategies", "eager,full", "--batch", "1", "--no-warm",
+                 "--json", str(out)])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 1
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["strategy"] for c in cells] == ["eager", "full"]
+    for cell in cells:
+        assert cell["failure"]["run"] == "cold" and cell["failure"]["returncode"] == 1
+        assert "sqrt" in cell["failure"]["stderr_tail"]
+    assert "FAILED (worker exited with code 1" in captured.out
+    assert "batch 1 full: cold run failed" in captured.err
+
+
+@pytest.mark.slow
+def test_inductor_warm_start_reuses_the_cold_cache(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--model", "llama", "--depths", "2", "--seq", "16", "--strategies", "regional",
+                 "--steady-iters", "3", "--json", str(out)])  # fmt: skip
+    assert code == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    cold, warm = cell["cold"]["first_call"], cell["warm"]["first_call"]
+    assert cold["fxgraph_cache_misses"] >= 1 and cold["fxgraph_cache_hits"] == 0
+    assert warm["fxgraph_cache_hits"] >= 1 and warm["fxgraph_cache_misses"] == 0
+    assert cell["warm_first_call_seconds"] < cell["cold_first_call_seconds"]
+
+
+# --- the documented commands --------------------------------------------------------------------
+
+
+def test_documented_commands_are_valid() -> None:
+    commands = [
+        line.strip()
+        for line in DOCS.read_text().splitlines()
+        if line.strip().startswith("torchkiln bench")
+    ]
+    assert len(commands) >= 3
+    parser = build_parser()
+    for command in commands:
+        args = parser.parse_args(shlex.split(command)[1:])
+        make_settings(
+            model=args.model, quick=args.quick, depths=args.depths, batch=args.batch, seq=args.seq,
+            strategies=args.strategies, backend=args.backend, train=args.train, device=args.device,
+        )  # fmt: skip
