@@ -207,3 +207,14 @@ def test_every_block_runs_with_its_own_weights() -> None:
         torchkiln.compile(model, backend="eager", regions="hierarchical", progress="off",
                           plugins=isolated_plugin_manager())  # fmt: skip
         torch.testing.assert_close(model(inputs), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "hierarchical.md").read_text()
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(example, "docs/hierarchical.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "nested_compile_region on the repeated blocks (4x LlamaDecoderLayer)" in out
+    assert "<root>" in out

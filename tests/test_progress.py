@@ -111,3 +111,18 @@ def test_no_progress_when_compilation_is_off() -> None:
     plan, _ = _plan_and_config("on")
     config = CompileConfig(backend="no", progress="on")
     assert isinstance(make_progress(config, plan, stream=FakeTerminal()), NullProgress)
+
+
+def test_the_docs_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "progress.md").read_text()
+    blocks = [part.split("```", 1)[0] for part in text.split("```python\n")[1:]]
+    namespace: dict[str, object] = {}
+    for block in blocks:
+        exec(compile(block, "docs/progress.md", "exec"), namespace)
+    captured = capsys.readouterr()
+    assert captured.err.startswith("compiling 1/1 groups: LlamaDecoderLayer (model.layers.0) ...\n")
+    assert "compiled 1 group (4 regions) in " in captured.err
+    assert "model.layers.1 .. model.layers.3 (3 regions)  LlamaDecoderLayer  reused" in captured.out
+    assert "total: 4 regions, 1 graph compiled in " in captured.out
