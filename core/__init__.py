@@ -7,8 +7,9 @@
 
 from __future__ import annotations
 
+from torchkiln.cache import load_cache_artifacts, save_cache_artifacts
 from torchkiln.config import CompileConfig
-from torchkiln.distributed import full_state_dict, unwrap
+from torchkiln.distributed import distributed_result, full_state_dict, unwrap
 from torchkiln.errors import (
     ConfigError,
     DistributedError,
@@ -33,11 +34,14 @@ __all__ = [
     "__version__",
     "compile",
     "decompile",
+    "distributed_result",
     "full_state_dict",
     "get_plugin_manager",
     "hookimpl",
     "is_compiled",
+    "load_cache_artifacts",
     "plan",
     "report",
+    "save_cache_artifacts",
     "unwrap",
 ]

@@ -8,7 +8,8 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln.distributed import DistributedResult, check_result
+from torchkiln.cache import apply_cache_dir
+from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
 from torchkiln.inplace import STATE_ATTR, CompiledModel, Compiler, state_of
 from torchkiln.inplace import decompile as _decompile_inplace
@@ -19,7 +20,6 @@ from torchkiln.report import CompileReport, build_report
 from torchkiln.resolve import ConfigArg, ResolvedConfig, resolve_config
 
 logger = logging.getLogger("torchkiln")
-RESULT_ATTR = "_torchkiln_distributed"
 
 
 def _plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> RegionPlan:
@@ -102,10 +102,13 @@ def compile(model: nn.Module, config: ConfigArg = None, *, plugins: PluginManage
             "times; it must call it exactly once")
     check_result(result, model)
     state = state_of(result.module)
+    if state is not None and cfg.cache_dir is not None:
+        # Compilation is lazy: pointing the caches there now covers the first call; the
+        # process-wide variable is put back by decompile (an explicit, documented option).
+        state.restore.append(apply_cache_dir(cfg.cache_dir).restore)
     if state is not None and cfg.report:
         state.on_first_calls_done.append(lambda s: print(build_report(s), file=sys.stderr))
-    if result.wrapped is not result.module:
-        object.__setattr__(result.wrapped, RESULT_ATTR, result) if _can_tag(result.wrapped) else None
+    attach(result)  # so unwrap/report/decompile find the module behind the wrapper
     return result.wrapped
 
 
@@ -116,13 +119,9 @@ def _skip_compile(compiler: Compiler) -> Any:
     return skip
 
 
-def _can_tag(obj: Any) -> bool:
-    return hasattr(obj, "__dict__")
-
-
 def _root(model: Any) -> nn.Module:
     """The plain module behind whatever compile returned."""
-    result: DistributedResult | None = getattr(model, "__dict__", {}).get(RESULT_ATTR)
+    result = distributed_result(model)
     if result is not None:
         return result.module
     return model
@@ -143,8 +142,6 @@ def decompile(model: Any) -> nn.Module:
     ``model`` is a wrapper torchkiln returned). A no-op on a module torchkiln did not compile."""
     root = _root(model)
     _decompile_inplace(root)
-    if root is not model and RESULT_ATTR in getattr(model, "__dict__", {}):
-        del model.__dict__[RESULT_ATTR]
     return root
 
 
