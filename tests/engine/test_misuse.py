@@ -52,7 +52,9 @@ def test_a_ddp_wrapped_module_is_refused(single_process_group: object) -> None:
 
 
 def test_not_a_module() -> None:
-    with pytest.raises(torchkiln.TorchkilnError, match=r"expects a torch\.nn\.Module, got function"):
+    with pytest.raises(
+        torchkiln.TorchkilnError, match=r"expects a torch\.nn\.Module, got function"
+    ):
         torchkiln.compile(lambda x: x, backend="eager")
 
 
