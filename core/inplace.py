@@ -16,6 +16,7 @@ function, so nothing of torchkiln stays on the forward path.
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import functools
 import sys
@@ -90,6 +91,24 @@ class CompiledModel:
     @property
     def pending(self) -> int:
         return sum(state.status == "pending" for state in self.regions)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Pickling would "succeed" and write a file that fails to load (the compiled forwards
+        # are pickled by a name that does not exist): refuse at save time, saying what works.
+        raise TorchkilnError(
+            "a model compiled by torchkiln cannot be pickled whole (torch.save(model)): save "
+            "model.state_dict() (its keys are the plain model's), or call "
+            "torchkiln.decompile(model) first")
+
+    def __copy__(self) -> CompiledModel:
+        return attrs.evolve(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CompiledModel:
+        copied = object.__new__(CompiledModel)
+        memo[id(self)] = copied
+        for field in attrs.fields(CompiledModel):
+            object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
+        return copied
 
 
 def state_of(model: Any) -> CompiledModel | None:
