@@ -159,3 +159,25 @@ def test_state_lives_in_the_root_dict_not_in_modules_or_state_dict() -> None:
     assert all(STATE_ATTR not in key for key in model.state_dict())
     with pytest.raises(AttributeError):
         model.stages[0][0]._torchkiln_compiled  # noqa: B018  (only the root holds the state)
+
+
+def test_pickling_a_compiled_model_whole_is_refused_at_save_time() -> None:
+    """Not a file that fails to load later: a clear error now, naming what works instead."""
+    model = compile_eager(NestedListModel().eval())
+    model(token_ids())
+    with pytest.raises(torchkiln.TorchkilnError, match=r"state_dict\(\).*torchkiln\.decompile"):
+        torch.save(model, io.BytesIO())
+    torch.save(model.state_dict(), io.BytesIO())  # the supported way
+
+    torchkiln.decompile(model)
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    assert type(torch.load(saved, weights_only=False)) is NestedListModel
+
+
+def test_a_single_compiled_block_can_be_deep_copied() -> None:
+    model = compile_eager(NestedListModel().eval())
+    block = copy.deepcopy(model.stages[0][0])
+    x = torch.randn(2, 3, 32)
+    torch.testing.assert_close(block(x), model.stages[0][0](x))
