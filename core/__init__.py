@@ -3,13 +3,16 @@
 >>> import torchkiln
 >>> model = torchkiln.compile(model, backend="inductor")   # the same object, compiled in place
 >>> torchkiln.report(model)                                # after the first call
+
+The public names are imported on first use (PEP 562), so ``import torchkiln`` (and the pytest
+plugin ``torchkiln.testing``) does not import torch until something needs it.
 """
 
 from __future__ import annotations
 
-from torchkiln.cache import load_cache_artifacts, save_cache_artifacts
-from torchkiln.config import CompileConfig
-from torchkiln.distributed import distributed_result, full_state_dict, unwrap
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from torchkiln.errors import (
     ConfigError,
     DistributedError,
@@ -18,10 +21,45 @@ from torchkiln.errors import (
     TorchkilnError,
 )
 from torchkiln.hookspecs import hookimpl
-from torchkiln.pipeline import compile, decompile, is_compiled, plan, report
-from torchkiln.plugin_manager import PluginManager, get_plugin_manager
+
+if TYPE_CHECKING:
+    from torchkiln.cache import load_cache_artifacts, save_cache_artifacts
+    from torchkiln.config import CompileConfig
+    from torchkiln.distributed import distributed_result, full_state_dict, unwrap
+    from torchkiln.pipeline import compile, decompile, is_compiled, plan, report
+    from torchkiln.plugin_manager import PluginManager, get_plugin_manager
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "CompileConfig": "torchkiln.config",
+    "PluginManager": "torchkiln.plugin_manager",
+    "get_plugin_manager": "torchkiln.plugin_manager",
+    "compile": "torchkiln.pipeline",
+    "decompile": "torchkiln.pipeline",
+    "is_compiled": "torchkiln.pipeline",
+    "plan": "torchkiln.pipeline",
+    "report": "torchkiln.pipeline",
+    "unwrap": "torchkiln.distributed",
+    "full_state_dict": "torchkiln.distributed",
+    "distributed_result": "torchkiln.distributed",
+    "save_cache_artifacts": "torchkiln.cache",
+    "load_cache_artifacts": "torchkiln.cache",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchkiln' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "CompileConfig",

@@ -38,6 +38,8 @@ class RegionsConfig:
     leaf module with parameters, such as ``lm_head``, compiled on its own)."""
     min_repeats: int = 2
     """How many same-class siblings make a repeated block."""
+    options: dict[str, Any] = attrs.Factory(dict)
+    """Options for a region strategy a third-party plugin provides."""
 
 
 @attrs.frozen

@@ -224,6 +224,9 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
         add("regions.classes", "strategy 'classes' needs at least one class-name glob in regions.classes")
     if config.regions.strategy == "paths" and not config.regions.paths:
         add("regions.paths", "strategy 'paths' needs at least one module-path glob in regions.paths")
+    if config.mode is not None and config.options:
+        add("mode", f"mode {config.mode!r} and options {sorted(config.options)} cannot both be set "
+            "(torch.compile takes one or the other); put the mode's settings into options instead")
     if config.backend != "no":
         problems.extend(_backend_problems(config, sources, plugins))
     strategy = plugins.distributed_strategies().get(config.distributed.strategy)

@@ -54,12 +54,14 @@ class PluginError(TorchkilnError):
 class RegionCompileError(TorchkilnError):
     """A region failed to compile under the ``raise`` region error policy."""
 
-    def __init__(self, path: str, group: str, error: BaseException):
+    def __init__(self, path: str, group: str, error: BaseException, plugin: str | None = None):
         self.path = path
         self.group = group
         self.error = error
+        self.plugin = plugin
+        by = f" in plugin {plugin!r}'s compile_region" if plugin else ""
         super().__init__(
-            f"compiling region {path or '<root>'!r} (group {group!r}) failed: "
+            f"compiling region {path or '<root>'!r} (group {group!r}) failed{by}: "
             f"{type(error).__name__}: {error}. Set on_region_error='eager' to run failing "
             "regions eagerly instead."
         )

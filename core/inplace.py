@@ -246,13 +246,19 @@ class Compiler:
             compiled = self.plugins.hook.compile_region(
                 fn=fn, group=group, config=self.config, backend=self.config.backend)
             if compiled is None:
-                if self.plugins.backends().get(self.config.backend) is None:
-                    raise PluginError(f"no plugin compiles backend {self.config.backend!r}")
+                declared = self.plugins.backends().get(self.config.backend)
+                if declared is None or declared.spec.origin != "torch":
+                    owner = f"plugin {declared.plugin!r} declares" if declared else "nothing declares"
+                    raise PluginError(
+                        f"{owner} backend {self.config.backend!r} but no plugin's compile_region "
+                        "answered for it")
                 compiled = default_compile(fn, self.config)
             return compiled, None
         except Exception as error:
             if self.config.on_region_error == "raise":
-                raise RegionCompileError(group.regions[0].path, group.name, error) from error
+                declared = self.plugins.backends().get(self.config.backend)
+                plugin = declared.plugin if declared is not None and declared.plugin != "torch" else None
+                raise RegionCompileError(group.regions[0].path, group.name, error, plugin) from error
             return fn, error
 
     def _first_call_shim(self, compiled_function: Callable[..., Any], group_index: int) -> Callable[..., Any]:

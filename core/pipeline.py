@@ -16,7 +16,7 @@ from torchkiln.inplace import decompile as _decompile_inplace
 from torchkiln.plugin_manager import PluginManager, get_plugin_manager
 from torchkiln.progress import make_progress
 from torchkiln.regions import RegionPlan
-from torchkiln.report import CompileReport, build_report
+from torchkiln.compile_report import CompileReport, build_report
 from torchkiln.resolve import ConfigArg, ResolvedConfig, resolve_config
 
 logger = logging.getLogger("torchkiln")

@@ -72,7 +72,7 @@ CASES = [
         (
             "unknown field 'stratgy'",
             "(did you mean 'strategy'?)",
-            "allowed: strategy, classes, paths, exclude, rest, min_repeats",
+            "allowed: strategy, classes, paths, exclude, rest, min_repeats, options",
         ),
     ),
     Case(
@@ -233,7 +233,7 @@ CASES = [
         "regions: 5\n",
         "$.regions",
         (
-            "expected a mapping with the fields strategy, classes, paths, exclude, rest, min_repeats or a strategy name",
+            "expected a mapping with the fields strategy, classes, paths, exclude, rest, min_repeats, options or a strategy name",
             "(got 5)",
         ),
     ),

@@ -293,6 +293,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "regions.exclude": ("head, embed", ("head", "embed")),
     "regions.rest": ("leaves", "leaves"),
     "regions.min_repeats": ("5", 5),
+    "regions.options": ('{"min_params": 100}', {"min_params": 100}),
     "distributed.strategy": ("fsdp2", "fsdp2"),
     "distributed.ddp.find_unused_parameters": ("1", True),
     "distributed.ddp.bucket_cap_mb": ("12.5", 12.5),

@@ -449,10 +449,12 @@ def test_a_declared_backend_nobody_compiles_fails_per_region_policy_raise(
     pm: torchkiln.PluginManager, stack: Stack
 ) -> None:
     pm.register(Unanswered(), name="unanswered")
-    # No plugin answers, so torchkiln falls back to torch.compile, which does not know "silent".
+    # Declared by a plugin, answered by none: the error names the declaring plugin.
     with pytest.raises(
         RegionCompileError,
-        match=r"compiling region 'blocks\.0' \(group 'Block'\) failed: InvalidBackend",
+        match=r"compiling region 'blocks\.0' \(group 'Block'\) failed in plugin 'unanswered''s "
+        r"compile_region: PluginError: plugin 'unanswered' declares backend 'silent' but no "
+        r"plugin's compile_region answered for it",
     ):
         torchkiln.compile(stack, plugins=pm, backend="silent")
 
@@ -469,7 +471,7 @@ def test_a_declared_backend_nobody_compiles_runs_eagerly_under_policy_eager(
     assert [r.status for r in regions] == ["eager"] * 3
     assert all(
         r.fallback_reason.startswith(
-            "compile_region failed: InvalidBackend: Invalid backend: 'silent'"
+            "compile_region failed: PluginError: plugin 'unanswered' declares backend 'silent'"
         )
         for r in regions
     )

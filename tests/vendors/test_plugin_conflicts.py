@@ -81,6 +81,7 @@ def test_plugin_whose_compile_region_raises_fails_with_its_error_and_the_region(
         torchkiln.compile(small_model(), backend="crashy", plugins=manager)
     message = str(raised.value)
     assert "'blocks.0'" in message
+    assert "plugin 'crashing-vendor'" in message
     assert "RuntimeError: vendor compiler crashed" in message
 
 

@@ -6,15 +6,12 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
-import attrs
-import pytest
 import torch
 import torch.nn.functional as F
 import torchkiln_param_selector
 from torch import nn
 
 import torchkiln
-from torchkiln.config import RegionsConfig
 
 
 class Block(nn.Module):
@@ -99,10 +96,6 @@ def test_exclude_is_honoured():
     ]
 
 
-@pytest.mark.skipif(
-    "options" not in attrs.fields_dict(RegionsConfig),
-    reason="this torchkiln has no regions.options field yet",
-)
 def test_min_params_option_moves_the_cut():
     model = Model()
     assert plan_paths(model, options={"min_params": 2000}) == [
