@@ -114,13 +114,18 @@ def _own_frames(state: CompiledModel) -> dict[str, set[str]]:
     for region_state in state.regions:
         code = state.code_names.get(region_state.region.group, "")
         frames.setdefault(region_state.region.group, set()).update(
-            _frame(r) for r in region_state.records if code and code in r.co_name)
+            _frame(r) for r in region_state.records if _runs_code(r.co_name, code))
     return frames
+
+
+def _runs_code(co_name: str, code: str) -> bool:
+    """The group's own function, or Dynamo's resume function after a graph break in it."""
+    return bool(code) and (co_name == code or co_name.startswith(f"torch_dynamo_resume_in_{code}_at_"))
 
 
 def _is_own(record: CompileRecord, code: str, frames: set[str]) -> bool:
     # Dynamo's record of a recompile-limit hit has no co_name: match it by frame id.
-    return (bool(code) and code in record.co_name) or (not record.co_name and _frame(record) in frames)
+    return _runs_code(record.co_name, code) or (not record.co_name and _frame(record) in frames)
 
 
 def _region_reports(state: CompiledModel) -> list[RegionReport]:

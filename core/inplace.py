@@ -19,6 +19,7 @@ import contextlib
 import copy
 import enum
 import functools
+import itertools
 import sys
 import time
 import types
@@ -120,6 +121,9 @@ def region_state_of(module: Any) -> RegionState | None:
     return getattr(module, "__dict__", {}).get(REGION_ATTR)
 
 
+_SERIAL = itertools.count()
+
+
 @functools.cache
 def traceable_int_patch() -> bool:
     """Whether this torch can set ``allow_unspec_int_on_nn_module`` inside a traced function
@@ -150,7 +154,9 @@ def group_function(group: RegionGroup, index: int, forward: Callable[..., Any]) 
         def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             return forward(module, *args, **kwargs)
 
-    name = "torchkiln_" + "".join(c if c.isalnum() else "_" for c in group.name) + f"_{index}"
+    # Unique in the process, not just in the model: the report recognises its group's compile
+    # records by this name, and two models with a LlamaDecoderLayer group must not mix them.
+    name = "torchkiln_" + "".join(c if c.isalnum() else "_" for c in group.name) + f"_{next(_SERIAL)}"
     region_forward.__code__ = region_forward.__code__.replace(co_name=name, co_qualname=name)
     region_forward.__name__ = region_forward.__qualname__ = name
     return region_forward
