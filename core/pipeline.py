@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from torchkiln.cache import apply_cache_dir
+from torchkiln.compile_report import CompileReport, build_report
 from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
 from torchkiln.inplace import STATE_ATTR, CompiledModel, Compiler, state_of
@@ -16,7 +17,6 @@ from torchkiln.inplace import decompile as _decompile_inplace
 from torchkiln.plugin_manager import PluginManager, get_plugin_manager
 from torchkiln.progress import make_progress
 from torchkiln.regions import RegionPlan
-from torchkiln.compile_report import CompileReport, build_report
 from torchkiln.resolve import ConfigArg, ResolvedConfig, resolve_config
 
 logger = logging.getLogger("torchkiln")
