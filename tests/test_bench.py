@@ -102,10 +102,10 @@ def _result(
 ) -> CellResult:
     def run(first: float) -> dict[str, Any]:
         counts = {"graphs": 1, "recompiles": 0, "graph_breaks": 0}
-        return {"first_call_seconds": first, "steady_seconds": [steady] * 3, "after_steady": counts,
-                "max_abs_diff": 0.0}  # fmt: skip
+        return {"first_call_seconds": first, "after_later_calls": counts, "max_abs_diff": 0.0}
 
-    return CellResult(Cell(depth, 1, strategy), cold=run(cold), warm=run(warm) if warm else None)
+    return CellResult(Cell(depth, 1, strategy), cold=run(cold), warm=run(warm) if warm else None,
+                      steady_samples=[steady * 0.99, steady, steady * 1.5])  # fmt: skip
 
 
 def _grid(regional_16: float = 10.0) -> list[CellResult]:
@@ -145,7 +145,7 @@ def test_a_failed_cell_is_not_measured_never_met() -> None:
     met = {t.name: t.met for t in check_targets(grid)}
     assert met["regional first call vs full (depth 16, 32)"] is None
     table = render_table(grid)
-    assert "regional      FAILED (boom)" in table
+    assert re.search(r"16\s+1\s+regional\s+FAILED\n", table)
 
 
 def test_table_shows_ratios_to_full_next_to_the_times() -> None:
@@ -186,15 +186,15 @@ def _bench_json(tmp_path: Path, *options: str) -> tuple[int, dict[str, Any]]:
 
 
 def _check_measured(cell: dict[str, Any], warm: bool) -> None:
-    assert cell["failure"] is None
+    assert cell["failure"] is None and cell["steady_failure"] is None
     assert cell["depth"] == 2 and cell["batch"] == 1
     assert cell["cold_first_call_seconds"] > 0 and cell["steady_median_seconds"] > 0
-    assert len(cell["cold"]["steady_seconds"]) == 3
+    assert len(cell["steady_seconds"]) == 3
     assert cell["cold"]["max_abs_diff"] < 1e-5
     assert "inductor-cache" in cell["cold"]["cache_dir"]
     compiled = cell["strategy"] != "eager"
-    assert cell["cold"]["after_steady"]["graphs"] == (1 if compiled else 0)
-    assert cell["cold"]["after_steady"]["recompiles"] == 0
+    assert cell["cold"]["after_later_calls"]["graphs"] == (1 if compiled else 0)
+    assert cell["cold"]["after_later_calls"]["recompiles"] == 0
     if warm and compiled:
         assert cell["warm_first_call_seconds"] > 0
         assert cell["warm"]["cache_dir"] == cell["cold"]["cache_dir"]
@@ -225,7 +225,8 @@ def test_bench_writes_every_cell_with_numbers_and_ratios(
     )
     # first call, its ratio to full, warm (not run), warm/cold, steady ms, its ratio to full
     assert re.search(r"\d+\.\d\d s\s+\d+\.\d\d\s+-\s+-\s+\d+\.\d\d\s+\d+\.\d{3}\s", row), row
-    assert "[2/2] depth 2 batch 1 regional: cold run" in captured.err
+    assert "[2/3] depth 2 batch 1 regional: cold run" in captured.err
+    assert "[3/3] depth 2 batch 1: steady-state run" in captured.err
 
 
 @pytest.mark.slow  # 7 worker processes
@@ -255,7 +256,8 @@ def test_a_failing_cell_is_reported_and_the_run_goes_on(
     for cell in cells:
         assert cell["failure"]["run"] == "cold" and cell["failure"]["returncode"] == 1
         assert "sqrt" in cell["failure"]["stderr_tail"]
-    assert "FAILED (worker exited with code 1" in captured.out
+    assert re.search(r"-\s+1\s+full\s+FAILED\n", captured.out)
+    assert "batch 1 full: cold run: worker exited with code 1: TypeError" in captured.out
     assert "batch 1 full: cold run failed" in captured.err
 
 

@@ -3,7 +3,10 @@
 Cold: a new process with a new, empty inductor cache directory. Warm: another new process
 reusing the directory the cold run filled, so the difference is what the persistent compile
 cache saves (see :mod:`torchkiln.cache`). ``eager`` has nothing to cache and runs once.
-A worker that fails or times out is recorded on its cell; the run goes on.
+Then, per depth and batch, one more process times the steady state of every strategy in
+alternating rounds, with the caches those runs filled (so it compiles warm), so that every
+strategy sees the same machine load. A worker that fails or times out is recorded on its
+cell; the run goes on.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class CellResult:
     cold: dict[str, Any] | None = None
     warm: dict[str, Any] | None = None
     failure: RunFailure | None = None
+    steady_samples: list[float] | None = None
+    """This strategy's timed calls in the shared steady-state run of its depth and batch."""
+    steady_failure: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -65,9 +71,8 @@ class CellResult:
 
     @property
     def steady(self) -> float | None:
-        """Median steady-state call time over the cold and warm runs' samples."""
-        samples = [s for run in (self.cold, self.warm) if run for s in run["steady_seconds"]]
-        return statistics.median(samples) if samples else None
+        """Median steady-state call time (from the shared steady-state run)."""
+        return statistics.median(self.steady_samples) if self.steady_samples else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,19 +82,31 @@ class CellResult:
             "cold_first_call_seconds": self.cold_first_call,
             "warm_first_call_seconds": self.warm_first_call,
             "steady_median_seconds": self.steady,
+            "steady_min_seconds": min(self.steady_samples) if self.steady_samples else None,
+            "steady_seconds": self.steady_samples,
+            "steady_failure": self.steady_failure,
             "cold": self.cold,
             "warm": self.warm,
             "failure": self.failure.to_dict() if self.failure else None,
         }
 
 
-def worker_command(settings: BenchSettings, cell: Cell, output: Path) -> list[str]:
+def worker_command(
+    settings: BenchSettings,
+    depth: int | None,
+    batch: int,
+    output: Path,
+    *,
+    strategy: str | None = None,
+    steady: tuple[str, ...] = (),
+) -> list[str]:
+    """``python -m torchkiln.bench.worker`` for one first-call run (``strategy``) or for the
+    shared steady-state run of several strategies (``steady``)."""
     command = [
         sys.executable, "-m", "torchkiln.bench.worker",
         "--model", settings.model,
-        "--batch", str(cell.batch),
+        "--batch", str(batch),
         "--seq", str(settings.seq),
-        "--strategy", cell.strategy,
         "--backend", settings.backend,
         "--device", settings.device,
         "--steady-iters", str(settings.steady_iters),
@@ -97,8 +114,9 @@ def worker_command(settings: BenchSettings, cell: Cell, output: Path) -> list[st
         "--output", str(output),
         "--spawned-at", repr(time.time()),
     ]  # fmt: skip
-    if cell.depth is not None:
-        command += ["--depth", str(cell.depth)]
+    command += ["--strategy", strategy] if strategy else ["--strategies", ",".join(steady)]
+    if depth is not None:
+        command += ["--depth", str(depth)]
     if settings.train:
         command.append("--train")
     return command
@@ -109,25 +127,24 @@ def _tail(text: str) -> str:
 
 
 def run_worker(
-    settings: BenchSettings, cell: Cell, run: str, cache_dir: Path, scratch: Path
+    command: list[str], run: str, cache_dir: Path, output: Path, timeout: float
 ) -> tuple[dict[str, Any] | None, RunFailure | None]:
     """One worker process; returns its JSON or why there is none."""
     import json
 
-    output = scratch / f"{run}.json"
     output.unlink(missing_ok=True)
     env = dict(os.environ) | cache_dir_environment(cache_dir)
     try:
         finished = subprocess.run(
-            worker_command(settings, cell, output), env=env, capture_output=True, text=True,
-            timeout=settings.timeout, check=False,
-        )  # fmt: skip
+            command, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired as expired:
         stderr = (
             expired.stderr.decode() if isinstance(expired.stderr, bytes) else expired.stderr or ""
         )
-        message = f"stopped after {settings.timeout:.0f} s (--timeout)"
-        return None, RunFailure(run, None, message, _tail(stderr))
+        return None, RunFailure(
+            run, None, f"stopped after {timeout:.0f} s (--timeout)", _tail(stderr)
+        )
     if finished.returncode != 0 or not output.exists():
         last = _tail(finished.stderr).splitlines()[-1:] or ["(no output)"]
         message = f"worker exited with code {finished.returncode}: {last[0]}"
@@ -136,21 +153,58 @@ def run_worker(
 
 
 def run_cell(
-    settings: BenchSettings, cell: Cell, cache_root: Path, notify: Callable[[str], None]
+    settings: BenchSettings,
+    cell: Cell,
+    scratch: Path,
+    keep_cache: Path,
+    notify: Callable[[str], None],
 ) -> CellResult:
-    """Cold run with a fresh cache directory, then (compiled strategies) the warm run."""
-    scratch = Path(tempfile.mkdtemp(prefix="cell-", dir=cache_root))
-    cache_dir = scratch / "inductor-cache"
+    """Cold run with a fresh cache directory, then (compiled strategies) the warm run.
+
+    The cache the runs filled is merged into ``keep_cache`` for the steady-state run.
+    """
+    cache_dir = scratch / cell.strategy / "inductor-cache"
+    output = scratch / cell.strategy / "result.json"
     result = CellResult(cell)
-    try:
-        notify("cold")
-        result.cold, result.failure = run_worker(settings, cell, "cold", cache_dir, scratch)
-        if result.failure is None and settings.warm and cell.strategy in COMPILED_STRATEGIES:
-            notify("warm")
-            result.warm, result.failure = run_worker(settings, cell, "warm", cache_dir, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+
+    def run(phase: str) -> tuple[dict[str, Any] | None, RunFailure | None]:
+        notify(phase)
+        command = worker_command(settings, cell.depth, cell.batch, output, strategy=cell.strategy)
+        return run_worker(command, phase, cache_dir, output, settings.timeout)
+
+    result.cold, result.failure = run("cold")
+    if result.failure is None and settings.warm and cell.strategy in COMPILED_STRATEGIES:
+        result.warm, result.failure = run("warm")
+    if cache_dir.exists():
+        # Entries are keyed by content hash, so caches of several strategies merge safely.
+        shutil.copytree(cache_dir, keep_cache, dirs_exist_ok=True)
     return result
+
+
+def run_steady(
+    settings: BenchSettings, results: list[CellResult], scratch: Path, cache: Path
+) -> None:
+    """Time every strategy of one depth and batch together; attach the samples to ``results``."""
+    depth, batch = results[0].cell.depth, results[0].cell.batch
+    for result in results:
+        if not result.ok:
+            result.steady_failure = "not run: its first-call run failed"
+    results = [r for r in results if r.ok]
+    if not results:
+        return
+    strategies = tuple(r.cell.strategy for r in results)
+    output = scratch / "steady.json"
+    command = worker_command(settings, depth, batch, output, steady=strategies)
+    # Every strategy compiles once more in this process (warm caches), then the timed rounds.
+    timeout = settings.timeout * max(1, len(strategies))
+    data, failure = run_worker(command, "steady", cache, output, timeout)
+    for result in results:
+        if data is None:
+            result.steady_failure = failure.message if failure else "no result"
+        elif result.cell.strategy in data["errors"]:
+            result.steady_failure = data["errors"][result.cell.strategy]
+        else:
+            result.steady_samples = data["steady_seconds"][result.cell.strategy]
 
 
 class BenchProgress:
@@ -162,11 +216,11 @@ class BenchProgress:
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self.started = time.perf_counter()
 
-    def show(self, index: int, cell: Cell, phase: str) -> None:
+    def show(self, index: int, label: str, phase: str) -> None:
         elapsed = time.perf_counter() - self.started
         remaining = self.total - index
         text = (
-            f"[{index + 1}/{self.total}] {cell.label}: {phase} run "
+            f"[{index + 1}/{self.total}] {label}: {phase} run "
             f"({_minutes(elapsed)} elapsed, {remaining - 1} more to go)"
         )
         if self.live:
@@ -175,16 +229,16 @@ class BenchProgress:
             self.stream.write(text + "\n")
         self.stream.flush()
 
-    def failed(self, cell: Cell, failure: RunFailure) -> None:
+    def failed(self, label: str, failure: RunFailure) -> None:
         prefix = "\r\x1b[K" if self.live else ""
-        self.stream.write(f"{prefix}{cell.label}: {failure.run} run failed: {failure.message}\n")
+        self.stream.write(f"{prefix}{label}: {failure.run} run failed: {failure.message}\n")
         self.stream.flush()
 
     def finish(self) -> None:
         if self.live:
             self.stream.write("\r\x1b[K")
         self.stream.write(
-            f"bench finished: {self.total} cells in {_minutes(time.perf_counter() - self.started)}\n"
+            f"bench finished: {self.total} steps in {_minutes(time.perf_counter() - self.started)}\n"
         )
         self.stream.flush()
 
@@ -197,20 +251,37 @@ def _minutes(seconds: float) -> str:
 def run_bench_cells(
     settings: BenchSettings, *, cache_root: str | None = None, stream: TextIO | None = None
 ) -> list[CellResult]:
-    """Run every cell in order; never raises for a failing cell."""
+    """Run every cell (cold, warm), then each depth and batch's steady state; never raises for
+    a failing cell."""
     cells = settings.cells()
-    progress = BenchProgress(len(cells), stream)
+    groups: dict[tuple[int | None, int], list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.depth, cell.batch), []).append(cell)
+    progress = BenchProgress(len(cells) + len(groups), stream)
     root = Path(cache_root) if cache_root else Path(tempfile.mkdtemp(prefix="torchkiln-bench-"))
     root.mkdir(parents=True, exist_ok=True)
-    results = []
+    results: list[CellResult] = []
+    step = 0
     try:
-        for index, cell in enumerate(cells):
-            result = run_cell(
-                settings, cell, root, lambda phase, i=index, c=cell: progress.show(i, c, phase)
-            )
-            if result.failure is not None:
-                progress.failed(cell, result.failure)
-            results.append(result)
+        for (depth, batch), members in groups.items():
+            scratch = Path(tempfile.mkdtemp(prefix=f"d{depth}-b{batch}-", dir=root))
+            merged = scratch / "merged-cache"
+            group_results = []
+            for cell in members:
+                notify = lambda phase, i=step, c=cell: progress.show(i, c.label, phase)  # noqa: E731
+                result = run_cell(settings, cell, scratch, merged, notify)
+                if result.failure is not None:
+                    progress.failed(cell.label, result.failure)
+                group_results.append(result)
+                step += 1
+            label = f"{'' if depth is None else f'depth {depth} '}batch {batch}"
+            if any(r.ok for r in group_results):
+                progress.show(step, label, "steady-state")
+            run_steady(settings, group_results, scratch, merged)
+            step += 1
+            results += group_results
+            if not cache_root:
+                shutil.rmtree(scratch, ignore_errors=True)
     finally:
         if not cache_root:
             shutil.rmtree(root, ignore_errors=True)

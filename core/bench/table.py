@@ -27,15 +27,14 @@ def _ratio(value: float | None, base: float | None, digits: int = 2) -> str:
 
 
 def _counts(result: CellResult) -> dict[str, Any]:
-    return (result.cold or {}).get("after_steady", {})
+    return (result.cold or {}).get("after_later_calls", {})
 
 
 def _row(result: CellResult, full: CellResult | None) -> tuple[str, ...]:
     cell = result.cell
     depth = "-" if cell.depth is None else str(cell.depth)
     if not result.ok:
-        message = result.failure.message if result.failure else "no result"
-        return (depth, str(cell.batch), cell.strategy, f"FAILED ({message})", *[""] * 9)
+        return (depth, str(cell.batch), cell.strategy, "FAILED", *[""] * 9)
     full_ok = full if full is not None and full.ok and full is not result else None
     cold = result.cold_first_call
     steady_ms = None if result.steady is None else result.steady * 1000
@@ -101,7 +100,8 @@ def render_header(settings: dict[str, Any], environment: dict[str, Any]) -> str:
         f"backend {settings['backend']}, {mode}, device {environment.get('device_name')}, "
         f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}\n"
         "first call = compile + first call in a fresh process with an empty inductor cache; "
-        "warm = the same with that cache kept; steady = median call after warm-up"
+        "warm = the same with that cache kept;\nsteady = median call after warm-up, all "
+        "strategies of a row group timed in alternating rounds in one process"
     )
 
 
@@ -111,6 +111,8 @@ def render_failures(results: Sequence[CellResult]) -> str:
         if result.failure is not None:
             lines.append(f"{result.cell.label}: {result.failure.run} run: {result.failure.message}")
             lines += [f"    {line}" for line in result.failure.stderr_tail.splitlines()[-8:]]
+        if result.steady_failure is not None:
+            lines.append(f"{result.cell.label}: steady-state run: {result.steady_failure}")
     return "\n".join(["failures:", *lines]) if lines else ""
 
 

@@ -1,17 +1,22 @@
 """One bench measurement, in a process of its own: ``python -m torchkiln.bench.worker``.
 
-The runner starts one worker per cell and run (cold, then warm), each with the inductor cache
-directory it chose in ``TORCHINDUCTOR_CACHE_DIR``, so nothing compiled by an earlier cell (or
-an earlier run of this cell, for the cold run) can be reused in memory or on disk.
+Two kinds of run, each with the inductor cache directory the runner chose in
+``TORCHINDUCTOR_CACHE_DIR``:
 
-The worker builds the model, applies one strategy, and measures:
+``--strategy NAME`` (first call): builds the model, applies one strategy and measures
 
 * ``first_call_seconds``: applying the strategy plus the first call (forward, or forward and
   backward with ``--train``), where compilation happens;
-* ``steady_seconds``: every timed call after ``--warmup`` calls (the runner reports the median);
-* Dynamo's own counts: graphs compiled, recompiles, graph breaks, inductor/AOTAutograd cache
-  hits and misses, Dynamo's compile seconds;
+* Dynamo's own counts after the first call and after ``--warmup`` more calls: graphs compiled,
+  recompiles, graph breaks, inductor/AOTAutograd cache hits and misses, compile seconds;
 * ``max_abs_diff``: the compiled first output against the same model run eagerly afterwards.
+
+The runner starts it in a fresh process with an empty cache directory (cold), then in another
+fresh process with that directory kept (warm).
+
+``--strategies A,B,...`` (steady state): one model copy per strategy, each compiled and
+warmed up, then timed in alternating rounds (``steady_seconds`` per strategy); the runner
+gives it the cache directories the first-call runs filled, so its compiles are warm.
 
 It writes one JSON object to ``--output``.
 """
@@ -37,7 +42,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--depth", type=int, default=None)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--strategy", required=True)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--strategy", help="time one strategy's first call")
+    group.add_argument("--strategies", help="comma-separated: time their steady state together")
     p.add_argument("--backend", default="inductor")
     p.add_argument("--device", default="cpu")
     p.add_argument("--train", action="store_true")
@@ -118,7 +125,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _step(fn: Any, inputs: Any, train: bool) -> Callable[[], Any]:
+def _step(fn: Any, model: Any, inputs: Any, train: bool) -> Callable[[], Any]:
     import torch
 
     def forward() -> Any:
@@ -126,6 +133,7 @@ def _step(fn: Any, inputs: Any, train: bool) -> Callable[[], Any]:
             return fn(inputs)
 
     def forward_backward() -> Any:
+        model.zero_grad(set_to_none=True)  # as a training step would, so grads never pile up
         output = fn(inputs)
         _first_tensor(output).float().mean().backward()
         return output
@@ -197,8 +205,30 @@ def _eager_reference(strategy: str, model: Any, inputs: Any, compiled_out: Any) 
     return float((compiled_out.float() - reference).abs().max().item())
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def _common(args: argparse.Namespace, torch_import_seconds: float) -> dict[str, Any]:
     import torch
+
+    return {
+        "model": args.model,
+        "depth": args.depth,
+        "batch": args.batch,
+        "seq": args.seq,
+        "backend": args.backend,
+        "device": args.device,
+        "train": args.train,
+        "startup_seconds": START_WALL - args.spawned_at if args.spawned_at is not None else None,
+        "torch_import_seconds": torch_import_seconds,
+        "threads": torch.get_num_threads(),
+        "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+        "torch": torch.__version__,
+        "load_average": list(os.getloadavg()),
+    }
+
+
+def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
+    """Apply one strategy and time the first call; then a few more calls to catch recompiles."""
+    started = time.perf_counter()
+    import torch  # noqa: F401  (timed: the import is part of start-up)
 
     imported = time.perf_counter()
     model, inputs = _build(args)
@@ -208,50 +238,77 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     def first() -> Any:
         nonlocal call_target
         call_target = _apply_strategy(args.strategy, model, args.backend)
-        return _step(call_target, inputs, args.train)()
+        return _step(call_target, model, inputs, args.train)()
 
     first_seconds, output = _timed(first, args.device)
     first_out = _first_tensor(output).detach()
     counts_after_first = _dynamo_counts()
-    step = _step(call_target, inputs, args.train)
-    for _ in range(args.warmup):
-        _timed(step, args.device)
-    steady = [_timed(step, args.device)[0] for _ in range(args.steady_iters)]
-    counts = _dynamo_counts()
-    report = _torchkiln_report(args.strategy, model)
-    return {
+    step = _step(call_target, model, inputs, args.train)
+    later = [_timed(step, args.device)[0] for _ in range(args.warmup)]
+    return _common(args, imported - started) | {
+        "phase": "first_call",
         "strategy": args.strategy,
-        "model": args.model,
-        "depth": args.depth,
-        "batch": args.batch,
-        "seq": args.seq,
-        "backend": args.backend,
-        "device": args.device,
-        "train": args.train,
         "first_call_seconds": first_seconds,
-        "steady_seconds": steady,
-        "steady_median_seconds": statistics.median(steady),
-        "steady_min_seconds": min(steady),
-        # ``python -m torchkiln.bench.worker`` imports torch before this module runs, so
-        # start-up (interpreter, torch, torchkiln) is measured from the runner's clock.
-        "startup_seconds": START_WALL - args.spawned_at if args.spawned_at is not None else None,
+        "later_calls_seconds": later,
         "build_seconds": built - imported,
         "first_call": counts_after_first,
-        "after_steady": counts,
-        "torchkiln_report": report,
+        "after_later_calls": _dynamo_counts(),
+        "torchkiln_report": _torchkiln_report(args.strategy, model),
         "max_abs_diff": _eager_reference(args.strategy, model, inputs, first_out),
-        "threads": torch.get_num_threads(),
-        "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "torch": torch.__version__,
-        "load_average": list(os.getloadavg()),
+        "wall_seconds": time.perf_counter() - START,
+    }
+
+
+def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
+    """Steady state of every strategy in one process, timed in alternating rounds.
+
+    Each strategy gets its own copy of the model (same seed, same weights). Timing them
+    round-robin in one process exposes all of them to the same machine load, so their ratios
+    stay meaningful on a busy machine where separate processes would not.
+    """
+    started = time.perf_counter()
+    import torch  # noqa: F401  (timed: the import is part of start-up)
+
+    imported = time.perf_counter()
+    strategies = [s for s in args.strategies.split(",") if s]
+    steps: dict[str, Callable[[], Any]] = {}
+    errors: dict[str, str] = {}
+    for strategy in strategies:
+        try:
+            model, inputs = _build(args)
+            target = _apply_strategy(strategy, model, args.backend)
+            steps[strategy] = _step(target, model, inputs, args.train)
+            for _ in range(1 + args.warmup):
+                _timed(steps[strategy], args.device)
+        except Exception as error:  # one strategy failing must not hide the others' numbers
+            steps.pop(strategy, None)
+            errors[strategy] = f"{type(error).__name__}: {error}"
+    per_round = 3 if args.steady_iters >= 6 else 1
+    rounds = -(-args.steady_iters // per_round)
+    samples: dict[str, list[float]] = {s: [] for s in steps}
+    order = list(steps)
+    for round_index in range(rounds):
+        shift = round_index % max(len(order), 1)
+        for strategy in order[shift:] + order[:shift]:  # rotate: nobody always goes first
+            for _ in range(per_round):
+                samples[strategy].append(_timed(steps[strategy], args.device)[0])
+    return _common(args, imported - started) | {
+        "phase": "steady",
+        "strategies": strategies,
+        "rounds": rounds,
+        "calls_per_round": per_round,
+        "steady_seconds": samples,
+        "steady_median_seconds": {s: statistics.median(v) for s, v in samples.items()},
+        "steady_min_seconds": {s: min(v) for s, v in samples.items()},
+        "errors": errors,
         "wall_seconds": time.perf_counter() - START,
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    result = measure(args)
+    result = measure_steady(args) if args.strategies else measure_first_call(args)
     with open(args.output, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
     return 0
