@@ -125,12 +125,18 @@ def model_block_hints(model: nn.Module) -> set[str]:
     return hints
 
 
-def _children_through_containers(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module]]:
-    """Direct children, with containers (and containers inside them) looked through."""
+def _children_through_containers(
+    module: nn.Module, prefix: str, in_container: bool = False
+) -> Iterator[tuple[str, nn.Module]]:
+    """Direct children, with containers (and containers inside them) looked through. An
+    ``nn.Sequential`` that is an item of a container is a candidate block like any module (it is
+    callable: ``ModuleList([Sequential(Linear, GELU, Linear), ...])``); one held as a plain
+    attribute (``self.layers = nn.Sequential(*blocks)``) is a container."""
+    in_container = in_container or isinstance(module, CONTAINERS)
     for name, child in module.named_children():
         path = f"{prefix}{name}"
-        if isinstance(child, CONTAINERS):
-            yield from _children_through_containers(child, path + ".")
+        if isinstance(child, CONTAINERS) and not (in_container and isinstance(child, nn.Sequential)):
+            yield from _children_through_containers(child, path + ".", True)
         else:
             yield path, child
 
@@ -147,17 +153,24 @@ def _structural_blocks(module: nn.Module, prefix: str, min_repeats: int) -> Iter
 
 
 def _is_stack(parent: nn.Module, prefix: str, path: str, child: nn.Module, min_repeats: int) -> bool:
-    """Same-class siblings held as plain attributes (an encoder and a decoder of one class) that
-    each hold a list of repeated blocks are stacks: their blocks are the regions. Siblings held
-    in a container (decoder layers, even with a list of experts inside) are blocks."""
+    """Same-class siblings held as plain attributes (an encoder and a decoder of one class), or
+    ``nn.Sequential`` items of a container, that each hold a list of repeated composite blocks
+    are stacks: their blocks are the regions. Other siblings held in a container (decoder
+    layers, even with a list of experts inside) are blocks."""
     in_container = isinstance(parent, CONTAINERS) or "." in path[len(prefix):]
-    return not in_container and _holds_block_list(child, min_repeats)
+    if in_container and not isinstance(child, nn.Sequential):
+        return False
+    return _holds_block_list(child, min_repeats)
 
 
 def _holds_block_list(module: nn.Module, min_repeats: int) -> bool:
+    """A container inside ``module`` holds ``min_repeats`` same-class composite blocks (modules
+    with parameters and children; a ``Sequential(Linear, GELU, Linear)`` holds none)."""
     for sub in module.modules():
         if isinstance(sub, CONTAINERS):
-            counts = Counter(type(c) for c in sub.children() if _has_parameters(c))
+            counts = Counter(
+                type(c) for c in sub.children() if _has_parameters(c) and next(c.children(), None)
+            )
             if any(n >= min_repeats for n in counts.values()):
                 return True
     return False
