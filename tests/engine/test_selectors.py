@@ -141,6 +141,53 @@ def test_blocks_in_a_sequential_root() -> None:
     assert [part.path for part in found.eager] == ["0", "4"]
 
 
+def sequential_mlp() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH))
+
+
+class SequentialBlocks(nn.Module):
+    """Blocks that are themselves ``nn.Sequential``s, in a ModuleList."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(sequential_mlp() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def test_sequential_blocks_in_a_list_are_blocks() -> None:
+    """Not their Linears: a Sequential item of a container is a block like any module."""
+    model = SequentialBlocks().eval()
+    twin = copy.deepcopy(model)
+    assert paths(plan(model)) == {"Sequential": ["blocks.0", "blocks.1", "blocks.2"]}
+    assert paths(plan(nn.Sequential(*(sequential_mlp() for _ in range(3))))) == {
+        "Sequential": ["0", "1", "2"]
+    }
+
+    torchkiln.compile(model, backend="eager", progress="off")
+    with torch.no_grad():
+        torch.testing.assert_close(model(hidden()), twin(hidden()))
+    assert graphs_compiled() == 1  # nn.Sequential is a torch.nn built-in: compiled all the same
+
+
+def test_sequential_stages_of_blocks_are_looked_into() -> None:
+    stages = nn.ModuleList(nn.Sequential(MlpBlock(), MlpBlock()) for _ in range(2))
+    model = nn.Module()
+    model.stages = stages
+    assert paths(plan(model)) == {
+        "MlpBlock": ["stages.0.0", "stages.0.1", "stages.1.0", "stages.1.1"]
+    }
+    encoder_decoder = nn.Module()
+    encoder_decoder.encoder = nn.Sequential(EncoderBlock(), EncoderBlock())
+    encoder_decoder.decoder = nn.Sequential(EncoderBlock(), EncoderBlock())
+    assert paths(plan(encoder_decoder)) == {
+        "EncoderBlock": ["encoder.0", "encoder.1", "decoder.0", "decoder.1"]
+    }
+
+
 def test_blocks_in_a_module_dict() -> None:
     assert paths(plan(DictModel())) == {
         "MlpBlock": ["blocks.block_0", "blocks.block_1", "blocks.block_2"]
