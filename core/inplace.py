@@ -289,9 +289,13 @@ class Compiler:
             started = time.perf_counter()
             module.__dict__["forward"] = compiled  # recursion and re-entry see the final state
             try:
-                with first_call_dynamo_settings(shared_by):
-                    output = compiled(*args, **kwargs)
-                region_state.status = "compiled"
+                failed = _failed_sibling(state, region_state) if policy == "eager" else None
+                if failed is not None:
+                    output = _run_eagerly_after_sibling(module, region_state, failed, args, kwargs)
+                else:
+                    with first_call_dynamo_settings(shared_by):
+                        output = compiled(*args, **kwargs)
+                    region_state.status = "compiled"
             except Exception as error:
                 output = _handle_failure(module, region_state, error, policy, args, kwargs)
             finally:
@@ -340,6 +344,27 @@ def _handle_failure(
     print(f"torchkiln: region {region.display_path} ({region.group}) runs eagerly: "
           f"{region_state.fallback_reason}", file=sys.stderr)
     # Hooks already ran in nn.Module.__call__; only the forward itself runs again, eagerly.
+    return module.forward(*args, **kwargs)
+
+
+def _failed_sibling(state: CompiledModel | None, region_state: RegionState) -> RegionState | None:
+    """A region of the same group whose compile already failed (so this one is not retried)."""
+    if state is None:
+        return None
+    return next((other for other in state.regions
+                 if other is not region_state and other.region.group == region_state.region.group
+                 and other.status == "eager" and other.fallback_reason), None)
+
+
+def _run_eagerly_after_sibling(
+    module: nn.Module, region_state: RegionState, failed: RegionState,
+    args: tuple[Any, ...], kwargs: dict[str, Any],
+) -> Any:
+    region_state.status = "eager"
+    region_state.fallback_reason = (
+        f"not retried: group {failed.region.group!r} failed to compile at "
+        f"{failed.region.display_path}: {failed.fallback_reason}")
+    _restore_forward(module, region_state.previous_forward)
     return module.forward(*args, **kwargs)
 
 

@@ -145,7 +145,9 @@ def _structural_blocks(module: nn.Module, prefix: str, min_repeats: int) -> Iter
     children = list(_children_through_containers(module, prefix))
     counts = Counter(type(child) for _, child in children)
     for path, child in children:
-        repeated = counts[type(child)] >= min_repeats and _has_parameters(child)
+        # A block is composite: repeated leaves (two nn.Linear) are layers, not blocks.
+        repeated = (counts[type(child)] >= min_repeats and _has_parameters(child)
+                    and next(child.children(), None) is not None)
         if repeated and not _is_stack(module, prefix, path, child, min_repeats):
             yield path, child
         else:

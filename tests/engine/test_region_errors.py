@@ -142,3 +142,35 @@ def test_a_users_own_error_is_raised_unchanged() -> None:
     bad = torch.randn(2, 3, 7)  # wrong width: the block's own LayerNorm raises
     with pytest.raises(RuntimeError):
         model.stages[0][0](bad)
+
+
+def test_eager_policy_does_not_retry_a_failed_group_per_region() -> None:
+    attempts: list[str] = []
+
+    def counting_refusal(graph_module: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        attempts.append("compile")
+        raise RuntimeError(BOOM)
+
+    class CountingBroken(BrokenBackend):
+        @torchkiln.hookimpl
+        def compile_region(self, fn, group, backend):  # type: ignore[no-untyped-def]
+            return torch.compile(fn, backend=counting_refusal) if backend == "broken" else None
+
+    model = NestedListModel().eval()
+    torchkiln.compile(
+        model,
+        backend="broken",
+        on_region_error="eager",
+        plugins=manager(CountingBroken()),
+        progress="off",
+    )
+    model(token_ids())
+    report = torchkiln.report(model)
+    assert attempts == ["compile"]  # one failed compile for the group, not one per region
+    assert [r.status for r in report.regions] == ["eager"] * 4
+    assert [r.fallback_reason.startswith("not retried") for r in report.regions] == [
+        False,
+        True,
+        True,
+        True,
+    ]

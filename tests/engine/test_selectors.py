@@ -425,3 +425,10 @@ def test_plan_to_dict_shape() -> None:
         "nested": [],
     }
     assert found.region_count == 4
+
+
+def test_auto_counts_only_composite_blocks_so_repeated_leaves_compile_whole() -> None:
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH)).eval()
+    found = plan(model)
+    assert found.selector == "whole" and found.requested == "auto"
+    assert [r.path for r in found.regions()] == [""]
