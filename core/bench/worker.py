@@ -284,8 +284,10 @@ def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
         except Exception as error:  # one strategy failing must not hide the others' numbers
             steps.pop(strategy, None)
             errors[strategy] = f"{type(error).__name__}: {error}"
-    per_round = 3 if args.steady_iters >= 6 else 1
-    rounds = -(-args.steady_iters // per_round)
+    # One call per strategy per round: the finest interleaving, so a burst of load from
+    # elsewhere lands on every strategy alike.
+    per_round = 1
+    rounds = args.steady_iters
     samples: dict[str, list[float]] = {s: [] for s in steps}
     order = list(steps)
     for round_index in range(rounds):
