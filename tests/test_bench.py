@@ -265,7 +265,7 @@ def test_a_failing_cell_is_reported_and_the_run_goes_on(
 def test_inductor_warm_start_reuses_the_cold_cache(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     code = main(["bench", "--model", "llama", "--depths", "2", "--seq", "16", "--strategies", "regional",
-                 "--steady-iters", "3", "--json", str(out)])  # fmt: skip
+                 "--batch", "1", "--steady-iters", "3", "--json", str(out)])  # fmt: skip
     assert code == 0
     (cell,) = json.loads(out.read_text())["cells"]
     cold, warm = cell["cold"]["first_call"], cell["warm"]["first_call"]
@@ -286,7 +286,7 @@ def test_documented_commands_are_valid() -> None:
     assert len(commands) >= 3
     parser = build_parser()
     for command in commands:
-        args = parser.parse_args(shlex.split(command)[1:])
+        args = parser.parse_args(shlex.split(command, comments=True)[1:])
         make_settings(
             model=args.model, quick=args.quick, depths=args.depths, batch=args.batch, seq=args.seq,
             strategies=args.strategies, backend=args.backend, train=args.train, device=args.device,
