@@ -229,12 +229,18 @@ def test_bench_writes_every_cell_with_numbers_and_ratios(
     assert "[3/3] depth 2 batch 1: steady-state run" in captured.err
 
 
-@pytest.mark.slow  # 7 worker processes
-def test_every_strategy_cold_and_warm(tmp_path: Path) -> None:
+@pytest.mark.slow  # 8 worker processes
+def test_every_strategy_cold_and_warm_training(tmp_path: Path) -> None:
     code, document = _bench_json(
-        tmp_path, "--backend", "eager", "--strategies", "eager,full,regional,hierarchical"
+        tmp_path,
+        "--backend",
+        "aot_eager",
+        "--train",
+        "--strategies",
+        "eager,full,regional,hierarchical",
     )
     assert code == 0
+    assert document["settings"]["train"] is True
     cells = {c["strategy"]: c for c in document["cells"]}
     assert list(cells) == ["eager", "full", "regional", "hierarchical"]
     for cell in cells.values():
