@@ -163,9 +163,6 @@ def test_the_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert (tmp_path / "compile-cache").is_dir()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the engine does not apply config.cache_dir yet (pipeline.compile)"
-)
 def test_compile_applies_cache_dir_and_decompile_restores_it(tmp_path: Path) -> None:
     import torchkiln
     from torchkiln.examples import toy
