@@ -165,6 +165,7 @@ def run_cell(
     """
     cache_dir = scratch / cell.strategy / "inductor-cache"
     output = scratch / cell.strategy / "result.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
     result = CellResult(cell)
 
     def run(phase: str) -> tuple[dict[str, Any] | None, RunFailure | None]:
