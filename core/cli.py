@@ -33,7 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="torchkiln", description="Regional, in-place torch.compile for large models.")
+        prog="torchkiln", description="Regional, in-place torch.compile for large models."
+    )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_plugins(commands)
     _add_config(commands)
@@ -55,8 +56,11 @@ def _add_extra(subparsers: Any, module: str, function: str) -> None:
 
 
 def _add_plugins(commands: Any) -> None:
-    p = commands.add_parser("plugins", help="list plugins, backends, region and distributed strategies",
-                            description="List every plugin and what it declares, with availability.")
+    p = commands.add_parser(
+        "plugins",
+        help="list plugins, backends, region and distributed strategies",
+        description="List every plugin and what it declares, with availability.",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(handler=_plugins)
 
@@ -74,15 +78,31 @@ def plugins_listing() -> dict[str, Any]:
         "plugins": [attrs.asdict(info) for info in pm.plugin_infos()],
         "failed": [attrs.asdict(f) for f in pm.failed],
         "backends": [
-            {"name": name, "plugin": d.plugin, "origin": d.spec.origin, "description": d.spec.description,
-             "training": d.spec.training, "modes": d.spec.modes, "devices": d.spec.devices,
-             **availability(d.spec)}
+            {
+                "name": name,
+                "plugin": d.plugin,
+                "origin": d.spec.origin,
+                "description": d.spec.description,
+                "training": d.spec.training,
+                "modes": d.spec.modes,
+                "devices": d.spec.devices,
+                **availability(d.spec),
+            }
             for name, d in sorted(pm.backends().items())
         ],
-        "selectors": [{"name": n, "plugin": d.plugin, "description": d.spec.description}
-                      for n, d in sorted(pm.selectors().items())],
-        "distributed": [{"name": n, "plugin": d.plugin, "description": d.spec.description, **availability(d.spec)}
-                        for n, d in sorted(pm.distributed_strategies().items())],
+        "selectors": [
+            {"name": n, "plugin": d.plugin, "description": d.spec.description}
+            for n, d in sorted(pm.selectors().items())
+        ],
+        "distributed": [
+            {
+                "name": n,
+                "plugin": d.plugin,
+                "description": d.spec.description,
+                **availability(d.spec),
+            }
+            for n, d in sorted(pm.distributed_strategies().items())
+        ],
     }
 
 
@@ -91,19 +111,58 @@ def _plugins(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(listing, indent=2, default=list))
         return 0
-    print(_table("plugins", ["name", "kind", "distribution", "hooks"], [
-        [p["name"], "built-in" if p["builtin"] else "external",
-         f"{p['distribution']} {p['version']}" if p["distribution"] else "", ", ".join(p["hooks"])]
-        for p in listing["plugins"]]))
+    print(
+        _table(
+            "plugins",
+            ["name", "kind", "distribution", "hooks"],
+            [
+                [
+                    p["name"],
+                    "built-in" if p["builtin"] else "external",
+                    f"{p['distribution']} {p['version']}" if p["distribution"] else "",
+                    ", ".join(p["hooks"]),
+                ]
+                for p in listing["plugins"]
+            ],
+        )
+    )
     for failure in listing["failed"]:
-        print(f"  FAILED {failure['entry_point']} ({failure['distribution']} {failure['version']}): {failure['error']}")
-    print(_table("backends", ["name", "from", "available", "training", "why not"], [
-        [b["name"], b["plugin"], "yes" if b["available"] else "no", "yes" if b["training"] else "inference only",
-         b["reason"]] for b in listing["backends"]]))
-    print(_table("region strategies", ["name", "plugin", "description"],
-                 [[s["name"], s["plugin"], s["description"]] for s in listing["selectors"]]))
-    print(_table("distributed strategies", ["name", "plugin", "available", "why not"], [
-        [d["name"], d["plugin"], "yes" if d["available"] else "no", d["reason"]] for d in listing["distributed"]]))
+        print(
+            f"  FAILED {failure['entry_point']} ({failure['distribution']} {failure['version']}): {failure['error']}"
+        )
+    print(
+        _table(
+            "backends",
+            ["name", "from", "available", "training", "why not"],
+            [
+                [
+                    b["name"],
+                    b["plugin"],
+                    "yes" if b["available"] else "no",
+                    "yes" if b["training"] else "inference only",
+                    b["reason"],
+                ]
+                for b in listing["backends"]
+            ],
+        )
+    )
+    print(
+        _table(
+            "region strategies",
+            ["name", "plugin", "description"],
+            [[s["name"], s["plugin"], s["description"]] for s in listing["selectors"]],
+        )
+    )
+    print(
+        _table(
+            "distributed strategies",
+            ["name", "plugin", "available", "why not"],
+            [
+                [d["name"], d["plugin"], "yes" if d["available"] else "no", d["reason"]]
+                for d in listing["distributed"]
+            ],
+        )
+    )
     return 0
 
 
@@ -111,7 +170,9 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
     rows = [header, *rows]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
     lines = [f"\n{title}:"]
-    lines += ["  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines += [
+        "  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
+    ]
     return "\n".join(lines)
 
 
@@ -119,16 +180,25 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
 
 
 def _add_config(commands: Any) -> None:
-    p = commands.add_parser("config", help="show or validate configuration",
-                            description="Show the effective configuration or validate a file.")
+    p = commands.add_parser(
+        "config",
+        help="show or validate configuration",
+        description="Show the effective configuration or validate a file.",
+    )
     sub = p.add_subparsers(title="config commands", metavar="COMMAND")
-    show = sub.add_parser("show", help="print the effective configuration and where each value came from",
-                          description="Defaults < YAML file < TORCHKILN_* environment; each value's source is shown.")
+    show = sub.add_parser(
+        "show",
+        help="print the effective configuration and where each value came from",
+        description="Defaults < YAML file < TORCHKILN_* environment; each value's source is shown.",
+    )
     show.add_argument("--file", help="YAML file (default: $TORCHKILN_CONFIG or ./torchkiln.yaml)")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(handler=_config_show)
-    validate = sub.add_parser("validate", help="check a YAML file; non-zero exit with every problem",
-                              description="Validate a torchkiln YAML file (with the current environment).")
+    validate = sub.add_parser(
+        "validate",
+        help="check a YAML file; non-zero exit with every problem",
+        description="Validate a torchkiln YAML file (with the current environment).",
+    )
     validate.add_argument("file", help="YAML file to check")
     validate.set_defaults(handler=_config_validate)
     for module, function in EXTRA_CONFIG_COMMANDS:
@@ -142,8 +212,16 @@ def _config_show(args: argparse.Namespace) -> int:
     resolved = resolve_config(args.file)
     values = attrs.asdict(resolved.config)
     if args.json:
-        print(json.dumps({"config": values, "sources": dict(resolved.sources),
-                          "file": str(resolved.file) if resolved.file else None}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "config": values,
+                    "sources": dict(resolved.sources),
+                    "file": str(resolved.file) if resolved.file else None,
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"# file: {resolved.file or 'none'}")
     for path, source in resolved.sources.items():
@@ -167,10 +245,14 @@ def _config_validate(args: argparse.Namespace) -> int:
 
 def _add_plan(commands: Any) -> None:
     p = commands.add_parser(
-        "plan", help="print the region plan of a model as a tree",
+        "plan",
+        help="print the region plan of a model as a tree",
         description="MODEL is a built-in example (llama, gpt2, toy; NAME:DEPTH picks the depth) "
-                    "or package.module:factory.")
-    p.add_argument("model", help="llama[:DEPTH], gpt2[:DEPTH], toy[:DEPTH] or package.module:factory")
+        "or package.module:factory.",
+    )
+    p.add_argument(
+        "model", help="llama[:DEPTH], gpt2[:DEPTH], toy[:DEPTH] or package.module:factory"
+    )
     p.add_argument("--regions", help="region strategy (default from configuration: auto)")
     p.add_argument("--config", help="YAML file")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -221,8 +303,10 @@ def render_plan_tree(model: Any, plan: Any) -> str:
 
     visit(model, "", "  ")
     units = len(plan.groups)
-    lines.append(f"\n{plan.region_count} regions in {units} groups: {units} compile unit(s) expected"
-                 + (f", {len(plan.nested)} nested block group(s)" if plan.nested else ""))
+    lines.append(
+        f"\n{plan.region_count} regions in {units} groups: {units} compile unit(s) expected"
+        + (f", {len(plan.nested)} nested block group(s)" if plan.nested else "")
+    )
     for group in plan.groups:
         lines.append(f"  {group.name}: {len(group.regions)} region(s) — {group.reason}")
     return "\n".join(lines)

@@ -79,13 +79,17 @@ def _region_report(state: RegionState, limit_hit_at: str | None) -> RegionReport
     if limit_hit_at == state.region.path and status == "compiled":
         # This region's own frame hit the limit: Dynamo ran it eagerly.
         status = "eager"
-        fallback = (f"hit Dynamo's recompile limit in group {state.region.group!r}; this region "
-                    "runs eagerly")
+        fallback = (
+            f"hit Dynamo's recompile limit in group {state.region.group!r}; this region "
+            "runs eagerly"
+        )
     elif limit_hit_at is not None and status == "compiled" and not records:
         # Dynamo stopped compiling this group's code: this region's frame runs eagerly.
         status = "eager"
-        fallback = (f"Dynamo's recompile limit was hit in group {state.region.group!r} "
-                    f"(at {limit_hit_at or '<root>'}); this region runs eagerly")
+        fallback = (
+            f"Dynamo's recompile limit was hit in group {state.region.group!r} "
+            f"(at {limit_hit_at or '<root>'}); this region runs eagerly"
+        )
     return RegionReport(
         path=state.region.path,
         group=state.region.group,
@@ -114,13 +118,16 @@ def _own_frames(state: CompiledModel) -> dict[str, set[str]]:
     for region_state in state.regions:
         code = state.code_names.get(region_state.region.group, "")
         frames.setdefault(region_state.region.group, set()).update(
-            _frame(r) for r in region_state.records if _runs_code(r.co_name, code))
+            _frame(r) for r in region_state.records if _runs_code(r.co_name, code)
+        )
     return frames
 
 
 def _runs_code(co_name: str, code: str) -> bool:
     """The group's own function, or Dynamo's resume function after a graph break in it."""
-    return bool(code) and (co_name == code or co_name.startswith(f"torch_dynamo_resume_in_{code}_at_"))
+    return bool(code) and (
+        co_name == code or co_name.startswith(f"torch_dynamo_resume_in_{code}_at_")
+    )
 
 
 def _is_own(record: CompileRecord, code: str, frames: set[str]) -> bool:
@@ -138,8 +145,10 @@ def _region_reports(state: CompiledModel) -> list[RegionReport]:
         # library frame called from the region (DeepSpeed ZeRO-3's hooks) leaves the group's code
         # compiled and reused.
         code = state.code_names.get(group, "")
-        if any(r.hit_recompile_limit and _is_own(r, code, own_frames.get(group, set()))
-               for r in region_state.records):
+        if any(
+            r.hit_recompile_limit and _is_own(r, code, own_frames.get(group, set()))
+            for r in region_state.records
+        ):
             limit_hit_at.setdefault(group, region_state.region.path)
         reports.append(_region_report(region_state, limit_hit_at.get(group)))
     return reports
@@ -150,10 +159,18 @@ def build_report(state: CompiledModel) -> CompileReport:
     later: dict[str, list[str]] = {}
     own_frames = _own_frames(state)
     for record in all_records():
-        group = next((g for g, code in state.code_names.items()
-                      if _is_own(record, code, own_frames.get(g, set()))), None)
+        group = next(
+            (
+                g
+                for g, code in state.code_names.items()
+                if _is_own(record, code, own_frames.get(g, set()))
+            ),
+            None,
+        )
         if group is not None and record.compile_id not in seen:
-            later.setdefault(group, []).append(record.recompile_reason or record.fail_reason or "compiled")
+            later.setdefault(group, []).append(
+                record.recompile_reason or record.fail_reason or "compiled"
+            )
     return CompileReport(
         backend=state.config.backend,
         selector=state.plan.selector,
@@ -165,10 +182,27 @@ def build_report(state: CompiledModel) -> CompileReport:
 
 
 def _plain_table(report: CompileReport) -> str:
-    header = ("region", "group", "status", "graphs", "compile s", "breaks", "recompiles", "cache hits")
+    header = (
+        "region",
+        "group",
+        "status",
+        "graphs",
+        "compile s",
+        "breaks",
+        "recompiles",
+        "cache hits",
+    )
     rows = [header] + [
-        (r.path or "<root>", r.group, r.status + (" (reused)" if r.reused else ""), str(r.graphs),
-         f"{r.compile_seconds:.2f}", str(r.graph_break_count), str(r.recompiles), str(r.cache_hits))
+        (
+            r.path or "<root>",
+            r.group,
+            r.status + (" (reused)" if r.reused else ""),
+            str(r.graphs),
+            f"{r.compile_seconds:.2f}",
+            str(r.graph_break_count),
+            str(r.recompiles),
+            str(r.cache_hits),
+        )
         for r in report.regions
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -178,7 +212,11 @@ def _plain_table(report: CompileReport) -> str:
         if r.fallback_reason:
             lines.append(f"  {r.path or '<root>'}: {r.fallback_reason}")
         if r.recompile_limit_hit:
-            lines.append(f"  {r.path or '<root>'}: hit Dynamo's recompile limit; later calls run eagerly")
+            lines.append(
+                f"  {r.path or '<root>'}: hit Dynamo's recompile limit; later calls run eagerly"
+            )
     for group, reasons in report.later_recompiles.items():
-        lines.append(f"  group {group}: {len(reasons)} compile(s) after the first calls: {reasons[-1]}")
+        lines.append(
+            f"  group {group}: {len(reasons)} compile(s) after the first calls: {reasons[-1]}"
+        )
     return "\n".join(lines)

@@ -95,7 +95,9 @@ def dollar(path: str) -> str:
 # --- the file layer ----------------------------------------------------------------------------
 
 
-def find_config_file(explicit: str | os.PathLike[str] | None, env: Mapping[str, str], cwd: Path) -> Path | None:
+def find_config_file(
+    explicit: str | os.PathLike[str] | None, env: Mapping[str, str], cwd: Path
+) -> Path | None:
     if explicit is not None:
         return Path(explicit)
     if env.get("TORCHKILN_CONFIG"):
@@ -110,23 +112,38 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
-        raise ConfigError([ConfigProblem("$", f"cannot read config file: {error.strerror or error}", where)]) from error
+        raise ConfigError(
+            [ConfigProblem("$", f"cannot read config file: {error.strerror or error}", where)]
+        ) from error
     try:
         data = yaml.safe_load(text)
     except yaml.constructor.ConstructorError as error:
         mark = error.problem_mark
         line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError([ConfigProblem(
-            "$", f"YAML tag not allowed{line}: {error.problem}. torchkiln reads YAML with a safe "
-            "loader: only plain mappings, lists, strings, numbers, booleans and null", where,
-        )]) from error
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "$",
+                    f"YAML tag not allowed{line}: {error.problem}. torchkiln reads YAML with a safe "
+                    "loader: only plain mappings, lists, strings, numbers, booleans and null",
+                    where,
+                )
+            ]
+        ) from error
     except yaml.YAMLError as error:
         raise ConfigError([ConfigProblem("$", f"not valid YAML: {error}", where)]) from error
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError([ConfigProblem(
-            "$", f"the top level must be a mapping of fields, got {type(data).__name__}", where)])
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "$",
+                    f"the top level must be a mapping of fields, got {type(data).__name__}",
+                    where,
+                )
+            ]
+        )
     return data
 
 

@@ -22,8 +22,12 @@ from torchkiln.config import PROGRESS_CHOICES, REGION_ERROR_POLICIES, REST_POLIC
 from torchkiln.config_sources import SECTION_SHORTHANDS, dollar, section_classes
 from torchkiln.errors import ConfigError, ConfigProblem
 
-_TYPE_NAMES = {bool: "a boolean (true/false)", int: "a whole number", float: "a number",
-               str: "a string"}
+_TYPE_NAMES = {
+    bool: "a boolean (true/false)",
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+}
 
 
 def _strict(kind: type) -> Any:
@@ -75,7 +79,9 @@ CONVERTER = make_converter()
 _CATTRS_LINE = re.compile(r"^(?P<message>.*) @ (?P<path>\$.*)$")
 
 
-def unknown_key_problems(values: Mapping[str, Any], sources: Mapping[str, str]) -> list[ConfigProblem]:
+def unknown_key_problems(
+    values: Mapping[str, Any], sources: Mapping[str, str]
+) -> list[ConfigProblem]:
     """Keys that are not fields, with the allowed ones and a close match."""
     problems = []
     for section, cls in section_classes():
@@ -90,10 +96,13 @@ def unknown_key_problems(values: Mapping[str, Any], sources: Mapping[str, str]) 
                 path = f"{section}.{key}" if section else str(key)
                 close = difflib.get_close_matches(str(key), allowed, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                problems.append(ConfigProblem(
-                    dollar(path), f"unknown field {key!r}{hint}; allowed: {', '.join(allowed)}",
-                    sources.get(path, ""),
-                ))
+                problems.append(
+                    ConfigProblem(
+                        dollar(path),
+                        f"unknown field {key!r}{hint}; allowed: {', '.join(allowed)}",
+                        sources.get(path, ""),
+                    )
+                )
     return problems
 
 
@@ -107,7 +116,9 @@ def without_unknown_keys(values: Mapping[str, Any]) -> dict[str, Any]:
             if key not in allowed:
                 continue
             child = f"{section}.{key}" if section else key
-            out[key] = prune(value, child) if child in sections and isinstance(value, Mapping) else value
+            out[key] = (
+                prune(value, child) if child in sections and isinstance(value, Mapping) else value
+            )
         return out
 
     return prune(values, "")
@@ -123,7 +134,9 @@ def structure(values: Mapping[str, Any], sources: Mapping[str, str]) -> CompileC
             match = _CATTRS_LINE.match(line)
             message, path = (match["message"], match["path"]) if match else (line, "$")
             field = path.removeprefix("$.").removeprefix("$")
-            problems.append(ConfigProblem(path, _humanise(message, values, field), sources.get(field, "")))
+            problems.append(
+                ConfigProblem(path, _humanise(message, values, field), sources.get(field, ""))
+            )
         raise ConfigError(problems) from None
     if problems:
         raise ConfigError(problems)
@@ -131,7 +144,9 @@ def structure(values: Mapping[str, Any], sources: Mapping[str, str]) -> CompileC
 
 
 def validate(
-    values: Mapping[str, Any], sources: Mapping[str, str], plugins: Any,
+    values: Mapping[str, Any],
+    sources: Mapping[str, str],
+    plugins: Any,
     problems: typing.Sequence[ConfigProblem] = (),
 ) -> CompileConfig:
     """:func:`structure` then :func:`check`, every problem (``problems`` first) in one
@@ -156,7 +171,9 @@ def validate(
     return config
 
 
-def _structure_without(values: Mapping[str, Any], bad_paths: typing.Iterable[str]) -> CompileConfig | None:
+def _structure_without(
+    values: Mapping[str, Any], bad_paths: typing.Iterable[str]
+) -> CompileConfig | None:
     pruned = copy.deepcopy(dict(values))
     for path in bad_paths:
         parts = path.split("[", 1)[0].removeprefix("$").removeprefix(".").split(".")
@@ -185,12 +202,16 @@ def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:
         return f"expected a mapping with the fields {fields}{shorthand} (got {node!r})"
     if message.startswith("invalid value for type"):
         expected = message.removeprefix("invalid value for type, ")
-        expected = expected.replace("dict[str, typing.Any]", "a mapping").replace(" | str", " or a path")
+        expected = expected.replace("dict[str, typing.Any]", "a mapping").replace(
+            " | str", " or a path"
+        )
         expected = expected.replace("expected tuple", "expected a list of strings")
         if isinstance(node, bool) and "str" in expected:
             # YAML 1.1 reads unquoted on/off/yes/no as booleans: `progress: off` is False.
-            return (f"{expected} (got {node!r}; YAML reads unquoted on/off/yes/no as booleans, "
-                    f"quote the value: '{'on' if node else 'off'}')")
+            return (
+                f"{expected} (got {node!r}; YAML reads unquoted on/off/yes/no as booleans, "
+                f"quote the value: '{'on' if node else 'off'}')"
+            )
         return f"{expected} (got {node!r})"
     return message
 
@@ -212,59 +233,111 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
         if message:
             problems.append(ConfigProblem(dollar(path), message, sources.get(path, "")))
 
-    add("on_region_error", _choice(config.on_region_error, REGION_ERROR_POLICIES, "a region error policy"))
+    add(
+        "on_region_error",
+        _choice(config.on_region_error, REGION_ERROR_POLICIES, "a region error policy"),
+    )
     add("regions.rest", _choice(config.regions.rest, REST_POLICIES, "a rest policy"))
     add("progress", _choice(config.progress, PROGRESS_CHOICES, "a progress setting"))
     if config.regions.min_repeats < 1:
         add("regions.min_repeats", f"{config.regions.min_repeats} must be at least 1")
-    add("regions.strategy", _choice(config.regions.strategy, plugins.selectors(), "a declared region strategy"))
-    add("distributed.strategy", _choice(
-        config.distributed.strategy, plugins.distributed_strategies(), "a declared distributed strategy"))
+    add(
+        "regions.strategy",
+        _choice(config.regions.strategy, plugins.selectors(), "a declared region strategy"),
+    )
+    add(
+        "distributed.strategy",
+        _choice(
+            config.distributed.strategy,
+            plugins.distributed_strategies(),
+            "a declared distributed strategy",
+        ),
+    )
     if config.regions.strategy == "classes" and not config.regions.classes:
-        add("regions.classes", "strategy 'classes' needs at least one class-name glob in regions.classes")
+        add(
+            "regions.classes",
+            "strategy 'classes' needs at least one class-name glob in regions.classes",
+        )
     if config.regions.strategy == "paths" and not config.regions.paths:
-        add("regions.paths", "strategy 'paths' needs at least one module-path glob in regions.paths")
+        add(
+            "regions.paths", "strategy 'paths' needs at least one module-path glob in regions.paths"
+        )
     if config.mode is not None and config.options:
-        add("mode", f"mode {config.mode!r} and options {sorted(config.options)} cannot both be set "
-            "(torch.compile takes one or the other); put the mode's settings into options instead")
+        add(
+            "mode",
+            f"mode {config.mode!r} and options {sorted(config.options)} cannot both be set "
+            "(torch.compile takes one or the other); put the mode's settings into options instead",
+        )
     if config.backend != "no":
         problems.extend(_backend_problems(config, sources, plugins))
     strategy = plugins.distributed_strategies().get(config.distributed.strategy)
     if strategy is not None:
         availability = strategy.spec.probe()
         if not availability.available:
-            add("distributed.strategy", f"{config.distributed.strategy!r} is not available: {availability.reason}")
+            add(
+                "distributed.strategy",
+                f"{config.distributed.strategy!r} is not available: {availability.reason}",
+            )
     if problems:
         raise ConfigError(problems)
 
 
-def _backend_problems(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> list[ConfigProblem]:
+def _backend_problems(
+    config: CompileConfig, sources: Mapping[str, str], plugins: Any
+) -> list[ConfigProblem]:
     declared = plugins.backends(include_torch=False)
     known = plugins.backends()
     source = sources.get("backend", "")
     if config.backend not in known:
         # Torch's debugging and testing-only backends work by name but are not advertised.
-        torch_only = sorted(n for n in set(known) - set(declared)
-                            if "testing_only" not in n and "minifier" not in n)
+        torch_only = sorted(
+            n for n in set(known) - set(declared) if "testing_only" not in n and "minifier" not in n
+        )
         close = difflib.get_close_matches(config.backend, list(known), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return [ConfigProblem("$.backend", (
-            f"{config.backend!r} is not a registered backend{hint}; registered by plugins: "
-            f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
-        ), source)]
+        return [
+            ConfigProblem(
+                "$.backend",
+                (
+                    f"{config.backend!r} is not a registered backend{hint}; registered by plugins: "
+                    f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
+                ),
+                source,
+            )
+        ]
     spec = known[config.backend].spec
     problems = []
     availability = spec.probe()
     if not availability.available:
-        problems.append(ConfigProblem("$.backend", f"backend {config.backend!r} is not available here: {availability.reason}", source))
+        problems.append(
+            ConfigProblem(
+                "$.backend",
+                f"backend {config.backend!r} is not available here: {availability.reason}",
+                source,
+            )
+        )
     if config.mode is not None and spec.modes is not None and config.mode not in spec.modes:
-        problems.append(ConfigProblem("$.mode", (
-            f"{config.mode!r} is not a mode backend {config.backend!r} accepts; allowed: "
-            f"{', '.join(spec.modes) or 'none (leave mode unset)'}"), sources.get("mode", "")))
+        problems.append(
+            ConfigProblem(
+                "$.mode",
+                (
+                    f"{config.mode!r} is not a mode backend {config.backend!r} accepts; allowed: "
+                    f"{', '.join(spec.modes) or 'none (leave mode unset)'}"
+                ),
+                sources.get("mode", ""),
+            )
+        )
     if spec.options is not None:
         for key in config.options:
             if key not in spec.options:
-                problems.append(ConfigProblem(f"$.options.{key}", (
-                    f"backend {config.backend!r} does not accept option {key!r}; allowed: "
-                    f"{', '.join(spec.options) or 'none'}"), sources.get("options", "")))
+                problems.append(
+                    ConfigProblem(
+                        f"$.options.{key}",
+                        (
+                            f"backend {config.backend!r} does not accept option {key!r}; allowed: "
+                            f"{', '.join(spec.options) or 'none'}"
+                        ),
+                        sources.get("options", ""),
+                    )
+                )
     return problems

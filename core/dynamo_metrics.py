@@ -32,12 +32,24 @@ class CompileRecord:
 
 
 def _record(metrics: Any) -> CompileRecord:
-    hits = sum(int(getattr(metrics, name, 0) or 0) for name in (
-        "inductor_fx_local_cache_hit_count", "inductor_fx_remote_cache_hit_count",
-        "aotautograd_local_cache_hit_count", "aotautograd_remote_cache_hit_count"))
-    misses = sum(int(getattr(metrics, name, 0) or 0) for name in (
-        "inductor_fx_local_cache_miss_count", "inductor_fx_remote_cache_miss_count",
-        "aotautograd_local_cache_miss_count", "aotautograd_remote_cache_miss_count"))
+    hits = sum(
+        int(getattr(metrics, name, 0) or 0)
+        for name in (
+            "inductor_fx_local_cache_hit_count",
+            "inductor_fx_remote_cache_hit_count",
+            "aotautograd_local_cache_hit_count",
+            "aotautograd_remote_cache_hit_count",
+        )
+    )
+    misses = sum(
+        int(getattr(metrics, name, 0) or 0)
+        for name in (
+            "inductor_fx_local_cache_miss_count",
+            "inductor_fx_remote_cache_miss_count",
+            "aotautograd_local_cache_miss_count",
+            "aotautograd_remote_cache_miss_count",
+        )
+    )
     return CompileRecord(
         compile_id=str(getattr(metrics, "compile_id", "") or ""),
         co_name=str(getattr(metrics, "co_name", "") or ""),
@@ -75,7 +87,9 @@ class Window:
     def close(self) -> tuple[list[CompileRecord], int, dict[str, int]]:
         """New compile records, graphs compiled, and graph-break reasons with counts."""
         before_ids = {id(m) for m in self._metrics_before}
-        new = [_record(m) for m in dynamo_utils.get_compilation_metrics() if id(m) not in before_ids]
+        new = [
+            _record(m) for m in dynamo_utils.get_compilation_metrics() if id(m) not in before_ids
+        ]
         counters = dynamo_utils.counters
         graphs = int(counters["stats"]["unique_graphs"]) - self._graphs_before
         breaks = collections.Counter(counters["graph_break"]) - self._breaks_before

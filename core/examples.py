@@ -43,12 +43,18 @@ def llama(
     return LlamaForCausalLM(config).eval()
 
 
-def gpt2(depth: int = 4, hidden_size: int = 128, heads: int = 4, vocab_size: int = 1024) -> nn.Module:
+def gpt2(
+    depth: int = 4, hidden_size: int = 128, heads: int = 4, vocab_size: int = 1024
+) -> nn.Module:
     """A small GPT-2 (``GPT2LMHeadModel``) at ``depth`` blocks."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        n_layer=depth, n_embd=hidden_size, n_head=heads, vocab_size=vocab_size, n_positions=512,
+        n_layer=depth,
+        n_embd=hidden_size,
+        n_head=heads,
+        vocab_size=vocab_size,
+        n_positions=512,
         use_cache=False,
     )
     torch.manual_seed(0)
@@ -62,8 +68,9 @@ class ToyTransformer(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, width)
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(width, heads, dim_feedforward=2 * width, dropout=0.0,
-                                       batch_first=True)
+            nn.TransformerEncoderLayer(
+                width, heads, dim_feedforward=2 * width, dropout=0.0, batch_first=True
+            )
             for _ in range(depth)
         )
         self.norm = nn.LayerNorm(width)
@@ -120,5 +127,7 @@ def load_model(spec: str, **kwargs: Any) -> nn.Module:
         raise TorchkilnError(f"model {spec!r}: {name!r} has no callable {arg!r}")
     model = factory(**kwargs)
     if not isinstance(model, nn.Module):
-        raise TorchkilnError(f"model {spec!r}: {arg}() returned {type(model).__name__}, not nn.Module")
+        raise TorchkilnError(
+            f"model {spec!r}: {arg}() returned {type(model).__name__}, not nn.Module"
+        )
     return model

@@ -99,7 +99,8 @@ class CompiledModel:
         raise TorchkilnError(
             "a model compiled by torchkiln cannot be pickled whole (torch.save(model)): save "
             "model.state_dict() (its keys are the plain model's), or call "
-            "torchkiln.decompile(model) first")
+            "torchkiln.decompile(model) first"
+        )
 
     def __copy__(self) -> CompiledModel:
         return attrs.evolve(self)
@@ -136,7 +137,9 @@ def traceable_int_patch() -> bool:
     return True
 
 
-def group_function(group: RegionGroup, index: int, forward: Callable[..., Any]) -> Callable[..., Any]:
+def group_function(
+    group: RegionGroup, index: int, forward: Callable[..., Any]
+) -> Callable[..., Any]:
     """``fn(module, *args, **kwargs) -> forward(module, ...)`` with a code object of its own.
 
     For a group of several regions, module int attributes (``layer_idx``) are traced as
@@ -156,7 +159,9 @@ def group_function(group: RegionGroup, index: int, forward: Callable[..., Any]) 
 
     # Unique in the process, not just in the model: the report recognises its group's compile
     # records by this name, and two models with a LlamaDecoderLayer group must not mix them.
-    name = "torchkiln_" + "".join(c if c.isalnum() else "_" for c in group.name) + f"_{next(_SERIAL)}"
+    name = (
+        "torchkiln_" + "".join(c if c.isalnum() else "_" for c in group.name) + f"_{next(_SERIAL)}"
+    )
     region_forward.__code__ = region_forward.__code__.replace(co_name=name, co_qualname=name)
     region_forward.__name__ = region_forward.__qualname__ = name
     return region_forward
@@ -174,7 +179,9 @@ def instance_forward_function(previous: Callable[..., Any]) -> Callable[..., Any
 def default_compile(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
     """``torch.compile`` with the configured options (used for backends only torch knows)."""
     kwargs: dict[str, Any] = {
-        "backend": config.backend, "fullgraph": config.fullgraph, "dynamic": config.dynamic,
+        "backend": config.backend,
+        "fullgraph": config.fullgraph,
+        "dynamic": config.dynamic,
     }
     if config.mode is not None:
         kwargs["mode"] = config.mode
@@ -205,7 +212,9 @@ def _is_compile_failure(error: BaseException) -> bool:
 class Compiler:
     """Compiles one plan's regions in place."""
 
-    def __init__(self, plan: RegionPlan, config: CompileConfig, plugins: Any, progress: ProgressObserver):
+    def __init__(
+        self, plan: RegionPlan, config: CompileConfig, plugins: Any, progress: ProgressObserver
+    ):
         self.plan = plan
         self.config = config
         self.plugins = plugins
@@ -216,58 +225,90 @@ class Compiler:
         """The ``compile_regions`` callback handed to ``wrap_distributed``."""
         self.calls += 1
         if self.calls > 1:
-            raise TorchkilnError("compile_regions was called twice; a wrap_distributed plugin "
-                                 "must call it exactly once")
+            raise TorchkilnError(
+                "compile_regions was called twice; a wrap_distributed plugin "
+                "must call it exactly once"
+            )
         if state_of(root) is not None:
-            raise TorchkilnError("this model is already compiled by torchkiln; call "
-                                 "torchkiln.decompile(model) first")
-        state = CompiledModel(self.plan, self.config, [], {}, tagged_before=frozenset(
-            name for name, tensor in _tensors(root) if DYNAMO_TENSOR_TAG in tensor.__dict__))
+            raise TorchkilnError(
+                "this model is already compiled by torchkiln; call torchkiln.decompile(model) first"
+            )
+        state = CompiledModel(
+            self.plan,
+            self.config,
+            [],
+            {},
+            tagged_before=frozenset(
+                name for name, tensor in _tensors(root) if DYNAMO_TENSOR_TAG in tensor.__dict__
+            ),
+        )
         object.__setattr__(root, STATE_ATTR, state)
         self._mark_nested(root, state)
         for index, group in enumerate(self.plan.groups):
             self._compile_group(root, state, index, group)
 
-    def _compile_group(self, root: nn.Module, state: CompiledModel, index: int, group: RegionGroup) -> None:
+    def _compile_group(
+        self, root: nn.Module, state: CompiledModel, index: int, group: RegionGroup
+    ) -> None:
         modules = [root.get_submodule(region.path) for region in group.regions]
         shared = group_function(group, index, type(modules[0]).forward)
         state.code_names[group.name] = shared.__code__.co_name
         compiled_shared, error = self._compile(shared, group)
         for region, module in zip(group.regions, modules, strict=True):
-            region_state = RegionState(region, index, module.__dict__.get("forward", _MISSING), owner=state)
+            region_state = RegionState(
+                region, index, module.__dict__.get("forward", _MISSING), owner=state
+            )
             state.regions.append(region_state)
             object.__setattr__(module, REGION_ATTR, region_state)
             if error is not None:
                 region_state.status = "eager"
-                region_state.fallback_reason = f"compile_region failed: {type(error).__name__}: {error}"
+                region_state.fallback_reason = (
+                    f"compile_region failed: {type(error).__name__}: {error}"
+                )
                 continue
             compiled = compiled_shared
             if region_state.previous_forward is not _MISSING:
                 # A per-instance forward (an autocast wrapper, say) is compiled on its own.
-                compiled, _ = self._compile(instance_forward_function(region_state.previous_forward), group)
-            module.__dict__["forward"] = types.MethodType(self._first_call_shim(compiled, index), module)
+                compiled, _ = self._compile(
+                    instance_forward_function(region_state.previous_forward), group
+                )
+            module.__dict__["forward"] = types.MethodType(
+                self._first_call_shim(compiled, index), module
+            )
 
-    def _compile(self, fn: Callable[..., Any], group: RegionGroup) -> tuple[Callable[..., Any], BaseException | None]:
+    def _compile(
+        self, fn: Callable[..., Any], group: RegionGroup
+    ) -> tuple[Callable[..., Any], BaseException | None]:
         try:
             compiled = self.plugins.hook.compile_region(
-                fn=fn, group=group, config=self.config, backend=self.config.backend)
+                fn=fn, group=group, config=self.config, backend=self.config.backend
+            )
             if compiled is None:
                 declared = self.plugins.backends().get(self.config.backend)
                 if declared is None or declared.spec.origin != "torch":
-                    owner = f"plugin {declared.plugin!r} declares" if declared else "nothing declares"
+                    owner = (
+                        f"plugin {declared.plugin!r} declares" if declared else "nothing declares"
+                    )
                     raise PluginError(
                         f"{owner} backend {self.config.backend!r} but no plugin's compile_region "
-                        "answered for it")
+                        "answered for it"
+                    )
                 compiled = default_compile(fn, self.config)
             return compiled, None
         except Exception as error:
             if self.config.on_region_error == "raise":
                 declared = self.plugins.backends().get(self.config.backend)
-                plugin = declared.plugin if declared is not None and declared.plugin != "torch" else None
-                raise RegionCompileError(group.regions[0].path, group.name, error, plugin) from error
+                plugin = (
+                    declared.plugin if declared is not None and declared.plugin != "torch" else None
+                )
+                raise RegionCompileError(
+                    group.regions[0].path, group.name, error, plugin
+                ) from error
             return fn, error
 
-    def _first_call_shim(self, compiled_function: Callable[..., Any], group_index: int) -> Callable[..., Any]:
+    def _first_call_shim(
+        self, compiled_function: Callable[..., Any], group_index: int
+    ) -> Callable[..., Any]:
         """``first_call(module, *args, **kwargs)``, installed bound to the region's module.
 
         Everything per region comes from the module it is bound to (its ``REGION_ATTR``), never
@@ -300,8 +341,12 @@ class Compiler:
                 output = _handle_failure(module, region_state, error, policy, args, kwargs)
             finally:
                 region_state.first_call_seconds = time.perf_counter() - started
-                region_state.records, region_state.graphs, region_state.graph_breaks = window.close()
-                progress.done(region, region_state.first_call_seconds, region_state.status == "compiled")
+                region_state.records, region_state.graphs, region_state.graph_breaks = (
+                    window.close()
+                )
+                progress.done(
+                    region, region_state.first_call_seconds, region_state.status == "compiled"
+                )
                 if state is not None and state.pending == 0:
                     for callback in state.on_first_calls_done:
                         callback(state)
@@ -328,8 +373,12 @@ class Compiler:
 
 
 def _handle_failure(
-    module: nn.Module, region_state: RegionState, error: Exception, policy: str,
-    args: tuple[Any, ...], kwargs: dict[str, Any],
+    module: nn.Module,
+    region_state: RegionState,
+    error: Exception,
+    policy: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     region = region_state.region
     if not _is_compile_failure(error):
@@ -341,8 +390,11 @@ def _handle_failure(
         raise RegionCompileError(region.path, region.group, error) from error
     region_state.status = "eager"
     _restore_forward(module, region_state.previous_forward)
-    print(f"torchkiln: region {region.display_path} ({region.group}) runs eagerly: "
-          f"{region_state.fallback_reason}", file=sys.stderr)
+    print(
+        f"torchkiln: region {region.display_path} ({region.group}) runs eagerly: "
+        f"{region_state.fallback_reason}",
+        file=sys.stderr,
+    )
     # Hooks already ran in nn.Module.__call__; only the forward itself runs again, eagerly.
     return module.forward(*args, **kwargs)
 
@@ -351,19 +403,31 @@ def _failed_sibling(state: CompiledModel | None, region_state: RegionState) -> R
     """A region of the same group whose compile already failed (so this one is not retried)."""
     if state is None:
         return None
-    return next((other for other in state.regions
-                 if other is not region_state and other.region.group == region_state.region.group
-                 and other.status == "eager" and other.fallback_reason), None)
+    return next(
+        (
+            other
+            for other in state.regions
+            if other is not region_state
+            and other.region.group == region_state.region.group
+            and other.status == "eager"
+            and other.fallback_reason
+        ),
+        None,
+    )
 
 
 def _run_eagerly_after_sibling(
-    module: nn.Module, region_state: RegionState, failed: RegionState,
-    args: tuple[Any, ...], kwargs: dict[str, Any],
+    module: nn.Module,
+    region_state: RegionState,
+    failed: RegionState,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     region_state.status = "eager"
     region_state.fallback_reason = (
         f"not retried: group {failed.region.group!r} failed to compile at "
-        f"{failed.region.display_path}: {failed.fallback_reason}")
+        f"{failed.region.display_path}: {failed.fallback_reason}"
+    )
     _restore_forward(module, region_state.previous_forward)
     return module.forward(*args, **kwargs)
 
@@ -410,4 +474,7 @@ def decompile(root: nn.Module) -> bool:
 
 
 def _tensors(root: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]
+    return [
+        *root.named_parameters(remove_duplicate=False),
+        *root.named_buffers(remove_duplicate=False),
+    ]

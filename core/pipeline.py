@@ -35,8 +35,13 @@ def _plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> Regi
     return plan
 
 
-def plan(model: nn.Module, config: ConfigArg = None, *, plugins: PluginManager | None = None,
-         **options: Any) -> RegionPlan:
+def plan(
+    model: nn.Module,
+    config: ConfigArg = None,
+    *,
+    plugins: PluginManager | None = None,
+    **options: Any,
+) -> RegionPlan:
     """The region plan for ``model``, without compiling anything.
 
     :param model: the root module.
@@ -50,10 +55,14 @@ def plan(model: nn.Module, config: ConfigArg = None, *, plugins: PluginManager |
 
 def _check_not_wrapped(model: Any) -> None:
     if not isinstance(model, nn.Module):
-        raise TorchkilnError(f"torchkiln.compile expects a torch.nn.Module, got {type(model).__name__}")
+        raise TorchkilnError(
+            f"torchkiln.compile expects a torch.nn.Module, got {type(model).__name__}"
+        )
     wrapped_by = {
-        "DistributedDataParallel": "DDP", "DataParallel": "DataParallel",
-        "FullyShardedDataParallel": "FSDP", "DeepSpeedEngine": "DeepSpeed",
+        "DistributedDataParallel": "DDP",
+        "DataParallel": "DataParallel",
+        "FullyShardedDataParallel": "FSDP",
+        "DeepSpeedEngine": "DeepSpeed",
         "OptimizedModule": "torch.compile",
     }
     name = type(model).__name__
@@ -65,8 +74,13 @@ def _check_not_wrapped(model: Any) -> None:
         )
 
 
-def compile(model: nn.Module, config: ConfigArg = None, *, plugins: PluginManager | None = None,
-            **options: Any) -> Any:
+def compile(
+    model: nn.Module,
+    config: ConfigArg = None,
+    *,
+    plugins: PluginManager | None = None,
+    **options: Any,
+) -> Any:
     """Compile ``model`` region by region, in place.
 
     :param model: the root module (not yet wrapped by DDP, FSDP or DeepSpeed).
@@ -84,22 +98,34 @@ def compile(model: nn.Module, config: ConfigArg = None, *, plugins: PluginManage
     resolved = resolve_config(config, plugins=pm, **options)
     cfg = resolved.config
     if not cfg.enabled:
-        logger.info("torchkiln: compilation is off (backend=%r, disable=%r)", cfg.backend, cfg.disable)
+        logger.info(
+            "torchkiln: compilation is off (backend=%r, disable=%r)", cfg.backend, cfg.disable
+        )
         if cfg.distributed.strategy == "none":
             return model
-    region_plan = _plan(model, resolved, pm) if cfg.enabled else RegionPlan("none", (), reason="compilation off")
+    region_plan = (
+        _plan(model, resolved, pm)
+        if cfg.enabled
+        else RegionPlan("none", (), reason="compilation off")
+    )
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
     result = pm.hook.wrap_distributed(
-        model=model, config=cfg, plan=region_plan, strategy=cfg.distributed.strategy,
+        model=model,
+        config=cfg,
+        plan=region_plan,
+        strategy=cfg.distributed.strategy,
         compile_regions=compile_regions,
     )
     if result is None:
-        raise PluginError(f"no plugin answered wrap_distributed for strategy {cfg.distributed.strategy!r}")
+        raise PluginError(
+            f"no plugin answered wrap_distributed for strategy {cfg.distributed.strategy!r}"
+        )
     if compiler.calls != 1:
         raise PluginError(
             f"the {cfg.distributed.strategy!r} strategy called compile_regions {compiler.calls} "
-            "times; it must call it exactly once")
+            "times; it must call it exactly once"
+        )
     check_result(result, model)
     state = state_of(result.module)
     if state is not None and cfg.cache_dir is not None:

@@ -81,7 +81,9 @@ class FailedPlugin:
     error: str
 
     def describe(self) -> str:
-        dist = f"{self.distribution} {self.version}" if self.distribution else "unknown distribution"
+        dist = (
+            f"{self.distribution} {self.version}" if self.distribution else "unknown distribution"
+        )
         return (
             f"torchkiln plugin {self.entry_point!r} = {self.value!r} (from {dist}) failed to "
             f"load and was skipped: {self.error}"
@@ -181,17 +183,26 @@ class PluginManager(pluggy.PluginManager):
             if self.get_plugin(entry_point.name) is not None:
                 self.unregister(name=entry_point.name)
             failure = FailedPlugin(
-                entry_point.name, entry_point.value, dist_name, version,
+                entry_point.name,
+                entry_point.value,
+                dist_name,
+                version,
                 f"{type(error).__name__}: {error}",
             )
             self.failed.append(failure)
             if self.strict:
-                raise PluginError(failure.describe().replace("was skipped", "was not loaded")
-                                  + " (TORCHKILN_STRICT_PLUGINS=1)") from error
+                raise PluginError(
+                    failure.describe().replace("was skipped", "was not loaded")
+                    + " (TORCHKILN_STRICT_PLUGINS=1)"
+                ) from error
             warnings.warn(failure.describe(), RuntimeWarning, stacklevel=3)
             return
         self.external[entry_point.name] = PluginInfo(
-            entry_point.name, False, self._hook_names(plugin), dist_name, version,
+            entry_point.name,
+            False,
+            self._hook_names(plugin),
+            dist_name,
+            version,
             entry_point.value,
         )
 
@@ -210,7 +221,8 @@ class PluginManager(pluggy.PluginManager):
     def hook_names(self) -> list[str]:
         """The hooks torchkiln specifies (not names a plugin implemented without a spec)."""
         return sorted(
-            name for name, caller in vars(self.hook).items()
+            name
+            for name, caller in vars(self.hook).items()
             if not name.startswith("_") and getattr(caller, "spec", None) is not None
         )
 
@@ -234,7 +246,9 @@ class PluginManager(pluggy.PluginManager):
             if name in self.external:
                 infos.append(self.external[name])
             else:
-                infos.append(PluginInfo(name, name.startswith("torchkiln."), self._hook_names(plugin)))
+                infos.append(
+                    PluginInfo(name, name.startswith("torchkiln."), self._hook_names(plugin))
+                )
         return sorted(infos, key=lambda info: (not info.builtin, info.name))
 
     def call_impl(self, hook_name: str, impl: Any, **kwargs: Any) -> Any:
@@ -242,16 +256,23 @@ class PluginManager(pluggy.PluginManager):
         plugin), traced like ``pm.hook`` calls under ``TORCHKILN_TRACE_PLUGINS=1``."""
         if self.tracing:
             args = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
-            print(f"torchkiln: hook {hook_name}({args}) -> plugin {impl.plugin_name}", file=sys.stderr)
+            print(
+                f"torchkiln: hook {hook_name}({args}) -> plugin {impl.plugin_name}", file=sys.stderr
+            )
         try:
             result = impl.function(**{name: kwargs[name] for name in impl.argnames})
         except Exception as error:
             if self.tracing:
-                print(f"torchkiln: hook {hook_name} [{impl.plugin_name}] raised {error!r}", file=sys.stderr)
+                print(
+                    f"torchkiln: hook {hook_name} [{impl.plugin_name}] raised {error!r}",
+                    file=sys.stderr,
+                )
             raise
         if self.tracing:
-            print(f"torchkiln: hook {hook_name} [{impl.plugin_name}] returned {_short(result)}",
-                  file=sys.stderr)
+            print(
+                f"torchkiln: hook {hook_name} [{impl.plugin_name}] returned {_short(result)}",
+                file=sys.stderr,
+            )
         return result
 
     # --- declarations ----------------------------------------------------------------------
@@ -292,7 +313,9 @@ class PluginManager(pluggy.PluginManager):
             for name in torch_backend_names():
                 if name not in declared:
                     declared[name] = Declared(
-                        BackendSpec(name, description="registered with torch._dynamo", origin="torch"),
+                        BackendSpec(
+                            name, description="registered with torch._dynamo", origin="torch"
+                        ),
                         "torch",
                     )
         return declared
@@ -322,7 +345,9 @@ def _trace_before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any
     print(f"torchkiln: hook {hook_name}({args}) -> plugins [{plugins}]", file=sys.stderr)
 
 
-def _trace_after(outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+def _trace_after(
+    outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]
+) -> None:
     exception = outcome.exception
     shown = f"raised {exception!r}" if exception is not None else _short(outcome.get_result())
     print(f"torchkiln: hook {hook_name} returned {shown}", file=sys.stderr)

@@ -91,5 +91,7 @@ class RegionPlan:
                 for g in self.groups
             ],
             "eager": [{"path": e.path, "reason": e.reason} for e in self.eager],
-            "nested": [{"name": g.name, "regions": [r.path for r in g.regions]} for g in self.nested],
+            "nested": [
+                {"name": g.name, "regions": [r.path for r in g.regions]} for g in self.nested
+            ],
         }

@@ -63,7 +63,9 @@ def resolve_config(
     return ResolvedConfig(resolved, all_sources, file)
 
 
-def _layers(config: ConfigArg, env: Mapping[str, str], cwd: Path) -> tuple[list[sources_.Layer], list[ConfigProblem], Path | None]:
+def _layers(
+    config: ConfigArg, env: Mapping[str, str], cwd: Path
+) -> tuple[list[sources_.Layer], list[ConfigProblem], Path | None]:
     if isinstance(config, CompileConfig):
         return [sources_.Layer("config object", attrs.asdict(config))], [], None
     layers: list[sources_.Layer] = []
@@ -76,15 +78,26 @@ def _layers(config: ConfigArg, env: Mapping[str, str], cwd: Path) -> tuple[list[
         known = sorted(sources_.env_fields()) + sorted(sources_.CONTROL_VARIABLES)
         warnings.warn(
             f"ignoring unknown environment variable(s) {', '.join(unknown)}; torchkiln reads: "
-            + ", ".join(known), RuntimeWarning, stacklevel=4,
+            + ", ".join(known),
+            RuntimeWarning,
+            stacklevel=4,
         )
     layers.append(env_layer)
     if isinstance(config, Mapping):
         layers.append(sources_.Layer("argument", config))
     elif config is not None and path_arg is None:
-        raise ConfigError([ConfigProblem("$", (
-            f"config must be a CompileConfig, a mapping or the path of a YAML file, "
-            f"not {type(config).__name__}"), "argument")])
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "$",
+                    (
+                        f"config must be a CompileConfig, a mapping or the path of a YAML file, "
+                        f"not {type(config).__name__}"
+                    ),
+                    "argument",
+                )
+            ]
+        )
     return layers, problems, file
 
 
@@ -103,7 +116,8 @@ def _apply_plugins(
         except Exception as error:
             raise PluginError(
                 f"plugin {impl.plugin_name!r} raised in resolve_compile_config(): "
-                f"{type(error).__name__}: {error}") from error
+                f"{type(error).__name__}: {error}"
+            ) from error
         if not override:
             continue
         _, paths = sources_.merge_layers([sources_.Layer(f"plugin:{impl.plugin_name}", override)])
@@ -111,7 +125,10 @@ def _apply_plugins(
             if path in owners:
                 warnings.warn(
                     f"plugins {owners[path]!r} and {impl.plugin_name!r} both set {path!r} in "
-                    f"resolve_compile_config; keeping {owners[path]!r}'s value", RuntimeWarning, stacklevel=4)
+                    f"resolve_compile_config; keeping {owners[path]!r}'s value",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         owners.update({p: impl.plugin_name for p in paths if p not in owners})
         plugin_layers.append(sources_.Layer(f"plugin:{impl.plugin_name}", override))
     if not plugin_layers:

@@ -25,11 +25,20 @@ def _cuda_available() -> Availability:
 
 
 BACKENDS = (
-    BackendSpec("inductor", "TorchInductor: Triton on GPU, C++/OpenMP on CPU", modes=INDUCTOR_MODES),
+    BackendSpec(
+        "inductor", "TorchInductor: Triton on GPU, C++/OpenMP on CPU", modes=INDUCTOR_MODES
+    ),
     BackendSpec("eager", "Dynamo capture only, runs the graph eagerly (debugging)", modes=()),
-    BackendSpec("aot_eager", "Dynamo + AOTAutograd, runs eagerly (debugging, fast tests)", modes=()),
-    BackendSpec("cudagraphs", "CUDA graphs without inductor", probe=_cuda_available, modes=(),
-                devices=("cuda",)),
+    BackendSpec(
+        "aot_eager", "Dynamo + AOTAutograd, runs eagerly (debugging, fast tests)", modes=()
+    ),
+    BackendSpec(
+        "cudagraphs",
+        "CUDA graphs without inductor",
+        probe=_cuda_available,
+        modes=(),
+        devices=("cuda",),
+    ),
     BackendSpec("no", "compilation off: the model runs eagerly", modes=()),
 )
 _NAMES = frozenset(spec.name for spec in BACKENDS)

@@ -20,7 +20,10 @@ def declare_distributed() -> list[DistributedSpec]:
 
 @hookimpl(trylast=True)
 def wrap_distributed(
-    model: nn.Module, config: CompileConfig, plan: RegionPlan, strategy: str,
+    model: nn.Module,
+    config: CompileConfig,
+    plan: RegionPlan,
+    strategy: str,
     compile_regions: Callable[[nn.Module], None],
 ) -> DistributedResult | None:
     if strategy != "none":

@@ -45,11 +45,21 @@ def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> Re
     if selector == "whole":
         return whole_plan(model, "whole model, as configured (regions.strategy=whole)")
     if selector == "classes":
-        return _plan_from(model, config, "classes", _by_class(model, config.regions.classes),
-                          f"modules whose class matches {', '.join(config.regions.classes)}")
+        return _plan_from(
+            model,
+            config,
+            "classes",
+            _by_class(model, config.regions.classes),
+            f"modules whose class matches {', '.join(config.regions.classes)}",
+        )
     if selector == "paths":
-        return _plan_from(model, config, "paths", _by_path(model, config.regions.paths),
-                          f"modules whose path matches {', '.join(config.regions.paths)}")
+        return _plan_from(
+            model,
+            config,
+            "paths",
+            _by_path(model, config.regions.paths),
+            f"modules whose path matches {', '.join(config.regions.paths)}",
+        )
     return None
 
 
@@ -77,25 +87,51 @@ def _auto(model: nn.Module, config: CompileConfig) -> RegionPlan:
 def _repeated_plan(model: nn.Module, config: CompileConfig, requested: str) -> RegionPlan:
     groups = find_repeated_groups(model, config)
     if not groups:
-        return RegionPlan("repeated", (), eager=(EagerPart("", "no repeated blocks found"),),
-                          reason="repeated: no repeated blocks found; nothing is compiled",
-                          requested=requested)
+        return RegionPlan(
+            "repeated",
+            (),
+            eager=(EagerPart("", "no repeated blocks found"),),
+            reason="repeated: no repeated blocks found; nothing is compiled",
+            requested=requested,
+        )
     counts = ", ".join(f"{len(g.regions)}x {g.name}" for g in groups)
     reason = f"{requested}: repeated blocks found: {counts}"
     return _finish(model, config, "repeated", groups, reason, requested)
 
 
-def _plan_from(model: nn.Module, config: CompileConfig, selector: str, modules: list[tuple[str, nn.Module]], why: str) -> RegionPlan:
+def _plan_from(
+    model: nn.Module,
+    config: CompileConfig,
+    selector: str,
+    modules: list[tuple[str, nn.Module]],
+    why: str,
+) -> RegionPlan:
     groups = group_by_class(_drop_excluded(modules, config), why)
-    reason = f"{selector}: {why}: {sum(len(g.regions) for g in groups)} regions" if groups else f"{selector}: nothing matched ({why})"
+    reason = (
+        f"{selector}: {why}: {sum(len(g.regions) for g in groups)} regions"
+        if groups
+        else f"{selector}: nothing matched ({why})"
+    )
     return _finish(model, config, selector, groups, reason, selector)
 
 
-def _finish(model: nn.Module, config: CompileConfig, selector: str, groups: list[RegionGroup], reason: str, requested: str) -> RegionPlan:
+def _finish(
+    model: nn.Module,
+    config: CompileConfig,
+    selector: str,
+    groups: list[RegionGroup],
+    reason: str,
+    requested: str,
+) -> RegionPlan:
     if config.regions.rest == "leaves":
         groups = groups + _leaf_groups(model, groups, config)
-    return RegionPlan(selector, tuple(groups), eager=tuple(eager_parts(model, groups, config)),
-                      reason=reason, requested=requested if requested != selector else "")
+    return RegionPlan(
+        selector,
+        tuple(groups),
+        eager=tuple(eager_parts(model, groups, config)),
+        reason=reason,
+        requested=requested if requested != selector else "",
+    )
 
 
 # --- finding blocks --------------------------------------------------------------------------
@@ -135,31 +171,40 @@ def _children_through_containers(
     in_container = in_container or isinstance(module, CONTAINERS)
     for name, child in module.named_children():
         path = f"{prefix}{name}"
-        if isinstance(child, CONTAINERS) and not (in_container and isinstance(child, nn.Sequential)):
+        if isinstance(child, CONTAINERS) and not (
+            in_container and isinstance(child, nn.Sequential)
+        ):
             yield from _children_through_containers(child, path + ".", True)
         else:
             yield path, child
 
 
-def _structural_blocks(module: nn.Module, prefix: str, min_repeats: int) -> Iterator[tuple[str, nn.Module]]:
+def _structural_blocks(
+    module: nn.Module, prefix: str, min_repeats: int
+) -> Iterator[tuple[str, nn.Module]]:
     children = list(_children_through_containers(module, prefix))
     counts = Counter(type(child) for _, child in children)
     for path, child in children:
         # A block is composite: repeated leaves (two nn.Linear) are layers, not blocks.
-        repeated = (counts[type(child)] >= min_repeats and _has_parameters(child)
-                    and next(child.children(), None) is not None)
+        repeated = (
+            counts[type(child)] >= min_repeats
+            and _has_parameters(child)
+            and next(child.children(), None) is not None
+        )
         if repeated and not _is_stack(module, prefix, path, child, min_repeats):
             yield path, child
         else:
             yield from _structural_blocks(child, path + ".", min_repeats)
 
 
-def _is_stack(parent: nn.Module, prefix: str, path: str, child: nn.Module, min_repeats: int) -> bool:
+def _is_stack(
+    parent: nn.Module, prefix: str, path: str, child: nn.Module, min_repeats: int
+) -> bool:
     """Same-class siblings held as plain attributes (an encoder and a decoder of one class), or
     ``nn.Sequential`` items of a container, that each hold a list of repeated composite blocks
     are stacks: their blocks are the regions. Other siblings held in a container (decoder
     layers, even with a list of experts inside) are blocks."""
-    in_container = isinstance(parent, CONTAINERS) or "." in path[len(prefix):]
+    in_container = isinstance(parent, CONTAINERS) or "." in path[len(prefix) :]
     if in_container and not isinstance(child, nn.Sequential):
         return False
     return _holds_block_list(child, min_repeats)
@@ -202,11 +247,15 @@ def _by_class(model: nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, nn
 
 def _by_path(model: nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, nn.Module]]:
     return _outermost(
-        (p, m) for p, m in model.named_modules() if any(fnmatch.fnmatchcase(p, pat) for pat in patterns)
+        (p, m)
+        for p, m in model.named_modules()
+        if any(fnmatch.fnmatchcase(p, pat) for pat in patterns)
     )
 
 
-def _drop_excluded(found: list[tuple[str, nn.Module]], config: CompileConfig) -> list[tuple[str, nn.Module]]:
+def _drop_excluded(
+    found: list[tuple[str, nn.Module]], config: CompileConfig
+) -> list[tuple[str, nn.Module]]:
     patterns = config.regions.exclude
     return [(p, m) for p, m in found if not _excluded(p, patterns)]
 
@@ -234,22 +283,39 @@ def group_by_class(found: list[tuple[str, nn.Module]], reason: str) -> list[Regi
     return groups
 
 
-def _leaf_groups(model: nn.Module, groups: list[RegionGroup], config: CompileConfig) -> list[RegionGroup]:
+def _leaf_groups(
+    model: nn.Module, groups: list[RegionGroup], config: CompileConfig
+) -> list[RegionGroup]:
     """``regions.rest=leaves``: each parameterised leaf outside the blocks, grouped by class."""
     taken = [r.path for g in groups for r in g.regions]
     leaves = [
-        (path, module) for path, module in model.named_modules()
-        if path and not any(True for _ in module.children()) and _has_parameters(module)
+        (path, module)
+        for path, module in model.named_modules()
+        if path
+        and not any(True for _ in module.children())
+        and _has_parameters(module)
         and not any(path == t or path.startswith(t + ".") for t in taken)
     ]
-    found = group_by_class(_drop_excluded(leaves, config), "leaf outside the blocks (regions.rest=leaves)")
+    found = group_by_class(
+        _drop_excluded(leaves, config), "leaf outside the blocks (regions.rest=leaves)"
+    )
     names = {g.name for g in groups}
-    return [RegionGroup(g.name if g.name not in names else f"{g.name}_leaf", tuple(
-        Region(r.path, r.module, g.name if g.name not in names else f"{g.name}_leaf") for r in g.regions),
-        g.reason) for g in found]
+    return [
+        RegionGroup(
+            g.name if g.name not in names else f"{g.name}_leaf",
+            tuple(
+                Region(r.path, r.module, g.name if g.name not in names else f"{g.name}_leaf")
+                for r in g.regions
+            ),
+            g.reason,
+        )
+        for g in found
+    ]
 
 
-def eager_parts(model: nn.Module, groups: list[RegionGroup], config: CompileConfig) -> list[EagerPart]:
+def eager_parts(
+    model: nn.Module, groups: list[RegionGroup], config: CompileConfig
+) -> list[EagerPart]:
     """The largest subtrees holding no region: what runs eagerly, and why."""
     taken = [r.path for g in groups for r in g.regions]
     if "" in taken:
@@ -265,8 +331,14 @@ def eager_parts(model: nn.Module, groups: list[RegionGroup], config: CompileConf
                 visit(child, path + ".")
             elif _has_parameters(child) or any(True for _ in child.children()):
                 excluded = any(fnmatch.fnmatchcase(path, p) for p in config.regions.exclude)
-                parts.append(EagerPart(path, "excluded (regions.exclude)" if excluded
-                                       else f"outside the selected regions (regions.rest={config.regions.rest})"))
+                parts.append(
+                    EagerPart(
+                        path,
+                        "excluded (regions.exclude)"
+                        if excluded
+                        else f"outside the selected regions (regions.rest={config.regions.rest})",
+                    )
+                )
 
     visit(model, "")
     return parts
