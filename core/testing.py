@@ -7,6 +7,9 @@ it.
 
 - :func:`torchkiln_plugin_manager` (fixture): a plugin manager with the built-in plugins only,
   isolated from installed plugins and from ``TORCHKILN_*`` plugin variables.
+- :func:`torchkiln_clean_environment` (fixture): no ``TORCHKILN_*`` / ``ACCELERATE_*``
+  variable and no ``./torchkiln.yaml`` reaches the test, and the process-wide plugin manager
+  is rebuilt for it (make it autouse in your ``conftest.py`` to apply it everywhere).
 - :func:`register_plugin`: register a plugin for the duration of a ``with`` block.
 - :func:`assert_backend_matches_eager`: compile a small model with a backend, check that it
   produced compiled graphs, and that outputs (and gradients, when the backend trains) match
@@ -39,9 +42,11 @@ __all__ = [
     "BackendCheck",
     "assert_backend_matches_eager",
     "isolated_plugin_manager",
+    "output_tensors",
     "register_plugin",
     "small_inputs",
     "small_model",
+    "torchkiln_clean_environment",
     "torchkiln_plugin_manager",
 ]
 
@@ -54,6 +59,23 @@ def isolated_plugin_manager(*plugins: object) -> PluginManager:
     for plugin in plugins:
         manager.register(plugin)
     return manager
+
+
+@pytest.fixture
+def torchkiln_clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[None]:
+    """Run the test in ``tmp_path`` with no ``TORCHKILN_*`` / ``ACCELERATE_*`` variables, with
+    a process-wide plugin manager built for it (the manager reads the environment when created)."""
+    import os
+
+    from torchkiln.plugin_manager import reset_plugin_manager
+
+    for name in list(os.environ):
+        if name.startswith(("TORCHKILN_", "ACCELERATE_")):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    reset_plugin_manager()
+    yield
+    reset_plugin_manager()
 
 
 @pytest.fixture
@@ -172,16 +194,16 @@ def _manager_for(plugins: PluginManager | Iterable[object] | None) -> PluginMana
     return isolated_plugin_manager(*plugins)
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """Every tensor in a (nested) output: tensor, tuple/list, mapping, ModelOutput."""
+def output_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a (nested) model output, in order: tensor, tuple/list, mapping, ModelOutput."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, Mapping):
-        return [t for item in value.values() for t in _tensors(item)]
+        return [t for item in value.values() for t in output_tensors(item)]
     if isinstance(value, list | tuple):
-        return [t for item in value for t in _tensors(item)]
+        return [t for item in value for t in output_tensors(item)]
     return []
 
 
@@ -257,8 +279,8 @@ def assert_backend_matches_eager(
     before = _graphs_so_far()
     compiled = torchkiln.compile(compiled, backend=backend, plugins=manager, **options)
     with torch.set_grad_enabled(training):
-        expected = _tensors(reference(*args, **kwargs))
-        actual = _tensors(compiled(*args, **kwargs))
+        expected = output_tensors(reference(*args, **kwargs))
+        actual = output_tensors(compiled(*args, **kwargs))
     graphs = _graphs_so_far() - before
     if graphs < 1:
         raise AssertionError(

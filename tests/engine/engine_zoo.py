@@ -18,6 +18,7 @@ from torch import nn
 
 import torchkiln
 import torchkiln.examples
+from torchkiln.testing import output_tensors
 
 WIDTH = 32
 VOCAB = 256
@@ -300,15 +301,7 @@ CASES = (
 )
 
 
-def tensors(value: Any) -> list[torch.Tensor]:
-    """Every tensor in a model output (tensor, tuple, mapping, ``ModelOutput``), in order."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, Mapping):
-        return [t for item in value.values() for t in tensors(item)]
-    if isinstance(value, list | tuple):
-        return [t for item in value for t in tensors(item)]
-    return []
+tensors = output_tensors  # every tensor in a model output, in order
 
 
 def graphs_compiled() -> int:
