@@ -20,6 +20,7 @@ See docs/distributed.md. ``--json`` writes each rank's summary (the tests read i
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 from pathlib import Path
@@ -82,9 +83,9 @@ def train(wrapped: Any, steps: int, device: torch.device, vocab: int) -> list[fl
     return losses
 
 
-def main() -> None:
-    args = parse_args()
-    device = setup()
+def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Build, compile, train and gather; every object holding the process group dies with this
+    frame, so ``main`` can tear the group down with nothing of it left to finalise at exit."""
     model = llama(
         depth=args.depth, hidden_size=64, heads=4, kv_heads=2, intermediate_size=128, vocab_size=256
     ).to(device)
@@ -98,7 +99,9 @@ def main() -> None:
 
     report = torchkiln.report(wrapped)
     state = torchkiln.full_state_dict(wrapped)  # every rank calls it; rank 0 gets the dict
-    summary = {
+    if args.save and dist.get_rank() == 0:
+        torch.save(state, args.save)
+    return {
         "rank": dist.get_rank(),
         "world_size": dist.get_world_size(),
         "returned": type(wrapped).__name__,
@@ -109,11 +112,18 @@ def main() -> None:
         "backend": report.backend,
         "state_dict_keys": len(state),
     }
+
+
+def main() -> None:
+    args = parse_args()
+    device = setup()
+    summary = run(args, device)
     print(json.dumps(summary), flush=True)
-    if args.save and dist.get_rank() == 0:
-        torch.save(state, args.save)
     if args.json:
         (args.json / f"rank{dist.get_rank()}.json").write_text(json.dumps(summary))
+    # Modules with hooks sit in reference cycles; collect them (and the FSDP/DDP state that holds
+    # the process group) now, while the interpreter is whole, rather than during its shutdown.
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from launching import describe, free_port, launch_env, read_ranks, torchrun
+from launching import describe, free_port, launch, read_ranks, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -82,23 +81,18 @@ def test_deepspeed_launcher_with_yaml_from_environment(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     launcher = Path(sys.executable).parent / "deepspeed"
-    command = [
-        str(launcher),
-        "--num_gpus=2",
-        f"--master_port={free_port()}",
-        str(EXAMPLE),
-        "--json",
-        str(out),
-    ]
-    process = subprocess.run(
-        command,
-        cwd=tmp_path,
-        env=launch_env({"TORCHKILN_CONFIG": str(config)}),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+
+    def command() -> list[str]:
+        return [
+            str(launcher),
+            "--num_gpus=2",
+            f"--master_port={free_port()}",
+            str(EXAMPLE),
+            "--json",
+            str(out),
+        ]
+
+    process = launch(command, cwd=tmp_path, env={"TORCHKILN_CONFIG": str(config)})
     assert process.returncode == 0, describe(process)
     ranks = read_ranks(out, process)
     for data in ranks:

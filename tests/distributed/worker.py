@@ -11,6 +11,7 @@ run because each process start costs seconds on two cores.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -440,6 +441,9 @@ def main() -> None:
         out = {"error": traceback.format_exc()}
     out["world_size"] = dist.get_world_size()
     (out_dir / f"rank{rank()}.json").write_text(json.dumps(out, indent=1))
+    # Models sit in reference cycles; free them (and the process group they hold) now, not
+    # during interpreter shutdown.
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
