@@ -24,6 +24,8 @@ class CompileRecord:
     fail_reason: str | None
     cache_hits: int
     cache_misses: int
+    restart_reasons: tuple[str, ...] = ()
+    """Why Dynamo restarted this frame's analysis (a graph break restarts it once)."""
 
     @property
     def hit_recompile_limit(self) -> bool:
@@ -59,6 +61,7 @@ def _record(metrics: Any) -> CompileRecord:
         fail_reason=getattr(metrics, "fail_reason", None),
         cache_hits=hits,
         cache_misses=misses,
+        restart_reasons=tuple(sorted(getattr(metrics, "restart_reasons", None) or ())),
     )
 
 
@@ -84,8 +87,16 @@ class Window:
             collections.Counter(counters["graph_break"]),
         )
 
-    def close(self) -> tuple[list[CompileRecord], int, dict[str, int]]:
-        """New compile records, graphs compiled, and graph-break reasons with counts."""
+    def close(
+        self, wrapper_code: str | None = None
+    ) -> tuple[list[CompileRecord], int, dict[str, int]]:
+        """New compile records, graphs compiled, and graph-break reasons with counts.
+
+        ``wrapper_code`` names a frame that only calls the real forward (a region group's
+        function). A graph break inside the forward also breaks that frame, at the call, before
+        the forward is compiled as a frame of its own and breaks again: Dynamo counts the one
+        break twice, so each break the wrapper frame restarted for is taken off once.
+        """
         before_ids = {id(m) for m in self._metrics_before}
         new = [
             _record(m) for m in dynamo_utils.get_compilation_metrics() if id(m) not in before_ids
@@ -93,4 +104,10 @@ class Window:
         counters = dynamo_utils.counters
         graphs = int(counters["stats"]["unique_graphs"]) - self._graphs_before
         breaks = collections.Counter(counters["graph_break"]) - self._breaks_before
-        return new, max(graphs, 0), dict(breaks)
+        echoes = collections.Counter(
+            reason
+            for record in new
+            if wrapper_code is not None and record.co_name == wrapper_code
+            for reason in record.restart_reasons
+        )
+        return new, max(graphs, 0), dict(breaks - echoes)

@@ -266,14 +266,14 @@ class Compiler:
                     f"compile_region failed: {type(error).__name__}: {error}"
                 )
                 continue
-            compiled = compiled_shared
+            compiled, wrapper_code = compiled_shared, shared.__code__.co_name
             if region_state.previous_forward is not _MISSING:
                 # A per-instance forward (an autocast wrapper, say) is compiled on its own.
-                compiled, _ = self._compile(
-                    instance_forward_function(region_state.previous_forward), group
-                )
+                own = instance_forward_function(region_state.previous_forward)
+                compiled, _ = self._compile(own, group)
+                wrapper_code = own.__code__.co_name
             module.__dict__["forward"] = types.MethodType(
-                self._first_call_shim(compiled, index), module
+                self._first_call_shim(compiled, index, wrapper_code), module
             )
 
     def _compile(
@@ -307,7 +307,7 @@ class Compiler:
             return fn, error
 
     def _first_call_shim(
-        self, compiled_function: Callable[..., Any], group_index: int
+        self, compiled_function: Callable[..., Any], group_index: int, wrapper_code: str
     ) -> Callable[..., Any]:
         """``first_call(module, *args, **kwargs)``, installed bound to the region's module.
 
@@ -341,8 +341,8 @@ class Compiler:
                 output = _handle_failure(module, region_state, error, policy, args, kwargs)
             finally:
                 region_state.first_call_seconds = time.perf_counter() - started
-                region_state.records, region_state.graphs, region_state.graph_breaks = (
-                    window.close()
+                region_state.records, region_state.graphs, region_state.graph_breaks = window.close(
+                    wrapper_code
                 )
                 progress.done(
                     region, region_state.first_call_seconds, region_state.status == "compiled"
