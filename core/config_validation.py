@@ -50,6 +50,8 @@ def _string_tuple(value: Any, _: Any) -> tuple[str, ...]:
 
 
 def _mapping(value: Any, _: Any) -> dict[str, Any]:
+    if value is None:  # as torch.compile(options=None), and an empty ``options:`` in YAML
+        return {}
     if not isinstance(value, Mapping):
         raise TypeError(f"expected a mapping, got {type(value).__name__} {value!r}")
     return dict(value)

@@ -65,7 +65,7 @@ def type_name(kind: Any) -> str:
     if origin is tuple:
         return "list of strings"
     if origin is dict or kind is dict:
-        return "mapping"
+        return "mapping (`null`: empty)"
     if origin in (typing.Union, types.UnionType):
         members = [a for a in typing.get_args(kind) if a is not type(None)]
         text = " or ".join(type_name(m) for m in members)

@@ -111,6 +111,18 @@ def test_options_mapping_is_replaced_whole_not_merged(
     assert resolved.sources["options"] == "argument"
 
 
+def test_options_none_means_no_options_as_in_torch_compile(
+    pm: torchkiln.PluginManager, tmp_path: Path
+) -> None:
+    config_file = write(tmp_path / "o.yaml", "options:\n  max_autotune: true\n")
+    resolved = resolve_config(config_file, plugins=pm, env={}, options=None)
+    assert resolved.config.options == {}
+    assert resolved.sources["options"] == "argument"
+    empty = write(tmp_path / "empty.yaml", "options:\nregions:\n  options:\n")
+    resolved = resolve_config(empty, plugins=pm, env={})
+    assert (resolved.config.options, resolved.config.regions.options) == ({}, {})
+
+
 def test_torchkiln_config_names_the_file_when_no_path_is_given(
     pm: torchkiln.PluginManager, tmp_path: Path
 ) -> None:
