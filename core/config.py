@@ -48,7 +48,7 @@ class DDPConfig:
 
     find_unused_parameters: bool = False
     bucket_cap_mb: float | None = None
-    broadcast_buffers: bool = True
+    broadcast_buffers: bool | None = None
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
 

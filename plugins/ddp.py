@@ -44,12 +44,14 @@ def ddp_kwargs(settings: DDPConfig, options: dict[str, Any], model: nn.Module) -
 
     kwargs: dict[str, Any] = {
         "find_unused_parameters": settings.find_unused_parameters,
-        "broadcast_buffers": settings.broadcast_buffers,
         "gradient_as_bucket_view": settings.gradient_as_bucket_view,
         "static_graph": settings.static_graph,
     }
     if settings.bucket_cap_mb is not None:
         kwargs["bucket_cap_mb"] = settings.bucket_cap_mb
+    if settings.broadcast_buffers is not None:
+        # Passed only when set: torch 2.13 deprecates the argument and warns whenever it is given.
+        kwargs["broadcast_buffers"] = settings.broadcast_buffers
     kwargs.update(
         check_options(
             STRATEGY,
