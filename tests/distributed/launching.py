@@ -77,26 +77,63 @@ TEARDOWN_ABORT = "terminate called without an active exception"
 def launch(
     command: Callable[[], list[str]], *, cwd: Path, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run a launcher command; run it once more, with a warning, only after a teardown abort.
+    """Run a launcher command (see :func:`launch_nodes`)."""
+    return launch_nodes(lambda: [command()], cwd=cwd, env=env)
 
-    The retry is narrow on purpose: any other failure, or a second abort, fails the test."""
+
+def launch_nodes(
+    commands: Callable[[], list[list[str]]],
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run launcher commands side by side (one per simulated machine) and merge their results:
+    the first non-zero exit status, and each one's output under a header.
+
+    Run once more, with a warning, only after a teardown abort. The retry is narrow on purpose:
+    any other failure, or a second abort, fails the test."""
     for attempt in (1, 2):
-        process = subprocess.run(
-            command(),  # a fresh port each attempt
-            cwd=cwd,
-            env=launch_env(env),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
+        process = _run_side_by_side(commands(), cwd, env)  # fresh ports each attempt
         if process.returncode == 0 or TEARDOWN_ABORT not in process.stderr or attempt == 2:
             return process
         warnings.warn(
             f"retrying after a teardown abort in a launched process:\n{describe(process)}",
-            stacklevel=2,
+            stacklevel=3,
         )
     raise AssertionError("unreachable")
+
+
+def _run_side_by_side(
+    commands: list[list[str]], cwd: Path, env: Mapping[str, str] | None
+) -> subprocess.CompletedProcess[str]:
+    running = [
+        subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=launch_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for command in commands
+    ]
+    outputs = []
+    try:
+        for child in running:
+            outputs.append(child.communicate(timeout=TIMEOUT_S))
+    finally:
+        for child in running:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+    codes = [child.returncode for child in running]
+    if len(commands) == 1:
+        return subprocess.CompletedProcess(commands[0], codes[0], *outputs[0])
+    stdout = "".join(f"--- node {i} stdout\n{out}" for i, (out, _) in enumerate(outputs))
+    stderr = "".join(f"--- node {i} stderr\n{err}" for i, (_, err) in enumerate(outputs))
+    return subprocess.CompletedProcess(
+        commands, next((code for code in codes if code), 0), stdout, stderr
+    )
 
 
 def describe(process: subprocess.CompletedProcess[str]) -> str:

@@ -1,5 +1,6 @@
 """The example script under torchrun and the deepspeed launcher, configured only by the
-environment or a YAML file: the configuration must reach every rank."""
+environment or a YAML file: the configuration must reach every rank. Two machines are simulated
+by two launchers on this one, one process each, meeting through the launchers' rendezvous."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launching import describe, free_port, launch, read_ranks, torchrun
+from launching import describe, free_port, launch, launch_nodes, read_ranks, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -99,4 +100,98 @@ def test_deepspeed_launcher_with_yaml_from_environment(tmp_path):
         assert data["returned"] == "DeepSpeedEngine"
         assert data["plain_module"] == "LlamaForCausalLM"
         assert data["regions_compiled"] == 2
+    assert [r["state_dict_keys"] for r in ranks] == [PLAIN_KEYS, 0]
+
+
+def test_two_machines_under_torchrun_rendezvous(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def nodes() -> list[list[str]]:
+        endpoint = f"127.0.0.1:{free_port()}"
+        return [
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={node}",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={endpoint}",
+                "--rdzv_id=torchkiln-test",
+                str(EXAMPLE),
+                "--json",
+                str(out),
+            ]
+            for node in (0, 1)
+        ]
+
+    process = launch_nodes(
+        nodes,
+        cwd=tmp_path,
+        env={"TORCHKILN_DISTRIBUTED_STRATEGY": "ddp", "TORCHKILN_BACKEND": "aot_eager"},
+    )
+    ranks = read_ranks(out, process)
+    assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
+    for data in ranks:
+        assert data["returned"] == "DistributedDataParallel"
+        assert data["backend"] == "aot_eager"
+        assert data["regions_compiled"] == data["regions"] == 2
+    assert [r["state_dict_keys"] for r in ranks] == [PLAIN_KEYS, 0]
+
+
+@pytest.mark.skipif(
+    shutil.which("deepspeed", path=str(Path(sys.executable).parent)) is None,
+    reason="DeepSpeed's launcher is not installed",
+)
+def test_two_machines_under_the_deepspeed_launcher_without_ssh(tmp_path):
+    # A hostfile names the machines; --no_ssh starts the launcher on each one by hand (here,
+    # twice on this machine), each with its --node_rank.
+    (tmp_path / "hostfile").write_text("node0 slots=1\nnode1 slots=1\n")
+    (tmp_path / "ds_config.json").write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": 2,
+                "zero_optimization": {"stage": 1},
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+            }
+        )
+    )
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "backend: aot_eager\n"
+        "distributed:\n"
+        "  strategy: deepspeed\n"
+        f"  deepspeed:\n    config: {tmp_path / 'ds_config.json'}\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    launcher = Path(sys.executable).parent / "deepspeed"
+
+    def nodes() -> list[list[str]]:
+        port = free_port()
+        return [
+            [
+                str(launcher),
+                f"--hostfile={tmp_path / 'hostfile'}",
+                "--no_ssh",
+                f"--node_rank={node}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                str(EXAMPLE),
+                "--json",
+                str(out),
+            ]
+            for node in (0, 1)
+        ]
+
+    process = launch_nodes(nodes, cwd=tmp_path, env={"TORCHKILN_CONFIG": str(config)})
+    ranks = read_ranks(out, process)
+    assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
+    for data in ranks:
+        assert data["returned"] == "DeepSpeedEngine"
+        assert data["plain_module"] == "LlamaForCausalLM"
+        assert data["regions_compiled"] == 2
+    assert ranks[0]["losses"] != ranks[1]["losses"]
     assert [r["state_dict_keys"] for r in ranks] == [PLAIN_KEYS, 0]
