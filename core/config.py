@@ -14,6 +14,7 @@ import attrs
 REGION_ERROR_POLICIES = ("raise", "eager")
 REST_POLICIES = ("eager", "leaves")
 PROGRESS_CHOICES = ("auto", "on", "off")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 def _lower(value: Any) -> Any:
@@ -54,10 +55,31 @@ class DDPConfig:
 
 
 @attrs.frozen
+class FSDP2MixedPrecision:
+    """FSDP2's ``MixedPrecisionPolicy`` (``distributed.fsdp2.mixed_precision:``), by dtype name.
+
+    All unset (the default): no policy is passed, parameters compute in their own dtype."""
+
+    param_dtype: str | None = None
+    """dtype the gathered parameters compute in (``bfloat16``, ``float16``, ...); the sharded
+    parameters the optimizer updates keep theirs."""
+    reduce_dtype: str | None = None
+    """dtype of the gradient reduce-scatter; ``null``: ``param_dtype``."""
+    output_dtype: str | None = None
+    """dtype the forward's floating-point outputs are cast to; ``null``: left as computed."""
+    cast_forward_inputs: bool = True
+    """Cast each sharded module's floating-point inputs to ``param_dtype``."""
+
+    def is_default(self) -> bool:
+        return self == FSDP2MixedPrecision()
+
+
+@attrs.frozen
 class FSDP2Config:
     """Options of the FSDP2 strategy (``distributed.fsdp2:``)."""
 
     reshard_after_forward: bool = True
+    mixed_precision: FSDP2MixedPrecision = attrs.Factory(FSDP2MixedPrecision)
     activation_checkpointing: bool = False
     """Wrap each block in activation checkpointing before compiling it."""
     mesh_device: str | None = None

@@ -18,7 +18,13 @@ from typing import Any
 import attrs
 import cattrs
 
-from torchkiln.config import PROGRESS_CHOICES, REGION_ERROR_POLICIES, REST_POLICIES, CompileConfig
+from torchkiln.config import (
+    FLOAT_DTYPES,
+    PROGRESS_CHOICES,
+    REGION_ERROR_POLICIES,
+    REST_POLICIES,
+    CompileConfig,
+)
 from torchkiln.config_sources import SECTION_SHORTHANDS, dollar, section_classes
 from torchkiln.errors import ConfigError, ConfigProblem
 
@@ -241,6 +247,14 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     )
     add("regions.rest", _choice(config.regions.rest, REST_POLICIES, "a rest policy"))
     add("progress", _choice(config.progress, PROGRESS_CHOICES, "a progress setting"))
+    precision = config.distributed.fsdp2.mixed_precision
+    for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+        value = getattr(precision, name)
+        if value is not None:
+            add(
+                f"distributed.fsdp2.mixed_precision.{name}",
+                _choice(value, FLOAT_DTYPES, "a floating-point dtype name"),
+            )
     if config.regions.min_repeats < 1:
         add("regions.min_repeats", f"{config.regions.min_repeats} must be at least 1")
     add(

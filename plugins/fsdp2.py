@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkiln.config import CompileConfig, FSDP2Config
+from torchkiln.config import CompileConfig, FSDP2Config, FSDP2MixedPrecision
 from torchkiln.distributed import (
     DistributedResult,
     check_not_wrapped,
@@ -100,13 +100,30 @@ def _shard(model: nn.Module, paths: list[str], kwargs: dict[str, Any]) -> None:
     fully_shard(model, **kwargs)
 
 
+def mixed_precision_policy(settings: FSDP2MixedPrecision) -> Any:
+    """``MixedPrecisionPolicy`` from dtype names (validated against FLOAT_DTYPES already)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    def dtype(name: str | None) -> torch.dtype | None:
+        return None if name is None else getattr(torch, name)
+
+    return MixedPrecisionPolicy(
+        param_dtype=dtype(settings.param_dtype),
+        reduce_dtype=dtype(settings.reduce_dtype),
+        output_dtype=dtype(settings.output_dtype),
+        cast_forward_inputs=settings.cast_forward_inputs,
+    )
+
+
 def shard_kwargs(config: CompileConfig, model: nn.Module) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     settings = config.distributed.fsdp2
     kwargs: dict[str, Any] = {"reshard_after_forward": settings.reshard_after_forward}
-    kwargs.update(
+    if not settings.mixed_precision.is_default():
+        kwargs["mp_policy"] = mixed_precision_policy(settings.mixed_precision)
+    kwargs.update(  # distributed.options (an mp_policy object, say) win over the section
         check_options(
             STRATEGY, "fully_shard", fully_shard, config.distributed.options, reserved=("module",)
         )

@@ -82,3 +82,21 @@ def test_sharding_a_sharded_model_again_is_refused(ranks):
     error = ranks[0]["wrap_sharded_again"]
     assert error["type"] == "DistributedError"
     assert "already sharded by FSDP2" in error["message"]
+
+
+def test_mixed_precision_from_configuration_matches_fully_shard_with_the_policy(ranks):
+    for data in ranks:
+        assert data["mp_policy"] == (
+            "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, "
+            "output_dtype=None, cast_forward_inputs=True)"
+        )
+        assert_close(data["mp_losses"], data["mp_reference_losses"])
+        # bf16 compute really happened: other losses than in float32, bf16 logits ...
+        assert data["mp_losses"] != data["losses"]
+        assert data["mp_logits_dtype"] == "torch.bfloat16"
+        # ... while the sharded parameters the optimizer updates stayed float32.
+        assert data["mp_sharded_dtypes"] == ["torch.float32"]
+        assert all(r["status"] == "compiled" for r in data["mp_regions"])
+    state = ranks[0]["mp_state_dict"]
+    assert state["keys_match"] and state["load_error"] is None
+    assert state["max_diff_vs_reference"] < PARAM_TOL

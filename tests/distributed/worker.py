@@ -242,7 +242,7 @@ def double_wrapping_plugins() -> torchkiln.PluginManager:
 # --- FSDP2 ------------------------------------------------------------------------------------
 
 
-def fsdp2_reference() -> tuple[list[float], dict[str, torch.Tensor]]:
+def fsdp2_reference(**shard_kwargs: Any) -> tuple[list[float], dict[str, torch.Tensor]]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -250,8 +250,8 @@ def fsdp2_reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     model = build()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **shard_kwargs)
+    fully_shard(model, mesh=mesh, **shard_kwargs)
     losses = train_torch(loss_of(model), torch.optim.AdamW(model.parameters(), lr=LR))
     state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -285,7 +285,7 @@ def watch_fsdp_hooks(model: nn.Module) -> dict[str, list[bool]]:
 
 def run_fsdp2() -> dict[str, Any]:
     import torch._dynamo.config as dynamo_config
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
     out: dict[str, Any] = {}
     out["reference_losses"], reference_state = fsdp2_reference()
@@ -332,6 +332,26 @@ def run_fsdp2() -> dict[str, Any]:
     out["ac_state_dict"] = state_dict_checks(full_state_dict(wrapped), reference_state)
     torchkiln.decompile(wrapped)
     out["ac_flags_restored"] = dynamo_config.capture_scalar_outputs == flags_before
+
+    # Mixed precision named in the configuration, against fully_shard given the same policy.
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    out["mp_reference_losses"], mp_reference_state = fsdp2_reference(mp_policy=policy)
+    model = build()
+    wrapped = torchkiln.compile(
+        model,
+        backend="aot_eager",
+        distributed={
+            "strategy": "fsdp2",
+            "fsdp2": {"mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}},
+        },
+    )
+    out["mp_policy"] = repr(model.model.layers[0]._get_fsdp_state()._mp_policy)
+    out["mp_losses"] = train_torch(loss_of(wrapped), torch.optim.AdamW(model.parameters(), lr=LR))
+    with torch.no_grad():
+        out["mp_logits_dtype"] = str(wrapped(input_ids=batches()[0]).logits.dtype)
+    out["mp_sharded_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
+    out["mp_regions"] = region_summary(wrapped)
+    out["mp_state_dict"] = state_dict_checks(full_state_dict(wrapped), mp_reference_state)
     return out
 
 

@@ -101,6 +101,13 @@ CASES = [
         ("expected int", "(got 'two')"),
     ),
     Case(
+        "yaml-dtype-name",
+        "yaml",
+        "distributed:\n  fsdp2:\n    mixed_precision:\n      reduce_dtype: int8\n",
+        "$.distributed.fsdp2.mixed_precision.reduce_dtype",
+        ("'int8' is not a floating-point dtype name", "allowed: bfloat16, float16, float32"),
+    ),
+    Case(
         "yaml-options-list",
         "yaml",
         "options: [1, 2]\n",
@@ -285,6 +292,17 @@ CASES = [
         "$.dynamic",
         ("'sometimes' is not a boolean", BOOLEANS + "/none"),
         "TORCHKILN_DYNAMIC",
+    ),
+    Case(
+        "env-dtype-name",
+        "env",
+        {"TORCHKILN_DISTRIBUTED_FSDP2_MIXED_PRECISION_PARAM_DTYPE": "bf16"},
+        "$.distributed.fsdp2.mixed_precision.param_dtype",
+        (
+            "'bf16' is not a floating-point dtype name (did you mean 'bfloat16'?)",
+            "allowed: bfloat16, float16, float32, float64",
+        ),
+        "TORCHKILN_DISTRIBUTED_FSDP2_MIXED_PRECISION_PARAM_DTYPE",
     ),
     Case(
         "env-int",

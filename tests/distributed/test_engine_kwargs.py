@@ -1,4 +1,4 @@
-"""What ``distributed.ddp`` passes to ``DistributedDataParallel`` (no process group needed)."""
+"""What the ddp and fsdp2 sections pass to their engines (no process group needed)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,22 @@ def test_set_fields_and_options_are_passed():
     assert kwargs["broadcast_buffers"] is False
     assert kwargs["bucket_cap_mb"] == 1.0
     assert kwargs["static_graph"] is True  # distributed.options wins over the section
+
+
+def test_fsdp2_mixed_precision_names_become_a_policy():
+    import torch
+
+    from torchkiln.config import FSDP2MixedPrecision
+    from torchkiln.plugins.fsdp2 import mixed_precision_policy
+
+    policy = mixed_precision_policy(
+        FSDP2MixedPrecision(param_dtype="bfloat16", output_dtype="float32")
+    )
+    assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (
+        torch.bfloat16,
+        None,
+        torch.float32,
+    )
+    assert policy.cast_forward_inputs is True
+    assert FSDP2MixedPrecision().is_default()
+    assert not FSDP2MixedPrecision(cast_forward_inputs=False).is_default()
