@@ -19,6 +19,34 @@ EXAMPLE = REPO / "examples" / "distributed_train.py"
 PLAIN_KEYS = 21  # llama(depth=2): embeddings, 2 x 9 block tensors, final norm, lm_head
 
 
+DEEPSPEED = Path(sys.executable).parent / "deepspeed"
+needs_deepspeed_launcher = pytest.mark.skipif(
+    shutil.which("deepspeed", path=str(DEEPSPEED.parent)) is None,
+    reason="DeepSpeed's launcher is not installed",
+)
+
+
+def deepspeed_setup(tmp_path: Path, zero_stage: int) -> Path:
+    """A DeepSpeed JSON config and the torchkiln YAML that points at it; returns the YAML."""
+    (tmp_path / "ds_config.json").write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": 2,
+                "zero_optimization": {"stage": zero_stage},
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+            }
+        )
+    )
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "backend: aot_eager\n"
+        "distributed:\n"
+        "  strategy: deepspeed\n"
+        f"  deepspeed:\n    config: {tmp_path / 'ds_config.json'}\n"
+    )
+    return config
+
+
 def run_example(tmp_path: Path, env: dict[str, str] | None = None) -> list[dict]:
     out = tmp_path / "out"
     out.mkdir()
@@ -58,34 +86,15 @@ def test_yaml_in_working_directory_reaches_every_rank(tmp_path):
     assert [r["state_dict_keys"] for r in ranks] == [PLAIN_KEYS, 0]
 
 
-@pytest.mark.skipif(
-    shutil.which("deepspeed", path=str(Path(sys.executable).parent)) is None,
-    reason="DeepSpeed's launcher is not installed",
-)
+@needs_deepspeed_launcher
 def test_deepspeed_launcher_with_yaml_from_environment(tmp_path):
-    (tmp_path / "ds_config.json").write_text(
-        json.dumps(
-            {
-                "train_micro_batch_size_per_gpu": 2,
-                "zero_optimization": {"stage": 2},
-                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-            }
-        )
-    )
-    config = tmp_path / "train.yaml"
-    config.write_text(
-        "backend: aot_eager\n"
-        "distributed:\n"
-        "  strategy: deepspeed\n"
-        f"  deepspeed:\n    config: {tmp_path / 'ds_config.json'}\n"
-    )
+    config = deepspeed_setup(tmp_path, zero_stage=2)
     out = tmp_path / "out"
     out.mkdir()
-    launcher = Path(sys.executable).parent / "deepspeed"
 
     def command() -> list[str]:
         return [
-            str(launcher),
+            str(DEEPSPEED),
             "--num_gpus=2",
             f"--master_port={free_port()}",
             str(EXAMPLE),
@@ -141,39 +150,20 @@ def test_two_machines_under_torchrun_rendezvous(tmp_path):
     assert [r["state_dict_keys"] for r in ranks] == [PLAIN_KEYS, 0]
 
 
-@pytest.mark.skipif(
-    shutil.which("deepspeed", path=str(Path(sys.executable).parent)) is None,
-    reason="DeepSpeed's launcher is not installed",
-)
+@needs_deepspeed_launcher
 def test_two_machines_under_the_deepspeed_launcher_without_ssh(tmp_path):
     # A hostfile names the machines; --no_ssh starts the launcher on each one by hand (here,
     # twice on this machine), each with its --node_rank.
     (tmp_path / "hostfile").write_text("node0 slots=1\nnode1 slots=1\n")
-    (tmp_path / "ds_config.json").write_text(
-        json.dumps(
-            {
-                "train_micro_batch_size_per_gpu": 2,
-                "zero_optimization": {"stage": 1},
-                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-            }
-        )
-    )
-    config = tmp_path / "train.yaml"
-    config.write_text(
-        "backend: aot_eager\n"
-        "distributed:\n"
-        "  strategy: deepspeed\n"
-        f"  deepspeed:\n    config: {tmp_path / 'ds_config.json'}\n"
-    )
+    config = deepspeed_setup(tmp_path, zero_stage=1)
     out = tmp_path / "out"
     out.mkdir()
-    launcher = Path(sys.executable).parent / "deepspeed"
 
     def nodes() -> list[list[str]]:
         port = free_port()
         return [
             [
-                str(launcher),
+                str(DEEPSPEED),
                 f"--hostfile={tmp_path / 'hostfile'}",
                 "--no_ssh",
                 f"--node_rank={node}",
