@@ -283,6 +283,13 @@ def watch_fsdp_hooks(model: nn.Module) -> dict[str, list[bool]]:
     return seen
 
 
+def compile_fsdp2(model: nn.Module, **section: Any) -> nn.Module:
+    """``torchkiln.compile`` with the fsdp2 strategy and ``section`` as ``distributed.fsdp2``."""
+    return torchkiln.compile(
+        model, backend="aot_eager", distributed={"strategy": "fsdp2", "fsdp2": section}
+    )
+
+
 def run_fsdp2() -> dict[str, Any]:
     import torch._dynamo.config as dynamo_config
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
@@ -313,14 +320,7 @@ def run_fsdp2() -> dict[str, Any]:
 
     # Activation checkpointing + the Dynamo flags, restored by decompile.
     model = build()
-    wrapped = torchkiln.compile(
-        model,
-        backend="aot_eager",
-        distributed={
-            "strategy": "fsdp2",
-            "fsdp2": {"activation_checkpointing": True, "dynamo_flags": True},
-        },
-    )
+    wrapped = compile_fsdp2(model, activation_checkpointing=True, dynamo_flags=True)
     calls = [0]
     model.model.layers[0].register_forward_pre_hook(
         lambda m, args: calls.__setitem__(0, calls[0] + 1)
@@ -337,13 +337,8 @@ def run_fsdp2() -> dict[str, Any]:
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     out["mp_reference_losses"], mp_reference_state = fsdp2_reference(mp_policy=policy)
     model = build()
-    wrapped = torchkiln.compile(
-        model,
-        backend="aot_eager",
-        distributed={
-            "strategy": "fsdp2",
-            "fsdp2": {"mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"}},
-        },
+    wrapped = compile_fsdp2(
+        model, mixed_precision={"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     )
     out["mp_policy"] = repr(model.model.layers[0]._get_fsdp_state()._mp_policy)
     out["mp_losses"] = train_torch(loss_of(wrapped), torch.optim.AdamW(model.parameters(), lr=LR))
