@@ -79,6 +79,9 @@ class FSDP2Config:
     """Options of the FSDP2 strategy (``distributed.fsdp2:``)."""
 
     reshard_after_forward: bool = True
+    replicate_degree: int = 1
+    """HSDP: replicate across this many groups of ranks and shard within each, on a 2-D mesh
+    ``(replicate_degree, world_size / replicate_degree)``; ``1``: shard across all ranks."""
     mixed_precision: FSDP2MixedPrecision = attrs.Factory(FSDP2MixedPrecision)
     activation_checkpointing: bool = False
     """Wrap each block in activation checkpointing before compiling it."""

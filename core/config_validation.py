@@ -257,6 +257,11 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
             )
     if config.regions.min_repeats < 1:
         add("regions.min_repeats", f"{config.regions.min_repeats} must be at least 1")
+    if config.distributed.fsdp2.replicate_degree < 1:
+        add(
+            "distributed.fsdp2.replicate_degree",
+            f"{config.distributed.fsdp2.replicate_degree} must be at least 1",
+        )
     add(
         "regions.strategy",
         _choice(config.regions.strategy, plugins.selectors(), "a declared region strategy"),

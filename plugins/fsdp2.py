@@ -27,6 +27,7 @@ from torchkiln.distributed import (
     check_options,
     require_process_group,
 )
+from torchkiln.errors import DistributedError
 from torchkiln.hookspecs import hookimpl
 from torchkiln.inplace import state_of
 from torchkiln.regions import RegionPlan
@@ -116,7 +117,6 @@ def mixed_precision_policy(settings: FSDP2MixedPrecision) -> Any:
 
 
 def shard_kwargs(config: CompileConfig, model: nn.Module) -> dict[str, Any]:
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     settings = config.distributed.fsdp2
@@ -129,9 +129,27 @@ def shard_kwargs(config: CompileConfig, model: nn.Module) -> dict[str, Any]:
         )
     )
     if kwargs.get("mesh") is None:
-        device_type = mesh_device_type(settings, model)
-        kwargs["mesh"] = init_device_mesh(device_type, (torch.distributed.get_world_size(),))
+        kwargs["mesh"] = device_mesh(mesh_device_type(settings, model), settings.replicate_degree)
     return kwargs
+
+
+def device_mesh(device_type: str, replicate_degree: int) -> Any:
+    """1-D over every rank (FSDP), or 2-D ``(replicate, shard)`` for HSDP."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = torch.distributed.get_world_size()
+    if replicate_degree == 1:
+        return init_device_mesh(device_type, (world,))
+    if world % replicate_degree:
+        raise DistributedError(
+            f"distributed.fsdp2.replicate_degree={replicate_degree} does not divide the world "
+            f"size {world}: HSDP needs world_size = replicate_degree x shard size"
+        )
+    return init_device_mesh(
+        device_type,
+        (replicate_degree, world // replicate_degree),
+        mesh_dim_names=("replicate", "shard"),
+    )
 
 
 @hookimpl

@@ -100,3 +100,16 @@ def test_mixed_precision_from_configuration_matches_fully_shard_with_the_policy(
     state = ranks[0]["mp_state_dict"]
     assert state["keys_match"] and state["load_error"] is None
     assert state["max_diff_vs_reference"] < PARAM_TOL
+
+
+def test_hsdp_from_configuration_matches_fully_shard_on_the_same_mesh(ranks):
+    for data in ranks:
+        assert data["hsdp_mesh"] == [[2, 1], ["replicate", "shard"]]
+        assert_close(data["hsdp_losses"], data["hsdp_reference_losses"])
+        assert all(r["status"] == "compiled" for r in data["hsdp_regions"])
+    state = ranks[0]["hsdp_state_dict"]
+    assert state["keys_match"] and state["load_error"] is None
+    assert state["max_diff_vs_reference"] < PARAM_TOL
+    error = ranks[0]["hsdp_bad_degree"]
+    assert error["type"] == "DistributedError"
+    assert "replicate_degree=3 does not divide the world size 2" in error["message"]

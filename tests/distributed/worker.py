@@ -242,13 +242,15 @@ def double_wrapping_plugins() -> torchkiln.PluginManager:
 # --- FSDP2 ------------------------------------------------------------------------------------
 
 
-def fsdp2_reference(**shard_kwargs: Any) -> tuple[list[float], dict[str, torch.Tensor]]:
+def fsdp2_reference(
+    mesh: Any = None, **shard_kwargs: Any
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     model = build()
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = mesh or init_device_mesh("cpu", (dist.get_world_size(),))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, **shard_kwargs)
     fully_shard(model, mesh=mesh, **shard_kwargs)
@@ -292,6 +294,7 @@ def compile_fsdp2(model: nn.Module, **section: Any) -> nn.Module:
 
 def run_fsdp2() -> dict[str, Any]:
     import torch._dynamo.config as dynamo_config
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 
     out: dict[str, Any] = {}
@@ -347,6 +350,18 @@ def run_fsdp2() -> dict[str, Any]:
     out["mp_sharded_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
     out["mp_regions"] = region_summary(wrapped)
     out["mp_state_dict"] = state_dict_checks(full_state_dict(wrapped), mp_reference_state)
+
+    # HSDP from the configuration: 2 replicas of 1 shard, against fully_shard on the same mesh.
+    hsdp_mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+    out["hsdp_reference_losses"], hsdp_reference_state = fsdp2_reference(mesh=hsdp_mesh)
+    model = build()
+    wrapped = compile_fsdp2(model, replicate_degree=2)
+    mesh = model.model.layers[0]._get_fsdp_state()._fsdp_param_group.mesh_info.mesh
+    out["hsdp_mesh"] = [list(mesh.shape), list(mesh.mesh_dim_names or ())]
+    out["hsdp_losses"] = train_torch(loss_of(wrapped), torch.optim.AdamW(model.parameters(), lr=LR))
+    out["hsdp_regions"] = region_summary(wrapped)
+    out["hsdp_state_dict"] = state_dict_checks(full_state_dict(wrapped), hsdp_reference_state)
+    out["hsdp_bad_degree"] = error_text(lambda: compile_fsdp2(build(), replicate_degree=3))
     return out
 
 

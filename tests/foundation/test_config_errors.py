@@ -108,6 +108,13 @@ CASES = [
         ("'int8' is not a floating-point dtype name", "allowed: bfloat16, float16, float32"),
     ),
     Case(
+        "yaml-replicate-degree-zero",
+        "yaml",
+        "distributed:\n  fsdp2:\n    replicate_degree: 0\n",
+        "$.distributed.fsdp2.replicate_degree",
+        ("0 must be at least 1",),
+    ),
+    Case(
         "yaml-options-list",
         "yaml",
         "options: [1, 2]\n",

@@ -313,6 +313,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "distributed.ddp.gradient_as_bucket_view": ("true", True),
     "distributed.ddp.static_graph": ("yes", True),
     "distributed.fsdp2.reshard_after_forward": ("off", False),
+    "distributed.fsdp2.replicate_degree": ("4", 4),
     "distributed.fsdp2.mixed_precision.param_dtype": ("bfloat16", "bfloat16"),
     "distributed.fsdp2.mixed_precision.reduce_dtype": ("float32", "float32"),
     "distributed.fsdp2.mixed_precision.output_dtype": ("none", None),
