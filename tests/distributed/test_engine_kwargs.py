@@ -43,3 +43,26 @@ def test_fsdp2_mixed_precision_names_become_a_policy():
     assert policy.cast_forward_inputs is True
     assert FSDP2MixedPrecision().is_default()
     assert not FSDP2MixedPrecision(cast_forward_inputs=False).is_default()
+
+
+def test_fsdp2_options_win_over_the_section():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    import torchkiln
+    from torchkiln.plugins.fsdp2 import shard_kwargs
+    from torchkiln.resolve import resolve_config
+
+    mine = MixedPrecisionPolicy(param_dtype=None)
+    mesh = object()  # a user's mesh, passed through untouched (no process group needed)
+    config = resolve_config(
+        plugins=torchkiln.PluginManager(entry_points=False),
+        env={},
+        distributed={
+            "strategy": "fsdp2",
+            "fsdp2": {"mixed_precision": {"param_dtype": "bfloat16"}, "replicate_degree": 2},
+            "options": {"mp_policy": mine, "mesh": mesh},
+        },
+    ).config
+    kwargs = shard_kwargs(config, nn.Linear(2, 2))
+    assert kwargs["mp_policy"] is mine
+    assert kwargs["mesh"] is mesh
