@@ -4,11 +4,14 @@ A module of its own (not ``conftest``): several test folders have a ``conftest.p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -106,26 +109,36 @@ def launch_nodes(
 def _run_side_by_side(
     commands: list[list[str]], cwd: Path, env: Mapping[str, str] | None
 ) -> subprocess.CompletedProcess[str]:
-    running = [
-        subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=launch_env(env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for command in commands
-    ]
-    outputs = []
-    try:
-        for child in running:
-            outputs.append(child.communicate(timeout=TIMEOUT_S))
-    finally:
-        for child in running:
-            if child.poll() is None:
-                child.kill()
-                child.communicate()
+    # Output goes to files, not pipes: a launcher blocked on a full pipe while the test waits on
+    # another one would hang both until the timeout.
+    with contextlib.ExitStack() as stack:
+        files = [
+            (
+                stack.enter_context(tempfile.TemporaryFile("w+")),
+                stack.enter_context(tempfile.TemporaryFile("w+")),
+            )
+            for _ in commands
+        ]
+        running = [
+            subprocess.Popen(
+                command, cwd=cwd, env=launch_env(env), stdout=out, stderr=err, text=True
+            )
+            for command, (out, err) in zip(commands, files, strict=True)
+        ]
+        deadline = time.monotonic() + TIMEOUT_S
+        try:
+            for child in running:
+                child.wait(timeout=max(deadline - time.monotonic(), 1))
+        finally:
+            for child in running:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+        outputs = []
+        for out, err in files:
+            out.seek(0)
+            err.seek(0)
+            outputs.append((out.read(), err.read()))
     codes = [child.returncode for child in running]
     if len(commands) == 1:
         return subprocess.CompletedProcess(commands[0], codes[0], *outputs[0])
