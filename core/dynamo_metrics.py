@@ -33,25 +33,16 @@ class CompileRecord:
         return any(marker in text for marker in RECOMPILE_LIMIT_MARKERS)
 
 
+CACHES = ("inductor_fx_local", "inductor_fx_remote", "aotautograd_local", "aotautograd_remote")
+"""The compile caches whose hit and miss counts Dynamo's compilation metrics carry."""
+
+
+def _cache_count(metrics: Any, outcome: str) -> int:
+    """Hits (``outcome="hit"``) or misses over :data:`CACHES` in one metrics record."""
+    return sum(int(getattr(metrics, f"{cache}_cache_{outcome}_count", 0) or 0) for cache in CACHES)
+
+
 def _record(metrics: Any) -> CompileRecord:
-    hits = sum(
-        int(getattr(metrics, name, 0) or 0)
-        for name in (
-            "inductor_fx_local_cache_hit_count",
-            "inductor_fx_remote_cache_hit_count",
-            "aotautograd_local_cache_hit_count",
-            "aotautograd_remote_cache_hit_count",
-        )
-    )
-    misses = sum(
-        int(getattr(metrics, name, 0) or 0)
-        for name in (
-            "inductor_fx_local_cache_miss_count",
-            "inductor_fx_remote_cache_miss_count",
-            "aotautograd_local_cache_miss_count",
-            "aotautograd_remote_cache_miss_count",
-        )
-    )
     return CompileRecord(
         compile_id=str(getattr(metrics, "compile_id", "") or ""),
         co_name=str(getattr(metrics, "co_name", "") or ""),
@@ -59,8 +50,8 @@ def _record(metrics: Any) -> CompileRecord:
         graph_ops=int(getattr(metrics, "graph_op_count", 0) or 0),
         recompile_reason=getattr(metrics, "recompile_reason", None),
         fail_reason=getattr(metrics, "fail_reason", None),
-        cache_hits=hits,
-        cache_misses=misses,
+        cache_hits=_cache_count(metrics, "hit"),
+        cache_misses=_cache_count(metrics, "miss"),
         restart_reasons=tuple(sorted(getattr(metrics, "restart_reasons", None) or ())),
     )
 
