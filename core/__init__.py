@@ -20,7 +20,7 @@ from torchkiln.errors import (
     RegionCompileError,
     TorchkilnError,
 )
-from torchkiln.hookspecs import hookimpl
+from torchkiln.hooks import hookimpl
 
 if TYPE_CHECKING:
     from torchkiln.cache import load_cache_artifacts, save_cache_artifacts

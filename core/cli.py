@@ -148,7 +148,7 @@ def _plugins(args: argparse.Namespace) -> int:
     )
     print(
         _table(
-            "region strategies",
+            "selectors",
             ["name", "plugin", "description"],
             [[s["name"], s["plugin"], s["description"]] for s in listing["selectors"]],
         )
@@ -253,7 +253,7 @@ def _add_plan(commands: Any) -> None:
     p.add_argument(
         "model", help="llama[:DEPTH], gpt2[:DEPTH], toy[:DEPTH] or package.module:factory"
     )
-    p.add_argument("--regions", help="region strategy (default from configuration: auto)")
+    p.add_argument("--regions", help="selector (default from configuration: auto)")
     p.add_argument("--config", help="YAML file")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(handler=_plan)

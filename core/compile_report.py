@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from torchkiln.dynamo_metrics import CompileRecord, all_records
-from torchkiln.inplace import CompiledModel, RegionState
+from torchkiln.region_compiler import CompileState, RegionState
 
 
 @attrs.frozen
@@ -112,7 +112,7 @@ def _frame(record: CompileRecord) -> str:
     return record.compile_id.split("/")[0]
 
 
-def _own_frames(state: CompiledModel) -> dict[str, set[str]]:
+def _own_frames(state: CompileState) -> dict[str, set[str]]:
     """Group -> the frame ids of its compiled function's code."""
     frames: dict[str, set[str]] = {}
     for region_state in state.regions:
@@ -135,7 +135,7 @@ def _is_own(record: CompileRecord, code: str, frames: set[str]) -> bool:
     return _runs_code(record.co_name, code) or (not record.co_name and _frame(record) in frames)
 
 
-def _region_reports(state: CompiledModel) -> list[RegionReport]:
+def _region_reports(state: CompileState) -> list[RegionReport]:
     limit_hit_at: dict[str, str] = {}
     own_frames = _own_frames(state)
     reports = []
@@ -154,7 +154,7 @@ def _region_reports(state: CompiledModel) -> list[RegionReport]:
     return reports
 
 
-def build_report(state: CompiledModel) -> CompileReport:
+def build_report(state: CompileState) -> CompileReport:
     seen = {r.compile_id for s in state.regions for r in s.records}
     later: dict[str, list[str]] = {}
     own_frames = _own_frames(state)

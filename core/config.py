@@ -40,7 +40,7 @@ class RegionsConfig:
     min_repeats: int = 2
     """How many same-class siblings make a repeated block."""
     options: dict[str, Any] = attrs.Factory(dict)
-    """Options for a region strategy a third-party plugin provides."""
+    """Options for a selector a third-party plugin provides."""
 
 
 @attrs.frozen

@@ -264,7 +264,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
         )
     add(
         "regions.strategy",
-        _choice(config.regions.strategy, plugins.selectors(), "a declared region strategy"),
+        _choice(config.regions.strategy, plugins.selectors(), "a declared selector"),
     )
     add(
         "distributed.strategy",

@@ -1,7 +1,6 @@
 """What a distributed wrapper returns, and how users get the plain module back.
 
-Public: :class:`DistributedResult` (what a ``wrap_distributed`` plugin returns),
-:func:`unwrap` (the plain module behind DDP, a DeepSpeed engine or ``torch.compile``),
+Public: :func:`unwrap` (the plain module behind DDP, a DeepSpeed engine or ``torch.compile``),
 :func:`full_state_dict` (the full, unsharded state dict with the plain module's keys) and
 :func:`distributed_result` (everything a strategy returned, DeepSpeed's optimizer included).
 
@@ -21,37 +20,17 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import attrs
 import torch
 from torch import nn
 
+from torchkiln.distributed_result import DistributedResult as _DistributedResult
 from torchkiln.errors import DistributedError
+from torchkiln.v1_compat import moved_names
 
 RESULT_ATTR = "_torchkiln_distributed"
 """Key in a returned wrapper's ``__dict__`` holding its :class:`DistributedResult`."""
 WRAPPED_BY_ATTR = "_torchkiln_wrapped_by"
 """Key in a plain module's ``__dict__``: a weak reference to the live wrapper around it."""
-
-
-@attrs.frozen
-class DistributedResult:
-    """Returned by a ``wrap_distributed`` implementation.
-
-    ``torchkiln.compile`` returns ``wrapped``; the rest is kept so that
-    :func:`torchkiln.unwrap` and :func:`torchkiln.full_state_dict` work on it.
-    """
-
-    wrapped: Any
-    """What ``torchkiln.compile`` returns: the model itself (``none``, FSDP2), the
-    ``DistributedDataParallel`` module, or the DeepSpeed engine."""
-    module: nn.Module
-    """The plain user module, holding the compiled regions."""
-    strategy: str
-    extras: Mapping[str, Any] = attrs.Factory(dict)
-    """Whatever else the engine returned (DeepSpeed: ``optimizer``, ``lr_scheduler``, ...)."""
-    full_state_dict: Callable[[], dict[str, Any]] | None = None
-    """Returns the full, unsharded state dict with the plain module's keys (on rank 0 at
-    least); ``None`` means :func:`full_state_dict` works it out from the wrapper's type."""
 
 
 # --- launch checks ----------------------------------------------------------------------------
@@ -175,7 +154,7 @@ def _live_wrapper(module: Any) -> Any:
     return ref() if ref is not None else None
 
 
-def check_result(result: DistributedResult, model: nn.Module) -> None:
+def check_result(result: _DistributedResult, model: nn.Module) -> None:
     """Raise :class:`DistributedError` when a strategy returned something inconsistent: its
     ``module`` is not the model it was given, or the model ended up wrapped twice."""
     if result.module is not model:
@@ -196,7 +175,7 @@ def check_result(result: DistributedResult, model: nn.Module) -> None:
         )
 
 
-def attach(result: DistributedResult) -> None:
+def attach(result: _DistributedResult) -> None:
     """Remember ``result`` on the wrapper (for :func:`distributed_result`) and mark the plain
     module as held by it (for :func:`check_not_wrapped`)."""
     if result.wrapped is result.module:
@@ -208,7 +187,7 @@ def attach(result: DistributedResult) -> None:
         result.module.__dict__[WRAPPED_BY_ATTR] = weakref.ref(result.wrapped)
 
 
-def distributed_result(obj: Any) -> DistributedResult | None:
+def distributed_result(obj: Any) -> _DistributedResult | None:
     """The :class:`DistributedResult` behind what ``torchkiln.compile`` returned (``extras``
     holds DeepSpeed's ``optimizer``, ``lr_scheduler`` and ``training_dataloader``), or
     ``None`` for a model compiled without a wrapper."""
@@ -321,3 +300,7 @@ def check_options(
             f"does not accept {', '.join(map(repr, bad))}; allowed: {', '.join(allowed)}"
         )
     return dict(options)
+
+
+# v1: ``from torchkiln.distributed import DistributedResult`` (now in torchkiln.plugin).
+__getattr__ = moved_names(__name__, {"DistributedResult": "torchkiln.plugin"})

@@ -1,177 +1,24 @@
-"""The torchkiln hook specifications.
+"""Deprecated (plugin API v1): import these names from :mod:`torchkiln.plugin`."""
 
-``torchkiln.compile(model)`` runs four pipeline hooks, in this order::
+from torchkiln.v1_compat import moved_names
 
-    resolve_compile_config -> select_regions -> wrap_distributed -> compile_region (per group)
+_SPECS = (
+    "declare_backends",
+    "declare_selectors",
+    "declare_distributed",
+    "resolve_compile_config",
+    "select_regions",
+    "wrap_distributed",
+    "prepare_group",
+    "compile_region",
+)
 
-and three declaration hooks let a plugin say what it provides, so that configuration can be
-validated up front and ``torchkiln plugins`` can list everything with its status.
-
-Implement a hook with ``@torchkiln.hookimpl`` on a function of the same name in a module (or
-on a method of an object) that you register with the plugin manager or under the
-``torchkiln`` entry-point group. Implementations may accept any subset of the arguments shown.
-pluggy calls implementations in LIFO registration order (external plugins after built-ins, so
-they run first); ``tryfirst``/``trylast`` on the ``hookimpl`` change that.
-"""
-
-from __future__ import annotations
-
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-import pluggy
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from torchkiln.config import CompileConfig
-    from torchkiln.distributed import DistributedResult
-    from torchkiln.regions import RegionGroup, RegionPlan
-    from torchkiln.specs import BackendSpec, DistributedSpec, SelectorSpec
-
-PROJECT_NAME = "torchkiln"
-
-hookspec = pluggy.HookspecMarker(PROJECT_NAME)
-hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
-
-
-# --- declaration hooks ------------------------------------------------------------------------
-
-
-@hookspec
-def declare_backends() -> Sequence[BackendSpec]:
-    """Declare the compile backends this plugin provides.
-
-    :return: the plugin's :class:`~torchkiln.specs.BackendSpec` objects (possibly empty).
-
-    Fires: whenever torchkiln needs the backend registry (validating ``backend``, listing
-    plugins), at most once per plugin manager until plugins change.
-
-    Combination: every implementation is called and the lists are concatenated. Two plugins
-    declaring the same name is reported (a warning naming both plugins and the name); the
-    plugin called first wins, which is the most recently registered one (external plugins
-    override built-ins), or the one marked ``tryfirst``.
-
-    The plugin that declares a backend must also implement :func:`compile_region` for it.
-    """
-
-
-@hookspec
-def declare_selectors() -> Sequence[SelectorSpec]:
-    """Declare the region strategies (values of ``regions.strategy``) this plugin provides.
-
-    :return: the plugin's :class:`~torchkiln.specs.SelectorSpec` objects.
-
-    Fires and combines like :func:`declare_backends`. The declaring plugin must answer
-    :func:`select_regions` for each name it declares.
-    """
-
-
-@hookspec
-def declare_distributed() -> Sequence[DistributedSpec]:
-    """Declare the distributed strategies (values of ``distributed.strategy``) this plugin
-    provides.
-
-    :return: the plugin's :class:`~torchkiln.specs.DistributedSpec` objects.
-
-    Fires and combines like :func:`declare_backends`. The declaring plugin must answer
-    :func:`wrap_distributed` for each name it declares.
-    """
-
-
-# --- pipeline hooks ---------------------------------------------------------------------------
-
-
-@hookspec
-def resolve_compile_config(
-    config: CompileConfig, sources: Mapping[str, str]
-) -> Mapping[str, Any] | None:
-    """Adjust the configuration after defaults, file, environment and keyword options merged.
-
-    :param config: the validated configuration so far.
-    :param sources: where each field came from, by dotted field path (``backend``,
-        ``regions.strategy``) to ``default``, ``file:PATH``, ``env:NAME`` or ``argument``. Use it
-        to leave alone what the user set explicitly.
-    :return: ``None`` for no change, or a nested mapping of field overrides in the same shape
-        as the YAML file (``{"backend": "eager", "regions": {"strategy": "whole"}}``).
-
-    Fires: first in :func:`torchkiln.compile`, :func:`torchkiln.plan` and ``torchkiln config
-    show``, once per call.
-
-    Combination: every implementation is called with the same ``config``; their overrides are
-    merged and validated together, and each overridden field's source becomes
-    ``plugin:NAME``. When two plugins set the same field, the one called first wins and a
-    warning names both. A bad override raises :class:`~torchkiln.ConfigError` naming the plugin.
-    """
-
-
-@hookspec(firstresult=True)
-def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan | None:
-    """Decide which submodules of ``model`` are compiled, grouped by shared compiled code.
-
-    :param model: the root module, not yet wrapped by any distributed engine.
-    :param config: the resolved configuration (``config.regions`` holds the selector options).
-    :param selector: the requested strategy name (``config.regions.strategy``, lower case).
-    :return: a :class:`~torchkiln.regions.RegionPlan`, or ``None`` when ``selector`` is not one
-        this plugin declared.
-
-    Fires: once per :func:`torchkiln.compile` / :func:`torchkiln.plan`, after configuration.
-
-    Combination: ``firstresult``; the first non-``None`` plan is used. A selector must not
-    fall back to another strategy silently: a plan whose ``selector`` differs from the request
-    says why in ``reason`` (torchkiln logs it).
-    """
-
-
-@hookspec(firstresult=True)
-def wrap_distributed(
-    model: nn.Module,
-    config: CompileConfig,
-    plan: RegionPlan,
-    strategy: str,
-    compile_regions: Callable[[nn.Module], None],
-) -> DistributedResult | None:
-    """Wrap ``model`` for a distributed engine, compiling its regions at the right moment.
-
-    :param model: the root module.
-    :param config: the resolved configuration (``config.distributed`` holds the options).
-    :param plan: the region plan for ``model``.
-    :param strategy: the requested strategy name (``none``, ``ddp``, ``fsdp2``,
-        ``deepspeed``, or one a plugin declared).
-    :param compile_regions: call exactly once with the module that holds the plan's regions
-        (``model`` itself, or the engine's module). It compiles every region in place, through
-        :func:`compile_region`. DDP calls it before wrapping; FSDP2 after activation
-        checkpointing and before ``fully_shard``; DeepSpeed after ``deepspeed.initialize``.
-    :return: a :class:`~torchkiln.distributed.DistributedResult`, or ``None`` when
-        ``strategy`` is not this plugin's.
-
-    Fires: once per :func:`torchkiln.compile`, after :func:`select_regions`.
-
-    Combination: ``firstresult``. torchkiln raises if the winning implementation did not call
-    ``compile_regions`` exactly once, or if ``model`` is already wrapped by an engine.
-    """
-
-
-@hookspec(firstresult=True)
-def compile_region(
-    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any] | None:
-    """Compile the shared forward function of one region group.
-
-    :param fn: ``fn(module, *args, **kwargs)`` runs one region's original ``forward``. It is a
-        fresh function object with its own code object per group, so Dynamo keeps one cache
-        per group, shared by every region in it.
-    :param group: the regions that will call the result (``group.regions[i].module``).
-    :param config: the resolved configuration (``mode``, ``fullgraph``, ``dynamic``,
-        ``options``).
-    :param backend: the configured backend name, lower case.
-    :return: a callable with ``fn``'s signature (typically ``torch.compile(fn, backend=...)``),
-        or ``None`` when ``backend`` is not this plugin's.
-
-    Fires: once per group, inside ``compile_regions`` (see :func:`wrap_distributed`).
-    Compilation itself is lazy: the returned callable compiles on a region's first call.
-
-    Combination: ``firstresult``. If no plugin answers and torch knows the backend name
-    (``torch._dynamo.list_backends()``), torchkiln compiles with ``torch.compile`` itself.
-    An exception raised here is handled by the region error policy (``on_region_error``).
-    """
+__getattr__ = moved_names(
+    __name__,
+    {
+        "PROJECT_NAME": "torchkiln.plugin",
+        "hookimpl": "torchkiln.plugin",
+        "hookspec": "torchkiln.plugin",
+        **dict.fromkeys(_SPECS, "torchkiln.hooks"),
+    },
+)

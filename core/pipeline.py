@@ -12,12 +12,13 @@ from torchkiln.cache import apply_cache_dir
 from torchkiln.compile_report import CompileReport, build_report
 from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
-from torchkiln.inplace import STATE_ATTR, CompiledModel, Compiler, state_of
-from torchkiln.inplace import decompile as _decompile_inplace
 from torchkiln.plugin_manager import PluginManager, get_plugin_manager
 from torchkiln.progress import make_progress
-from torchkiln.regions import RegionPlan
+from torchkiln.region_compiler import STATE_ATTR, Compiler, CompileState, add_undo, state_of
+from torchkiln.region_compiler import decompile as _decompile_inplace
+from torchkiln.region_plan import RegionPlan
 from torchkiln.resolve import ConfigArg, ResolvedConfig, resolve_config
+from torchkiln.selection import planning_with
 
 logger = logging.getLogger("torchkiln")
 
@@ -25,7 +26,8 @@ logger = logging.getLogger("torchkiln")
 def _plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> RegionPlan:
     config = resolved.config
     selector = config.regions.strategy
-    plan = pm.hook.select_regions(model=model, config=config, selector=selector)
+    with planning_with(pm):
+        plan = pm.hook.select_regions(model=model, config=config, selector=selector)
     if plan is None:
         raise PluginError(f"no plugin answered select_regions for strategy {selector!r}")
     # A fallback to the whole model, or a plan that compiles nothing, is never silent.
@@ -131,7 +133,7 @@ def compile(
     if state is not None and cfg.cache_dir is not None:
         # Compilation is lazy: pointing the caches there now covers the first call; the
         # process-wide variable is put back by decompile (an explicit, documented option).
-        state.restore.append(apply_cache_dir(cfg.cache_dir).restore)
+        add_undo(result.module, apply_cache_dir(cfg.cache_dir).restore)
     if state is not None and cfg.report:
         state.on_first_calls_done.append(lambda s: print(build_report(s), file=sys.stderr))
     attach(result)  # so unwrap/report/decompile find the module behind the wrapper
@@ -153,7 +155,7 @@ def _root(model: Any) -> nn.Module:
     return model
 
 
-def _compiled_state(model: Any) -> CompiledModel | None:
+def _compiled_state(model: Any) -> CompileState | None:
     return state_of(_root(model))
 
 

@@ -24,17 +24,18 @@ import importlib
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, Generic, TypeVar
 
 import attrs
 import pluggy
 
-from torchkiln import hookspecs
+from torchkiln import hooks
+from torchkiln.declarations import BackendSpec, DistributedSpec, SelectorSpec
 from torchkiln.errors import PluginError
 from torchkiln.plugins import BUILTIN_PLUGINS
-from torchkiln.specs import BackendSpec, DistributedSpec, SelectorSpec
+from torchkiln.torch_backends import torch_backend_names
 
 ENTRY_POINT_GROUP = "torchkiln"
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -114,8 +115,8 @@ class PluginManager(pluggy.PluginManager):
         entry_points: bool | None = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(hookspecs.PROJECT_NAME)
-        self.add_hookspecs(hookspecs)
+        super().__init__(hooks.PROJECT_NAME)
+        self.add_hookspecs(hooks)
         self._env = dict(os.environ if env is None else env)
         self.strict = env_flag(self._env, "TORCHKILN_STRICT_PLUGINS")
         if entry_points is None:
@@ -321,17 +322,10 @@ class PluginManager(pluggy.PluginManager):
         return declared
 
     def selectors(self) -> dict[str, Declared[SelectorSpec]]:
-        return self._declared("declare_selectors", "region strategy")
+        return self._declared("declare_selectors", "selector")
 
     def distributed_strategies(self) -> dict[str, Declared[DistributedSpec]]:
         return self._declared("declare_distributed", "distributed strategy")
-
-
-def torch_backend_names() -> list[str]:
-    """Every backend ``torch._dynamo`` knows, debug ones included, entry-point ones too."""
-    import torch._dynamo
-
-    return sorted(name.lower() for name in torch._dynamo.list_backends(exclude_tags=()))
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -368,7 +362,3 @@ def reset_plugin_manager() -> None:
     """Forget the default manager (tests; after installing a plugin in-process)."""
     global _default_manager
     _default_manager = None
-
-
-def names_of(declared: Iterable[str]) -> str:
-    return ", ".join(sorted(declared))

@@ -8,7 +8,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "torchkiln.plugins.backends",
     "torchkiln.plugins.selectors",
     "torchkiln.plugins.hierarchical",
-    "torchkiln.plugins.local",
+    "torchkiln.plugins.single_process",
     "torchkiln.plugins.ddp",
     "torchkiln.plugins.fsdp2",
     "torchkiln.plugins.deepspeed",

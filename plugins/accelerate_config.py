@@ -21,11 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchkiln.hookspecs import hookimpl
+from torchkiln.plugin import CompileConfig, hookimpl
 
 if TYPE_CHECKING:
     from torchkiln.compat.accelerate_settings import AccelerateDynamo
-    from torchkiln.config import CompileConfig
 
 CONFIG_ENV = "TORCHKILN_ACCELERATE_CONFIG"
 """Names the Accelerate config file to read, or ``default`` for Accelerate's default one."""

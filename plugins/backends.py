@@ -9,11 +9,14 @@ from typing import Any
 
 import torch
 
-from torchkiln.config import CompileConfig
-from torchkiln.hookspecs import hookimpl
-from torchkiln.inplace import default_compile
-from torchkiln.regions import RegionGroup
-from torchkiln.specs import Availability, BackendSpec
+from torchkiln.plugin import (
+    Availability,
+    BackendSpec,
+    CompileConfig,
+    RegionGroup,
+    compile_with_torch,
+    hookimpl,
+)
 
 INDUCTOR_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -55,4 +58,4 @@ def compile_region(
 ) -> Callable[..., Any] | None:
     if backend not in _NAMES or backend == "no":
         return None
-    return default_compile(fn, config)
+    return compile_with_torch(fn, config)

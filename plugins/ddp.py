@@ -13,17 +13,17 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln.config import CompileConfig, DDPConfig
-from torchkiln.distributed import (
+from torchkiln.plugin import (
+    CompileConfig,
+    DDPConfig,
     DistributedResult,
-    attach,
+    DistributedSpec,
+    RegionPlan,
     check_not_wrapped,
     check_options,
+    hookimpl,
     require_process_group,
 )
-from torchkiln.hookspecs import hookimpl
-from torchkiln.regions import RegionPlan
-from torchkiln.specs import DistributedSpec
 
 STRATEGY = "ddp"
 
@@ -86,5 +86,4 @@ def wrap_distributed(
     compile_regions(model)
     wrapped = DistributedDataParallel(model, **kwargs)
     result = DistributedResult(wrapped=wrapped, module=model, strategy=STRATEGY)
-    attach(result)
     return result

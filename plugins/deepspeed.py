@@ -28,20 +28,20 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln.config import CompileConfig
-from torchkiln.distributed import (
+from torchkiln.plugin import (
     LAUNCH_HINT,
+    Availability,
+    CompileConfig,
+    DistributedError,
     DistributedResult,
-    attach,
+    DistributedSpec,
+    RegionPlan,
     check_not_wrapped,
     check_options,
+    hookimpl,
     launched_by_launcher,
     process_group_ready,
 )
-from torchkiln.errors import DistributedError
-from torchkiln.hookspecs import hookimpl
-from torchkiln.regions import RegionPlan
-from torchkiln.specs import Availability, DistributedSpec
 
 STRATEGY = "deepspeed"
 INSTALL_HINT = "DeepSpeed is not installed: pip install 'torchkiln[deepspeed]'"
@@ -153,5 +153,4 @@ def wrap_distributed(
             "lr_scheduler": scheduler,
         },
     )
-    attach(result)
     return result

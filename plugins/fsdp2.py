@@ -20,18 +20,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkiln.config import CompileConfig, FSDP2Config, FSDP2MixedPrecision
-from torchkiln.distributed import (
+from torchkiln import is_compiled
+from torchkiln.plugin import (
+    CompileConfig,
+    DistributedError,
     DistributedResult,
+    DistributedSpec,
+    FSDP2Config,
+    FSDP2MixedPrecision,
+    RegionPlan,
+    add_undo,
     check_not_wrapped,
     check_options,
+    hookimpl,
     require_process_group,
 )
-from torchkiln.errors import DistributedError
-from torchkiln.hookspecs import hookimpl
-from torchkiln.inplace import state_of
-from torchkiln.regions import RegionPlan
-from torchkiln.specs import DistributedSpec
 
 STRATEGY = "fsdp2"
 BACKEND_DEVICES = {"gloo": "cpu", "mpi": "cpu", "nccl": "cuda", "xccl": "xpu", "hccl": "hpu"}
@@ -170,8 +173,7 @@ def wrap_distributed(
     if settings.activation_checkpointing:
         _checkpoint_regions(model, paths)
     compile_regions(model)
-    state = state_of(model)
-    if settings.dynamo_flags and state is not None:
-        state.restore.append(set_dynamo_flags(model))
+    if settings.dynamo_flags and is_compiled(model):
+        add_undo(model, set_dynamo_flags(model))
     _shard(model, paths, kwargs)
     return DistributedResult(wrapped=model, module=model, strategy=STRATEGY)

@@ -1,4 +1,4 @@
-"""Built-in plugin: the ``hierarchical`` region strategy.
+"""Built-in plugin: the ``hierarchical`` selector.
 
 The whole model is compiled as one graph (one region, the root), and every repeated block
 inside it is marked with ``torch.compiler.nested_compile_region``: Dynamo traces and compiles
@@ -6,12 +6,14 @@ the block once and stamps it out at each call site. The goal is the steady-state
 full ``torch.compile`` (one graph, no region boundaries) with a cold start close to regional
 compilation (each block compiled once).
 
-The plan's single group is the root; ``plan.nested`` holds the repeated blocks (found exactly
-as the ``repeated`` strategy finds them, ``regions.classes`` and ``regions.exclude``
-included). The engine marks each block class's ``forward`` function once and binds it per
-instance; :func:`torchkiln.decompile` removes the marks.
+The plan's single group is the root; its ``nested`` blocks are the ``repeated`` selector's
+groups (asked for through the plugin manager, so ``regions.classes`` and ``regions.exclude``
+apply, and a disabled or overriding plugin is respected). This plugin's ``prepare_group``
+marks each block class's ``forward`` function once and binds it per instance, through the
+public :class:`~torchkiln.plugin.GroupPreparation`; :func:`torchkiln.decompile` removes the
+marks.
 
-Where torch has no ``nested_compile_region`` the strategy falls back to regional compilation
+Where torch has no ``nested_compile_region`` the selector falls back to regional compilation
 (the ``repeated`` plan) and says so in ``plan.reason``. Nesting one marked region inside
 another is refused: upstream it can silently compute wrong results.
 
@@ -24,6 +26,7 @@ place that calls it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -32,11 +35,17 @@ import attrs
 import torch
 from torch import nn
 
-from torchkiln.config import CompileConfig
-from torchkiln.errors import TorchkilnError
-from torchkiln.hookspecs import hookimpl
-from torchkiln.regions import Region, RegionGroup, RegionPlan
-from torchkiln.specs import SelectorSpec
+from torchkiln.plugin import (
+    CompileConfig,
+    GroupPreparation,
+    Region,
+    RegionGroup,
+    RegionPlan,
+    SelectorSpec,
+    TorchkilnError,
+    hookimpl,
+    select_with,
+)
 
 NAME = "hierarchical"
 
@@ -97,11 +106,29 @@ def mark_nested(fn: Callable[..., Any]) -> Callable[..., Any]:
     return api(fn)
 
 
+@hookimpl
+def prepare_group(plan: RegionPlan, group: RegionGroup) -> GroupPreparation | None:
+    """Mark the group's nested blocks with ``nested_compile_region`` (hierarchical plans)."""
+    if plan.selector != NAME or not group.nested:
+        return None
+    marked_by_class: dict[type, Callable[..., Any]] = {}
+    forwards = []
+    for nested_group in group.nested:
+        for region in nested_group.regions:
+            cls = type(region.module)
+            if cls not in marked_by_class:
+                marked_by_class[cls] = mark_nested(cls.forward)
+            # functools.partial, not types.MethodType: with a bound method torch 2.13 reuses
+            # the nested subgraph with the *previous* layer's weights from the third block on
+            # (silently wrong outputs); a partial keeps each call site's own parameters.
+            forwards.append((region.module, functools.partial(marked_by_class[cls], region.module)))
+    return GroupPreparation(forwards=tuple(forwards))
+
+
 def hierarchical_plan(model: nn.Module, config: CompileConfig) -> RegionPlan:
     """The root as the one compiled region, the repeated blocks as nested regions."""
-    from torchkiln.plugins.selectors import find_repeated_groups
-
-    nested = tuple(find_repeated_groups(model, config))
+    repeated = select_with(model, config, "repeated")
+    nested = repeated.groups
     check_not_nested(nested)
     root_name = type(model).__name__
     if nested:
@@ -115,8 +142,8 @@ def hierarchical_plan(model: nn.Module, config: CompileConfig) -> RegionPlan:
             "hierarchical: no repeated blocks found; the whole model is compiled as one graph "
             "with nothing nested (the same as regions.strategy=whole)"
         )
-    root = RegionGroup(root_name, (Region("", model, root_name),), reason)
-    return RegionPlan(NAME, (root,), reason=reason, nested=nested)
+    root = RegionGroup(root_name, (Region("", model, root_name),), reason, nested=nested)
+    return RegionPlan(NAME, (root,), reason=reason)
 
 
 def check_not_nested(groups: tuple[RegionGroup, ...] | list[RegionGroup]) -> None:
@@ -142,8 +169,6 @@ def check_not_nested(groups: tuple[RegionGroup, ...] | list[RegionGroup]) -> Non
 
 
 def _regional_fallback(model: nn.Module, config: CompileConfig, why: str) -> RegionPlan:
-    from torchkiln.plugins.selectors import select_regions as builtin_select
-
-    plan: RegionPlan = builtin_select(model=model, config=config, selector="repeated")
+    plan = select_with(model, config, "repeated")
     reason = f"hierarchical unavailable: {why}; falling back to regional compilation. {plan.reason}"
     return attrs.evolve(plan, reason=reason, requested=NAME)

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchkiln.hookspecs import hookimpl
-from torchkiln.plugins._vendor import compile_with_torch, probe_import
-from torchkiln.specs import Availability, BackendSpec
-
-if TYPE_CHECKING:
-    from torchkiln.config import CompileConfig
-    from torchkiln.regions import RegionGroup
+from torchkiln.plugin import (
+    Availability,
+    BackendSpec,
+    CompileConfig,
+    RegionGroup,
+    compile_with_torch,
+    hookimpl,
+    probe_import,
+)
 
 CORE = "habana_frameworks.torch.core"
 TORCH_BACKEND = "hpu_backend"

@@ -10,16 +10,20 @@ both when the configuration is read.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchkiln.errors import ConfigError, ConfigProblem
-from torchkiln.hookspecs import hookimpl
-from torchkiln.plugins._vendor import compile_with_torch, probe_import, torch_knows
-from torchkiln.specs import Availability, BackendSpec
-
-if TYPE_CHECKING:
-    from torchkiln.config import CompileConfig
-    from torchkiln.regions import RegionGroup
+from torchkiln.plugin import (
+    Availability,
+    BackendSpec,
+    CompileConfig,
+    ConfigError,
+    ConfigProblem,
+    RegionGroup,
+    compile_with_torch,
+    hookimpl,
+    probe_import,
+    torch_knows,
+)
 
 NAME = "neuron"
 INSTALL_HINT = (

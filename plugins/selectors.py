@@ -1,4 +1,4 @@
-"""Built-in plugin: the region strategies ``auto``, ``repeated``, ``whole``, ``classes`` and
+"""Built-in plugin: the selectors ``auto``, ``repeated``, ``whole``, ``classes`` and
 ``paths``.
 
 ``repeated`` finds blocks anywhere in the tree: the classes a model names itself
@@ -17,10 +17,15 @@ from collections.abc import Iterable, Iterator
 
 from torch import nn
 
-from torchkiln.config import CompileConfig
-from torchkiln.hookspecs import hookimpl
-from torchkiln.regions import EagerPart, Region, RegionGroup, RegionPlan
-from torchkiln.specs import SelectorSpec
+from torchkiln.plugin import (
+    CompileConfig,
+    EagerPart,
+    Region,
+    RegionGroup,
+    RegionPlan,
+    SelectorSpec,
+    hookimpl,
+)
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 

@@ -10,15 +10,18 @@ keys it does not know, so torchkiln checks them against the list below.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchkiln.hookspecs import hookimpl
-from torchkiln.plugins._vendor import compile_with_torch, probe_import, torch_knows
-from torchkiln.specs import Availability, BackendSpec
-
-if TYPE_CHECKING:
-    from torchkiln.config import CompileConfig
-    from torchkiln.regions import RegionGroup
+from torchkiln.plugin import (
+    Availability,
+    BackendSpec,
+    CompileConfig,
+    RegionGroup,
+    compile_with_torch,
+    hookimpl,
+    probe_import,
+    torch_knows,
+)
 
 NAME = "tensorrt"
 INSTALL_HINT = "pip install torch-tensorrt (needs a CUDA build of torch and an NVIDIA GPU)"

@@ -9,15 +9,18 @@ only, and reads three options.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchkiln.hookspecs import hookimpl
-from torchkiln.plugins._vendor import compile_with_torch, probe_import, torch_knows
-from torchkiln.specs import Availability, BackendSpec
-
-if TYPE_CHECKING:
-    from torchkiln.config import CompileConfig
-    from torchkiln.regions import RegionGroup
+from torchkiln.plugin import (
+    Availability,
+    BackendSpec,
+    CompileConfig,
+    RegionGroup,
+    compile_with_torch,
+    hookimpl,
+    probe_import,
+    torch_knows,
+)
 
 NAME = "tvm"
 INSTALL_HINT = "pip install apache-tvm (a release that still has tvm.relay, before 0.20)"

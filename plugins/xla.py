@@ -10,15 +10,17 @@ model and its inputs on the XLA device (``torch_xla.device()``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from torchkiln.hookspecs import hookimpl
-from torchkiln.plugins._vendor import compile_with_torch, probe_import
-from torchkiln.specs import Availability, BackendSpec
-
-if TYPE_CHECKING:
-    from torchkiln.config import CompileConfig
-    from torchkiln.regions import RegionGroup
+from torchkiln.plugin import (
+    Availability,
+    BackendSpec,
+    CompileConfig,
+    RegionGroup,
+    compile_with_torch,
+    hookimpl,
+    probe_import,
+)
 
 INSTALL_HINT = "pip install torch_xla (https://github.com/pytorch/xla#installation)"
 BRIDGE = "torch_xla.core.dynamo_bridge"

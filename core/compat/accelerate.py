@@ -57,7 +57,7 @@ from torchkiln.compat.unwrap import (
     unwrap_containers,
 )
 from torchkiln.config import CompileConfig
-from torchkiln.inplace import CompiledModel, state_of
+from torchkiln.region_compiler import CompileState, state_of
 
 __all__ = [
     "DynamoBackend",
@@ -223,7 +223,7 @@ def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module
     return module
 
 
-def _compile_in_place(module: nn.Module, compile_kwargs: Mapping[str, Any]) -> CompiledModel | None:
+def _compile_in_place(module: nn.Module, compile_kwargs: Mapping[str, Any]) -> CompileState | None:
     import torchkiln
 
     target = unwrap_containers(module)

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln.inplace import STATE_ATTR, CompiledModel, RegionState, state_of
+from torchkiln.region_compiler import STATE_ATTR, CompileState, RegionState, state_of
 
 ORIG_MOD = "_orig_mod"
 ORIGINAL_FORWARD = "_original_forward"
@@ -51,7 +51,7 @@ def unwrap_containers(model: Any) -> Any:
     return model
 
 
-def live_regions(state: CompiledModel | None) -> list[RegionState]:
+def live_regions(state: CompileState | None) -> list[RegionState]:
     if state is None:
         return []
     return [r for r in state.regions if r.status in LIVE_STATUSES]
@@ -117,7 +117,7 @@ def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
         for region in state.regions:
             previous[id(region.region.module)] = region.previous_forward
             paths.update(_with_ancestors(region.region.path))
-        for module, before in state.nested:
+        for module, before in state.replaced_forwards:
             previous.setdefault(id(module), before)
         for path, module in root.named_modules(remove_duplicate=False):
             if id(module) in previous:  # nested_compile_region marks (hierarchical plans)

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import torchkiln
-from torchkiln.specs import BackendSpec
+from torchkiln.plugin import BackendSpec
 
 
 def refuse(graph_module: torch.fx.GraphModule, example_inputs: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Which modules are compiled: the region strategies side by side, with plan() only."""
+"""Which modules are compiled: the selectors side by side, with plan() only."""
 
 import torchkiln
 from torchkiln.examples import llama

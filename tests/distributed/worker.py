@@ -26,8 +26,9 @@ import torch.distributed as dist
 from torch import nn
 
 import torchkiln
-from torchkiln.distributed import DistributedResult, check_result, full_state_dict, unwrap
+from torchkiln.distributed import check_result, full_state_dict, unwrap
 from torchkiln.examples import llama
+from torchkiln.plugin import DistributedResult
 
 STEPS = 3
 LR = 1e-2
@@ -219,7 +220,7 @@ def double_wrapping_plugins() -> torchkiln.PluginManager:
     """A plugin manager with a faulty third-party strategy that wraps the model in DDP twice."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from torchkiln.specs import DistributedSpec
+    from torchkiln.plugin import DistributedSpec
 
     class DoubleWrap:
         @torchkiln.hookimpl

@@ -334,7 +334,7 @@ class CountingBackend:
 
     @torchkiln.hookimpl
     def declare_backends(self) -> list[Any]:
-        from torchkiln.specs import BackendSpec
+        from torchkiln.plugin import BackendSpec
 
         return [BackendSpec(self.name, "records every run of a compiled graph (tests)")]
 

@@ -13,8 +13,7 @@ import torch
 from engine_zoo import HybridModel, NestedListModel, graphs_compiled, token_ids
 
 import torchkiln
-from torchkiln.regions import RegionGroup
-from torchkiln.specs import BackendSpec
+from torchkiln.plugin import BackendSpec, RegionGroup
 
 BOOM = "the broken backend refuses this graph"
 

@@ -23,7 +23,7 @@ from engine_zoo import (
 from torch import nn
 
 import torchkiln
-from torchkiln.regions import RegionPlan
+from torchkiln.plugin import RegionPlan
 
 
 def plan(model: nn.Module, **regions: object) -> RegionPlan:

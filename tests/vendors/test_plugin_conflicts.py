@@ -8,7 +8,7 @@ import torch
 
 import torchkiln
 from torchkiln import ConfigError, PluginError, RegionCompileError, hookimpl
-from torchkiln.specs import BackendSpec
+from torchkiln.plugin import BackendSpec
 from torchkiln.testing import isolated_plugin_manager, small_inputs, small_model
 
 

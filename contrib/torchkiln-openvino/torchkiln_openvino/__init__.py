@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from torchkiln import hookimpl
-from torchkiln.specs import Availability, BackendSpec
+from torchkiln.plugin import Availability, BackendSpec, hookimpl
 
 __version__ = "0.1.0"
 

@@ -21,9 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln import hookimpl
-from torchkiln.regions import EagerPart, Region, RegionGroup, RegionPlan
-from torchkiln.specs import SelectorSpec
+from torchkiln.plugin import EagerPart, Region, RegionGroup, RegionPlan, SelectorSpec, hookimpl
 
 __version__ = "0.1.0"
 

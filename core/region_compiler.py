@@ -33,8 +33,10 @@ from torch import nn
 from torchkiln.config import CompileConfig
 from torchkiln.dynamo_metrics import CompileRecord, Window
 from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
+from torchkiln.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.progress import ProgressObserver
-from torchkiln.regions import Region, RegionGroup, RegionPlan
+from torchkiln.region_plan import Region, RegionGroup, RegionPlan
+from torchkiln.torch_backends import compile_with_torch
 
 STATE_ATTR = "_torchkiln_compiled"
 REGION_ATTR = "_torchkiln_region"
@@ -69,12 +71,12 @@ class RegionState:
     records: list[CompileRecord] = attrs.Factory(list)
     graphs: int = 0
     graph_breaks: dict[str, int] = attrs.Factory(dict)
-    owner: CompiledModel | None = attrs.field(default=None, repr=False)
+    owner: CompileState | None = attrs.field(default=None, repr=False)
     """The root's state this region belongs to (deep copies keep the pair together)."""
 
 
 @attrs.define(eq=False)
-class CompiledModel:
+class CompileState:
     """State kept on the root module (in ``__dict__``, never as a submodule or buffer)."""
 
     plan: RegionPlan
@@ -82,10 +84,12 @@ class CompiledModel:
     regions: list[RegionState]
     code_names: dict[str, str]
     """Group name -> the co_name of its compiled function (to attribute later recompiles)."""
-    nested: list[tuple[nn.Module, Any]] = attrs.Factory(list)
+    replaced_forwards: list[tuple[nn.Module, Any]] = attrs.Factory(list)
+    """``(module, previous forward)`` for each forward a group preparation installed on a
+    submodule (the hierarchical selector's nested blocks)."""
     restore: list[Callable[[], None]] = attrs.Factory(list)
-    """Undo actions for anything set beyond forwards (distributed strategies add to it)."""
-    on_first_calls_done: list[Callable[[CompiledModel], None]] = attrs.Factory(list)
+    """Undo actions for anything set beyond forwards (:func:`add_undo`), run in reverse."""
+    on_first_calls_done: list[Callable[[CompileState], None]] = attrs.Factory(list)
     tagged_before: frozenset[str] = frozenset()
     """Parameters and buffers (by name) that carried Dynamo's tag before compiling."""
 
@@ -102,24 +106,35 @@ class CompiledModel:
             "torchkiln.decompile(model) first"
         )
 
-    def __copy__(self) -> CompiledModel:
+    def __copy__(self) -> CompileState:
         return attrs.evolve(self)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> CompiledModel:
-        copied = object.__new__(CompiledModel)
+    def __deepcopy__(self, memo: dict[int, Any]) -> CompileState:
+        copied = object.__new__(CompileState)
         memo[id(self)] = copied
-        for field in attrs.fields(CompiledModel):
+        for field in attrs.fields(CompileState):
             object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
         return copied
 
 
-def state_of(model: Any) -> CompiledModel | None:
+def state_of(model: Any) -> CompileState | None:
     return getattr(model, "__dict__", {}).get(STATE_ATTR)
 
 
-def region_state_of(module: Any) -> RegionState | None:
-    """The region state of a module torchkiln compiled as a region, else ``None``."""
-    return getattr(module, "__dict__", {}).get(REGION_ATTR)
+def add_undo(model: Any, undo: Callable[[], None]) -> bool:
+    """Run ``undo`` when ``model`` is decompiled (undo actions run in reverse order of adding,
+    after the region forwards are put back).
+
+    For a ``wrap_distributed`` plugin that changes a setting after ``compile_regions``.
+
+    :return: ``False`` (and ``undo`` is not kept) when torchkiln has not compiled ``model``
+        (compilation is off, say): then there is nothing to undo with it.
+    """
+    state = state_of(model)
+    if state is None:
+        return False
+    state.restore.append(undo)
+    return True
 
 
 _SERIAL = itertools.count()
@@ -141,6 +156,9 @@ def group_function(
     group: RegionGroup, index: int, forward: Callable[..., Any]
 ) -> Callable[..., Any]:
     """``fn(module, *args, **kwargs) -> forward(module, ...)`` with a code object of its own.
+
+    ``forward`` may be wrapped already (``GroupPreparation.wrap_traced``): the function made
+    here is the outermost frame, so each group still gets a code object, and a cache, of its own.
 
     For a group of several regions, module int attributes (``layer_idx``) are traced as
     symbolic (see :func:`first_call_dynamo_settings`): a shape change after the first calls
@@ -167,27 +185,20 @@ def group_function(
     return region_forward
 
 
-def instance_forward_function(previous: Callable[..., Any]) -> Callable[..., Any]:
+def instance_forward_function(
+    previous: Callable[..., Any], preparations: list[GroupPreparation] | None = None
+) -> Callable[..., Any]:
     """For a module whose ``forward`` was already replaced on the instance (autocast wrappers)."""
 
-    def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    def previous_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return previous(*args, **kwargs)
 
+    traced = _wrap_traced(previous_forward, preparations or [])
+
+    def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return traced(module, *args, **kwargs)
+
     return region_forward
-
-
-def default_compile(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
-    """``torch.compile`` with the configured options (used for backends only torch knows)."""
-    kwargs: dict[str, Any] = {
-        "backend": config.backend,
-        "fullgraph": config.fullgraph,
-        "dynamic": config.dynamic,
-    }
-    if config.mode is not None:
-        kwargs["mode"] = config.mode
-    if config.options:
-        kwargs["options"] = dict(config.options)
-    return torch.compile(fn, **kwargs)
 
 
 def first_call_dynamo_settings(shared_by: int) -> Any:
@@ -233,7 +244,7 @@ class Compiler:
             raise TorchkilnError(
                 "this model is already compiled by torchkiln; call torchkiln.decompile(model) first"
             )
-        state = CompiledModel(
+        state = CompileState(
             self.plan,
             self.config,
             [],
@@ -243,17 +254,46 @@ class Compiler:
             ),
         )
         object.__setattr__(root, STATE_ATTR, state)
-        self._mark_nested(root, state)
         for index, group in enumerate(self.plan.groups):
-            self._compile_group(root, state, index, group)
+            preparations = self._prepare(root, state, group)
+            self._compile_group(root, state, index, group, preparations)
+
+    def _prepare(
+        self, root: nn.Module, state: CompileState, group: RegionGroup
+    ) -> list[GroupPreparation]:
+        """Ask every plugin to prepare ``group``; install their forwards, keep their undos."""
+        preparations = [
+            preparation
+            for preparation in self.plugins.hook.prepare_group(
+                model=root, plan=self.plan, group=group, config=self.config
+            )
+            if preparation is not None
+        ]
+        for preparation in preparations:
+            if not isinstance(preparation, GroupPreparation):
+                raise PluginError(
+                    f"prepare_group returned {type(preparation).__name__} for group "
+                    f"{group.name!r}; expected torchkiln.plugin.GroupPreparation or None"
+                )
+            for module, forward in preparation.forwards:
+                state.replaced_forwards.append((module, module.__dict__.get("forward", _MISSING)))
+                module.__dict__["forward"] = forward
+            if preparation.undo is not None:
+                state.restore.append(preparation.undo)
+        return preparations
 
     def _compile_group(
-        self, root: nn.Module, state: CompiledModel, index: int, group: RegionGroup
+        self,
+        root: nn.Module,
+        state: CompileState,
+        index: int,
+        group: RegionGroup,
+        preparations: list[GroupPreparation],
     ) -> None:
         modules = [root.get_submodule(region.path) for region in group.regions]
-        shared = group_function(group, index, type(modules[0]).forward)
+        shared = group_function(group, index, _wrap_traced(type(modules[0]).forward, preparations))
         state.code_names[group.name] = shared.__code__.co_name
-        compiled_shared, error = self._compile(shared, group)
+        compiled_shared, error = self._compile(shared, group, preparations)
         for region, module in zip(group.regions, modules, strict=True):
             region_state = RegionState(
                 region, index, module.__dict__.get("forward", _MISSING), owner=state
@@ -269,16 +309,16 @@ class Compiler:
             compiled, wrapper_code = compiled_shared, shared.__code__.co_name
             if region_state.previous_forward is not _MISSING:
                 # A per-instance forward (an autocast wrapper, say) is compiled on its own.
-                own = instance_forward_function(region_state.previous_forward)
-                compiled, _ = self._compile(own, group)
+                own = instance_forward_function(region_state.previous_forward, preparations)
+                compiled, _ = self._compile(own, group, preparations)
                 wrapper_code = own.__code__.co_name
             module.__dict__["forward"] = types.MethodType(
                 self._first_call_shim(compiled, index, wrapper_code), module
             )
 
     def _compile(
-        self, fn: Callable[..., Any], group: RegionGroup
-    ) -> tuple[Callable[..., Any], BaseException | None]:
+        self, fn: RegionFunction, group: RegionGroup, preparations: list[GroupPreparation]
+    ) -> tuple[RegionFunction, BaseException | None]:
         try:
             compiled = self.plugins.hook.compile_region(
                 fn=fn, group=group, config=self.config, backend=self.config.backend
@@ -293,8 +333,8 @@ class Compiler:
                         f"{owner} backend {self.config.backend!r} but no plugin's compile_region "
                         "answered for it"
                     )
-                compiled = default_compile(fn, self.config)
-            return compiled, None
+                compiled = compile_with_torch(fn, self.config)
+            return _wrap_call(compiled, preparations), None
         except Exception as error:
             if self.config.on_region_error == "raise":
                 declared = self.plugins.backends().get(self.config.backend)
@@ -354,22 +394,21 @@ class Compiler:
 
         return first_call
 
-    def _mark_nested(self, root: nn.Module, state: CompiledModel) -> None:
-        """Hierarchical plans: mark blocks with ``nested_compile_region`` (once per class)."""
-        if not self.plan.nested:
-            return
-        marked_by_class: dict[type, Callable[..., Any]] = {}
-        for group in self.plan.nested:
-            for region in group.regions:
-                module = root.get_submodule(region.path)
-                cls = type(module)
-                if cls not in marked_by_class:
-                    marked_by_class[cls] = torch.compiler.nested_compile_region(cls.forward)
-                state.nested.append((module, module.__dict__.get("forward", _MISSING)))
-                # functools.partial, not types.MethodType: with a bound method torch 2.13 reuses
-                # the nested subgraph with the *previous* layer's weights from the third block on
-                # (silently wrong outputs); a partial keeps each call site's own parameters.
-                module.__dict__["forward"] = functools.partial(marked_by_class[cls], module)
+
+def _wrap_traced(forward: RegionFunction, preparations: list[GroupPreparation]) -> RegionFunction:
+    """``forward`` inside every ``wrap_traced`` wrapper, the first preparation's outermost."""
+    for preparation in reversed(preparations):
+        if preparation.wrap_traced is not None:
+            forward = preparation.wrap_traced(forward)
+    return forward
+
+
+def _wrap_call(compiled: RegionFunction, preparations: list[GroupPreparation]) -> RegionFunction:
+    """``compiled`` inside every ``wrap_call`` wrapper, the first preparation's outermost."""
+    for preparation in reversed(preparations):
+        if preparation.wrap_call is not None:
+            compiled = preparation.wrap_call(compiled)
+    return compiled
 
 
 def _handle_failure(
@@ -399,7 +438,7 @@ def _handle_failure(
     return module.forward(*args, **kwargs)
 
 
-def _failed_sibling(state: CompiledModel | None, region_state: RegionState) -> RegionState | None:
+def _failed_sibling(state: CompileState | None, region_state: RegionState) -> RegionState | None:
     """A region of the same group whose compile already failed (so this one is not retried)."""
     if state is None:
         return None
@@ -462,7 +501,7 @@ def decompile(root: nn.Module) -> bool:
         module = root.get_submodule(region_state.region.path)
         _restore_forward(module, region_state.previous_forward)
         module.__dict__.pop(REGION_ATTR, None)
-    for module, previous in state.nested:
+    for module, previous in reversed(state.replaced_forwards):
         _restore_forward(module, previous)
     for undo in reversed(state.restore):
         undo()

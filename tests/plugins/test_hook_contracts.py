@@ -14,21 +14,28 @@ from typing import Any
 
 import pytest
 import torch
-from foundation_models import Stack
+from stack_model import Stack
 from torch import nn
 
 import torchkiln
 from torchkiln import ConfigError, PluginError, RegionCompileError, TorchkilnError, hookimpl
-from torchkiln.distributed import DistributedResult
-from torchkiln.regions import Region, RegionGroup, RegionPlan
+from torchkiln.plugin import (
+    Availability,
+    BackendSpec,
+    DistributedResult,
+    DistributedSpec,
+    Region,
+    RegionGroup,
+    RegionPlan,
+    SelectorSpec,
+)
 from torchkiln.resolve import resolve_config
-from torchkiln.specs import Availability, BackendSpec, DistributedSpec, SelectorSpec
 
 # --- declaration hooks ---------------------------------------------------------------------------
 
 DECLARATIONS = [
     pytest.param("declare_backends", BackendSpec, "backends", "backend", id="backends"),
-    pytest.param("declare_selectors", SelectorSpec, "selectors", "region strategy", id="selectors"),
+    pytest.param("declare_selectors", SelectorSpec, "selectors", "selector", id="selectors"),
     pytest.param(
         "declare_distributed",
         DistributedSpec,
@@ -257,7 +264,7 @@ def test_a_resolve_hook_that_raises_is_named(pm: torchkiln.PluginManager) -> Non
 
 
 class Selector:
-    """Declares the region strategy ``picky``; answers it with the first block only."""
+    """Declares the selector ``picky``; answers it with the first block only."""
 
     def __init__(self, answer: bool) -> None:
         self.answer = answer
@@ -280,7 +287,7 @@ class Selector:
 
 
 def test_select_regions_is_firstresult(pm: torchkiln.PluginManager, stack: Stack) -> None:
-    with pytest.warns(RuntimeWarning, match="region strategy 'picky'"):
+    with pytest.warns(RuntimeWarning, match="selector 'picky'"):
         lower, upper = Selector(answer=True), Selector(answer=True)
         pm.register(lower, name="lower")
         pm.register(upper, name="upper")  # registered last: called first
@@ -295,7 +302,7 @@ def test_select_regions_none_passes_on_to_the_next_plugin(
 ) -> None:
     answering, declining = Selector(answer=True), Selector(answer=False)
     pm.register(answering, name="answering")
-    with pytest.warns(RuntimeWarning, match="region strategy 'picky'"):
+    with pytest.warns(RuntimeWarning, match="selector 'picky'"):
         pm.register(declining, name="declining")
         plan = torchkiln.plan(stack, plugins=pm, backend="eager", regions={"strategy": "picky"})
     assert plan.selector == "picky" and plan.region_count == 1

@@ -17,8 +17,8 @@ import pytest
 import torchkiln
 from torchkiln import ConfigError, hookimpl
 from torchkiln.errors import ConfigProblem
+from torchkiln.plugin import BackendSpec
 from torchkiln.resolve import resolve_config
-from torchkiln.specs import BackendSpec
 
 BOOLEANS = "allowed: 1/true/yes/on/0/false/no/off"
 TOP_LEVEL = (
@@ -209,7 +209,7 @@ CASES = [
         "regions:\n  strategy: blocks\n",
         "$.regions.strategy",
         (
-            "'blocks' is not a declared region strategy",
+            "'blocks' is not a declared selector",
             "allowed: auto, classes, hierarchical, paths, repeated, whole",
         ),
     ),
@@ -360,7 +360,7 @@ CASES = [
         "env",
         {"TORCHKILN_REGIONS": "blocks"},
         "$.regions.strategy",
-        ("'blocks' is not a declared region strategy", "allowed: auto, classes"),
+        ("'blocks' is not a declared selector", "allowed: auto, classes"),
         "TORCHKILN_REGIONS",
     ),
     Case(

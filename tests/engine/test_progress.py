@@ -69,7 +69,7 @@ def test_nothing_left_on_the_forward_path_after_the_first_call(
         assert getattr(installed, "__func__", installed).__name__ != "first_call"
 
 
-def _plan_and_config(progress: str) -> tuple[torchkiln.regions.RegionPlan, CompileConfig]:
+def _plan_and_config(progress: str) -> tuple[torchkiln.plugin.RegionPlan, CompileConfig]:
     model = llama(depth=2)
     plan = torchkiln.plan(model, backend="eager", plugins=isolated_plugin_manager())
     return plan, CompileConfig(backend="eager", progress=progress)
@@ -116,7 +116,7 @@ def test_no_progress_when_compilation_is_off() -> None:
 def test_the_docs_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
     from pathlib import Path
 
-    text = (Path(__file__).parents[1] / "docs" / "progress.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "progress.md").read_text()
     blocks = [part.split("```", 1)[0] for part in text.split("```python\n")[1:]]
     namespace: dict[str, object] = {}
     for block in blocks:

@@ -15,9 +15,8 @@ from torch._dynamo.utils import counters
 
 import torchkiln
 from torchkiln.examples import example_inputs, llama, toy
+from torchkiln.plugin import BackendSpec, Region, RegionGroup
 from torchkiln.plugins import hierarchical
-from torchkiln.regions import Region, RegionGroup
-from torchkiln.specs import BackendSpec
 from torchkiln.testing import isolated_plugin_manager
 
 
@@ -212,7 +211,7 @@ def test_every_block_runs_with_its_own_weights() -> None:
 def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     from pathlib import Path
 
-    text = (Path(__file__).parents[1] / "docs" / "hierarchical.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "hierarchical.md").read_text()
     example = text.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(example, "docs/hierarchical.md", "exec"), {})
     out = capsys.readouterr().out

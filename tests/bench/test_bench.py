@@ -26,7 +26,7 @@ from torchkiln.bench.table import render_table
 from torchkiln.bench.targets import check_targets
 from torchkiln.cli import build_parser, main
 
-DOCS = Path(__file__).parents[1] / "docs" / "benchmarks.md"
+DOCS = Path(__file__).parents[2] / "docs" / "benchmarks.md"
 
 
 # --- settings -----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Small models for the foundation tests (importable by name from every test file)."""
+"""Small models shared by the test folders (importable by name: the root conftest puts tests/
+on sys.path)."""
 
 from __future__ import annotations
 

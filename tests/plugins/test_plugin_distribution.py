@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from foundation_models import Stack
+from stack_model import Stack
 
 import torchkiln
 from torchkiln import PluginError
@@ -38,7 +38,7 @@ DISTRIBUTIONS = {
         '''
         """A third-party torchkiln plugin: backend ``tinyback``."""
         from torchkiln import hookimpl
-        from torchkiln.specs import BackendSpec
+        from torchkiln.plugin import BackendSpec
 
         CALLS = []
 
@@ -82,7 +82,7 @@ BROKEN_WARNING = (
 TYPO_ERROR = (
     "PluginError: plugin 'typoplug' implements unknown hook 'compile_regoin' (did you mean "
     "'compile_region'?); torchkiln hooks: compile_region, declare_backends, declare_distributed, "
-    "declare_selectors, resolve_compile_config, select_regions, wrap_distributed"
+    "declare_selectors, prepare_group, resolve_compile_config, select_regions, wrap_distributed"
 )
 
 
@@ -159,7 +159,7 @@ def test_plugins_json_lists_the_installed_plugin_and_skips_broken_ones(plugin_si
         "version": "0.3.1",
         "entry_point": "tinyplug",
     }
-    assert {"torchkiln.backends", "torchkiln.selectors", "torchkiln.local"} <= set(plugins)
+    assert {"torchkiln.backends", "torchkiln.selectors", "torchkiln.single_process"} <= set(plugins)
     assert all(plugins[name]["builtin"] for name in plugins if name.startswith("torchkiln."))
     assert "brokenplug" not in plugins and "typoplug" not in plugins
 

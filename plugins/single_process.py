@@ -6,11 +6,13 @@ from collections.abc import Callable
 
 from torch import nn
 
-from torchkiln.config import CompileConfig
-from torchkiln.distributed import DistributedResult
-from torchkiln.hookspecs import hookimpl
-from torchkiln.regions import RegionPlan
-from torchkiln.specs import DistributedSpec
+from torchkiln.plugin import (
+    CompileConfig,
+    DistributedResult,
+    DistributedSpec,
+    RegionPlan,
+    hookimpl,
+)
 
 
 @hookimpl

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from foundation_models import Stack
+from stack_model import Stack
 
 import torchkiln
 from torchkiln import cli

@@ -155,7 +155,7 @@ def test_artifacts_and_directory_survive_across_processes(tmp_path: Path) -> Non
 
 def test_the_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/cache.md's first Python example, as written (eager backend, so it is quick)."""
-    text = (Path(__file__).parents[1] / "docs" / "cache.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "cache.md").read_text()
     example = text.split("```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
     torch._dynamo.reset()

@@ -22,7 +22,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = sorted([*DOCS.glob("plugins/*.md"), DOCS / "hooks.md"])
 FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 

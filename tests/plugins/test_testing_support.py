@@ -10,8 +10,8 @@ import torch
 
 import torchkiln
 from torchkiln import hookimpl
+from torchkiln.plugin import BackendSpec
 from torchkiln.plugin_manager import get_plugin_manager
-from torchkiln.specs import BackendSpec
 from torchkiln.testing import (
     assert_backend_matches_eager,
     isolated_plugin_manager,
@@ -49,7 +49,7 @@ def _entry_point_plugin(tmp_path, monkeypatch):
     """An installed plugin, as pip would leave it: a module plus a dist-info with the entry point."""
     (tmp_path / "kiln_installed_plugin.py").write_text(
         "from torchkiln import hookimpl\n"
-        "from torchkiln.specs import BackendSpec\n"
+        "from torchkiln.plugin import BackendSpec\n"
         "@hookimpl\n"
         "def declare_backends():\n"
         "    return [BackendSpec('installed-backend')]\n"

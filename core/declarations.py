@@ -1,0 +1,82 @@
+"""What plugins declare: backends, selectors and distributed strategies.
+
+Plugins return these from the declaration hooks (``declare_backends``, ``declare_selectors``,
+``declare_distributed``) so that ``torchkiln plugins`` can list everything with its status and
+configuration can be validated before anything is compiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+
+@attrs.frozen
+class Availability:
+    """Result of a backend's availability probe."""
+
+    available: bool
+    reason: str = ""
+    """Why it is unavailable, in words a user can act on (include the install hint)."""
+
+    @classmethod
+    def yes(cls) -> Availability:
+        return cls(True, "")
+
+    @classmethod
+    def no(cls, reason: str) -> Availability:
+        return cls(False, reason)
+
+
+def _lower_name(name: str) -> str:
+    return name.lower()
+
+
+def _always_available() -> Availability:
+    return Availability.yes()
+
+
+@attrs.frozen
+class BackendSpec:
+    """A compile backend a plugin provides.
+
+    The plugin that declares a backend also answers ``compile_region`` for it.
+    """
+
+    name: str = attrs.field(converter=_lower_name)
+    """Name users pass as ``backend=`` (matched case-insensitively)."""
+    description: str = ""
+    probe: Callable[[], Availability] = _always_available
+    """Called lazily (never at import) to tell whether the backend can run here. It must not
+    raise; it imports the vendor module it needs and reports failures as ``Availability.no``."""
+    training: bool = True
+    """Whether compiled regions support backward (``False`` means inference only)."""
+    modes: tuple[str, ...] | None = None
+    """Accepted ``mode`` values, or ``None`` for any. ``None`` as a mode is always accepted."""
+    options: tuple[str, ...] | None = None
+    """Accepted keys of ``options``, or ``None`` for any."""
+    devices: tuple[str, ...] = ()
+    """Device types the backend compiles for (``cpu``, ``cuda``, ``xla``, ``hpu``, ...); empty
+    means whatever device the model is on."""
+    origin: str = "plugin"
+    """``plugin`` for a backend a torchkiln plugin declares, ``torch`` for one only torch knows."""
+
+
+@attrs.frozen
+class SelectorSpec:
+    """A selector (chosen with ``regions.strategy``) a plugin provides: it decides which
+    submodules are compiled."""
+
+    name: str = attrs.field(converter=_lower_name)
+    description: str = ""
+
+
+@attrs.frozen
+class DistributedSpec:
+    """A distributed strategy (value of ``distributed.strategy``) a plugin provides."""
+
+    name: str = attrs.field(converter=_lower_name)
+    description: str = ""
+    probe: Callable[[], Availability] = _always_available
+    """Tells whether the strategy's engine is installed (DeepSpeed, say)."""

@@ -1,0 +1,207 @@
+"""The torchkiln hook specifications.
+
+``torchkiln.compile(model)`` runs four pipeline hooks, in this order::
+
+    resolve_compile_config -> select_regions -> wrap_distributed -> compile_region (per group)
+
+Inside ``wrap_distributed``'s ``compile_regions`` callback, each region group is first offered
+to :func:`prepare_group` (every plugin may adapt it), then compiled by :func:`compile_region`
+(once per group, not once per region). Three declaration hooks let a plugin say what it provides, so that configuration can be
+validated up front and ``torchkiln plugins`` can list everything with its status.
+
+Plugin authors import everything from :mod:`torchkiln.plugin`. Implement a hook with
+``@hookimpl`` on a function of the same name in a module (or
+on a method of an object) that you register with the plugin manager or under the
+``torchkiln`` entry-point group. Implementations may accept any subset of the arguments shown.
+pluggy calls implementations in LIFO registration order (external plugins after built-ins, so
+they run first); ``tryfirst``/``trylast`` on the ``hookimpl`` change that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from torchkiln.config import CompileConfig
+    from torchkiln.declarations import BackendSpec, DistributedSpec, SelectorSpec
+    from torchkiln.distributed_result import DistributedResult
+    from torchkiln.group_preparation import GroupPreparation
+    from torchkiln.region_plan import RegionGroup, RegionPlan
+
+PROJECT_NAME = "torchkiln"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# --- declaration hooks ------------------------------------------------------------------------
+
+
+@hookspec
+def declare_backends() -> Sequence[BackendSpec]:
+    """Declare the compile backends this plugin provides.
+
+    :return: the plugin's :class:`~torchkiln.plugin.BackendSpec` objects (possibly empty).
+
+    Fires: whenever torchkiln needs the backend registry (validating ``backend``, listing
+    plugins), at most once per plugin manager until plugins change.
+
+    Combination: every implementation is called and the lists are concatenated. Two plugins
+    declaring the same name is reported (a warning naming both plugins and the name); the
+    plugin called first wins, which is the most recently registered one (external plugins
+    override built-ins), or the one marked ``tryfirst``.
+
+    The plugin that declares a backend must also implement :func:`compile_region` for it.
+    """
+
+
+@hookspec
+def declare_selectors() -> Sequence[SelectorSpec]:
+    """Declare the selectors (values of ``regions.strategy``) this plugin provides.
+
+    :return: the plugin's :class:`~torchkiln.plugin.SelectorSpec` objects.
+
+    Fires and combines like :func:`declare_backends`. The declaring plugin must answer
+    :func:`select_regions` for each name it declares.
+    """
+
+
+@hookspec
+def declare_distributed() -> Sequence[DistributedSpec]:
+    """Declare the distributed strategies (values of ``distributed.strategy``) this plugin
+    provides.
+
+    :return: the plugin's :class:`~torchkiln.plugin.DistributedSpec` objects.
+
+    Fires and combines like :func:`declare_backends`. The declaring plugin must answer
+    :func:`wrap_distributed` for each name it declares.
+    """
+
+
+# --- pipeline hooks ---------------------------------------------------------------------------
+
+
+@hookspec
+def resolve_compile_config(
+    config: CompileConfig, sources: Mapping[str, str]
+) -> Mapping[str, Any] | None:
+    """Adjust the configuration after defaults, file, environment and keyword options merged.
+
+    :param config: the validated configuration so far.
+    :param sources: where each field came from, by dotted field path (``backend``,
+        ``regions.strategy``) to ``default``, ``file:PATH``, ``env:NAME`` or ``argument``. Use it
+        to leave alone what the user set explicitly.
+    :return: ``None`` for no change, or a nested mapping of field overrides in the same shape
+        as the YAML file (``{"backend": "eager", "regions": {"strategy": "whole"}}``).
+
+    Fires: first in :func:`torchkiln.compile`, :func:`torchkiln.plan` and ``torchkiln config
+    show``, once per call.
+
+    Combination: every implementation is called with the same ``config``; their overrides are
+    merged and validated together, and each overridden field's source becomes
+    ``plugin:NAME``. When two plugins set the same field, the one called first wins and a
+    warning names both. A bad override raises :class:`~torchkiln.ConfigError` naming the plugin.
+    """
+
+
+@hookspec(firstresult=True)
+def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan | None:
+    """Decide which submodules of ``model`` are compiled, grouped by shared compiled code.
+
+    :param model: the root module, not yet wrapped by any distributed engine.
+    :param config: the resolved configuration (``config.regions`` holds the selector options).
+    :param selector: the requested selector name (``config.regions.strategy``, lower case).
+    :return: a :class:`~torchkiln.plugin.RegionPlan`, or ``None`` when ``selector`` is not one
+        this plugin declared.
+
+    Fires: once per :func:`torchkiln.compile` / :func:`torchkiln.plan`, after configuration.
+
+    Combination: ``firstresult``; the first non-``None`` plan is used. A selector must not
+    fall back to another selector silently: a plan whose ``selector`` differs from the request
+    says why in ``reason`` (torchkiln logs it).
+    """
+
+
+@hookspec(firstresult=True)
+def wrap_distributed(
+    model: nn.Module,
+    config: CompileConfig,
+    plan: RegionPlan,
+    strategy: str,
+    compile_regions: Callable[[nn.Module], None],
+) -> DistributedResult | None:
+    """Wrap ``model`` for a distributed engine, compiling its regions at the right moment.
+
+    :param model: the root module.
+    :param config: the resolved configuration (``config.distributed`` holds the options).
+    :param plan: the region plan for ``model``.
+    :param strategy: the requested strategy name (``none``, ``ddp``, ``fsdp2``,
+        ``deepspeed``, or one a plugin declared).
+    :param compile_regions: call exactly once with the module that holds the plan's regions
+        (``model`` itself, or the engine's module). It compiles every region in place, through
+        :func:`compile_region`. DDP calls it before wrapping; FSDP2 after activation
+        checkpointing and before ``fully_shard``; DeepSpeed after ``deepspeed.initialize``.
+    :return: a :class:`~torchkiln.plugin.DistributedResult`, or ``None`` when
+        ``strategy`` is not this plugin's.
+
+    Fires: once per :func:`torchkiln.compile`, after :func:`select_regions`.
+
+    Combination: ``firstresult``. torchkiln raises if the winning implementation did not call
+    ``compile_regions`` exactly once, or if ``model`` is already wrapped by an engine.
+    """
+
+
+@hookspec
+def prepare_group(
+    model: nn.Module, plan: RegionPlan, group: RegionGroup, config: CompileConfig
+) -> GroupPreparation | None:
+    """Prepare one region group before :func:`compile_region` compiles it.
+
+    :param model: the module that holds the plan's regions (what ``compile_regions`` got).
+    :param plan: the whole region plan (``plan.selector`` says which selector made it).
+    :param group: the group about to be compiled; its modules are
+        ``group.regions[i].module``, and ``group.nested`` holds blocks a selector marked inside.
+    :param config: the resolved configuration.
+    :return: a :class:`~torchkiln.plugin.GroupPreparation` (wrap the traced function, wrap the
+        compiled one, install forwards on submodules, an undo action), or ``None`` to leave the
+        group alone.
+
+    Fires: once per group, inside ``compile_regions``, just before :func:`compile_region`.
+
+    Combination: every implementation is called, in hook order; every preparation returned is
+    applied. Wrappers compose with the first implementation called outermost. Everything a
+    preparation installs is undone by :func:`torchkiln.decompile`, in reverse order.
+    Do not change the model here: say what to change in the returned preparation.
+    """
+
+
+@hookspec(firstresult=True)
+def compile_region(
+    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
+) -> Callable[..., Any] | None:
+    """Compile the shared forward function of one region group.
+
+    :param fn: ``fn(module, *args, **kwargs)`` runs one region's original ``forward`` (inside
+        any ``wrap_traced`` wrappers from :func:`prepare_group`). It is a fresh function object
+        with its own code object per group, so Dynamo keeps one cache per group, shared by every
+        region in it.
+    :param group: the regions that will call the result (``group.regions[i].module``).
+    :param config: the resolved configuration (``mode``, ``fullgraph``, ``dynamic``,
+        ``options``).
+    :param backend: the configured backend name, lower case.
+    :return: a callable with ``fn``'s signature (typically ``torch.compile(fn, backend=...)``),
+        or ``None`` when ``backend`` is not this plugin's.
+
+    Fires: once per group (not per region: every region of the group shares the result),
+    inside ``compile_regions`` (see :func:`wrap_distributed`), after :func:`prepare_group`.
+    Compilation itself is lazy: the returned callable compiles on a region's first call.
+
+    Combination: ``firstresult``. If no plugin answers and torch knows the backend name
+    (``torch._dynamo.list_backends()``), torchkiln compiles with ``torch.compile`` itself.
+    An exception raised here is handled by the region error policy (``on_region_error``).
+    """

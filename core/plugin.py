@@ -1,0 +1,114 @@
+"""The public API for plugin authors: everything a backend, selector or distributed plugin needs.
+
+A plugin imports from this module and from :mod:`torchkiln` only; torchkiln's built-in plugins
+do the same (an import-linter contract checks it)::
+
+    from torchkiln.plugin import BackendSpec, compile_with_torch, hookimpl
+
+    @hookimpl
+    def declare_backends():
+        return [BackendSpec("mybackend", "my compiler")]
+
+    @hookimpl
+    def compile_region(fn, group, config, backend):
+        return compile_with_torch(fn, config, backend="my_torch_backend_name")
+
+Names here are stable within a major version. The hook specifications themselves are
+documented in :mod:`torchkiln.hooks`.
+"""
+
+from __future__ import annotations
+
+from torchkiln.config import (
+    CompileConfig,
+    DDPConfig,
+    DeepSpeedConfig,
+    DistributedConfig,
+    FSDP2Config,
+    FSDP2MixedPrecision,
+    RegionsConfig,
+)
+from torchkiln.declarations import Availability, BackendSpec, DistributedSpec, SelectorSpec
+from torchkiln.distributed import (
+    LAUNCH_HINT,
+    check_not_wrapped,
+    check_options,
+    launched_by_launcher,
+    process_group_ready,
+    require_process_group,
+)
+from torchkiln.distributed_result import DistributedResult
+from torchkiln.errors import (
+    ConfigError,
+    ConfigProblem,
+    DistributedError,
+    PluginError,
+    RegionCompileError,
+    TorchkilnError,
+)
+from torchkiln.group_preparation import GroupPreparation, RegionFunction
+from torchkiln.hooks import PROJECT_NAME, hookimpl, hookspec
+from torchkiln.region_compiler import add_undo
+from torchkiln.region_plan import EagerPart, Region, RegionGroup, RegionPlan
+from torchkiln.selection import select_with
+from torchkiln.torch_backends import (
+    compile_with_torch,
+    probe_import,
+    torch_backend_names,
+    torch_knows,
+)
+
+HOOK_NAMES: tuple[str, ...] = (
+    "declare_backends",
+    "declare_selectors",
+    "declare_distributed",
+    "resolve_compile_config",
+    "select_regions",
+    "wrap_distributed",
+    "prepare_group",
+    "compile_region",
+)
+"""Every hook torchkiln specifies (see :mod:`torchkiln.hooks`)."""
+
+__all__ = [
+    "HOOK_NAMES",
+    "LAUNCH_HINT",
+    "PROJECT_NAME",
+    "Availability",
+    "BackendSpec",
+    "CompileConfig",
+    "ConfigError",
+    "ConfigProblem",
+    "DDPConfig",
+    "DeepSpeedConfig",
+    "DistributedConfig",
+    "DistributedError",
+    "DistributedResult",
+    "DistributedSpec",
+    "EagerPart",
+    "FSDP2Config",
+    "FSDP2MixedPrecision",
+    "GroupPreparation",
+    "PluginError",
+    "Region",
+    "RegionCompileError",
+    "RegionFunction",
+    "RegionGroup",
+    "RegionPlan",
+    "RegionsConfig",
+    "SelectorSpec",
+    "TorchkilnError",
+    "add_undo",
+    "check_not_wrapped",
+    "check_options",
+    "compile_with_torch",
+    "hookimpl",
+    "hookspec",
+    "launched_by_launcher",
+    "probe_import",
+    "process_group_ready",
+    "require_process_group",
+    "select_with",
+    "torch_backend_names",
+    "torch_knows",
+]

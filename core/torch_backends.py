@@ -1,0 +1,68 @@
+"""Helpers for backend plugins: compile with torch, probe a vendor module, know torch's names.
+
+None of them imports a vendor library until it is called.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torchkiln.declarations import Availability
+
+if TYPE_CHECKING:
+    from torchkiln.config import CompileConfig
+
+
+def compile_with_torch(
+    fn: Callable[..., Any], config: CompileConfig, backend: str | None = None
+) -> Callable[..., Any]:
+    """``torch.compile(fn)`` with the configured ``mode``, ``fullgraph``, ``dynamic`` and
+    ``options``, for ``backend`` (default: ``config.backend``; pass the torch name a vendor
+    registered when it differs from the torchkiln one).
+
+    ``options`` is copied (``torch.compile`` pops keys out of it) and passed as ``None`` when
+    empty, ``mode`` as ``None`` when unset: torch refuses ``mode`` and ``options`` together.
+    """
+    import torch
+
+    return torch.compile(
+        fn,
+        backend=backend or config.backend,
+        mode=config.mode,
+        fullgraph=config.fullgraph,
+        dynamic=config.dynamic,
+        options=dict(config.options) or None,
+    )
+
+
+def probe_import(module: str, install_hint: str) -> Availability:
+    """Import ``module``; say why not in words a user can act on. Never raises."""
+    package = module.split(".", 1)[0]
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name == package:
+            return Availability.no(f"{package} is not installed: {install_hint}")
+        if error.name and module.startswith(error.name):
+            return Availability.no(
+                f"the installed {package} has no {error.name} (too old or incomplete?): "
+                f"{install_hint}"
+            )
+        return Availability.no(f"importing {module} failed: {error}")
+    except Exception as error:  # a broken vendor install can raise anything at import time
+        return Availability.no(f"importing {module} failed: {type(error).__name__}: {error}")
+    return Availability.yes()
+
+
+def torch_backend_names() -> list[str]:
+    """Every backend ``torch._dynamo`` knows (debug and entry-point ones included), lower case."""
+    import torch._dynamo
+
+    return sorted(name.lower() for name in torch._dynamo.list_backends(exclude_tags=()))
+
+
+def torch_knows(name: str) -> bool:
+    """Whether ``torch._dynamo`` has a backend called ``name`` (entry-point ones included)."""
+    return name.lower() in torch_backend_names()

@@ -1,0 +1,283 @@
+"""Plugin API v2: the one public module, v1 import paths, the ``prepare_group`` hook, undo actions."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from stack_model import Stack
+from torch import nn
+from torch._dynamo.utils import counters
+
+import torchkiln
+import torchkiln.plugin
+from torchkiln.plugin import GroupPreparation, PluginError, add_undo
+from torchkiln.testing import isolated_plugin_manager
+
+ROOT = Path(__file__).resolve().parents[2]
+
+V1_NAMES = [
+    ("torchkiln.specs", "BackendSpec"),
+    ("torchkiln.specs", "SelectorSpec"),
+    ("torchkiln.specs", "DistributedSpec"),
+    ("torchkiln.specs", "Availability"),
+    ("torchkiln.regions", "Region"),
+    ("torchkiln.regions", "RegionGroup"),
+    ("torchkiln.regions", "RegionPlan"),
+    ("torchkiln.regions", "EagerPart"),
+    ("torchkiln.hookspecs", "hookimpl"),
+    ("torchkiln.distributed", "DistributedResult"),
+]
+
+
+@pytest.mark.parametrize(("module", "name"), V1_NAMES)
+def test_v1_import_warns_naming_the_new_import_and_gives_the_same_object(
+    module: str, name: str
+) -> None:
+    old = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning) as caught:
+        value = getattr(old, name)
+    assert str(caught[0].message) == (
+        f"{module}.{name} is deprecated: use `from torchkiln.plugin import {name}` "
+        "(torchkiln plugin API v2)"
+    )
+    assert caught[0].filename == __file__  # points at the importing line, not at torchkiln
+    assert value is getattr(torchkiln.plugin, name)
+
+
+def test_v1_module_refuses_unknown_names() -> None:
+    import torchkiln.specs
+
+    with pytest.raises(AttributeError, match=r"'torchkiln\.specs' has no attribute 'Backend'"):
+        torchkiln.specs.Backend  # noqa: B018
+
+
+V1_PLUGIN = '''
+"""A third-party plugin written against the v1 docs."""
+import torch
+from torchkiln import hookimpl
+from torchkiln.specs import BackendSpec, SelectorSpec
+from torchkiln.regions import Region, RegionGroup, RegionPlan
+
+
+@hookimpl
+def declare_backends():
+    return [BackendSpec("v1backend", "aot_eager, the v1 way")]
+
+
+@hookimpl
+def declare_selectors():
+    return [SelectorSpec("v1last", "the last child only")]
+
+
+@hookimpl
+def select_regions(model, config, selector):
+    if selector != "v1last":
+        return None
+    path, child = list(model.named_children())[-1]
+    group = RegionGroup(type(child).__name__, (Region(path, child, type(child).__name__),))
+    return RegionPlan("v1last", (group,), reason="last child")
+
+
+@hookimpl
+def compile_region(fn, group, config, backend):
+    if backend != "v1backend":
+        return None
+    return torch.compile(fn, backend="aot_eager")
+'''
+
+
+def test_a_v1_plugin_still_loads_and_compiles_with_deprecation_warnings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reset_dynamo: None
+) -> None:
+    (tmp_path / "v1plugin.py").write_text(textwrap.dedent(V1_PLUGIN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "v1plugin", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plugin = importlib.import_module("v1plugin")
+    messages = {str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)}
+    assert "torchkiln.specs.BackendSpec is deprecated: use `from torchkiln.plugin import BackendSpec` (torchkiln plugin API v2)" in messages  # fmt: skip
+    assert any("torchkiln.regions.RegionPlan" in m for m in messages)
+    model = Stack()
+    x = torch.randn(2, 8)
+    expected = model(x)
+    pm = isolated_plugin_manager(plugin)
+    torchkiln.compile(model, backend="v1backend", regions="v1last", plugins=pm)
+    torch.testing.assert_close(model(x), expected)
+    assert [r.path for r in torchkiln.report(model).regions if r.status == "compiled"] == ["head"]
+
+
+# --- the public surface ------------------------------------------------------------------------
+
+
+def _torchkiln_imports(path: Path) -> list[str]:
+    modules = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torchkiln"):
+            modules.append(node.module)
+        elif isinstance(node, ast.Import):
+            modules += [a.name for a in node.names if a.name.startswith("torchkiln")]
+    return modules
+
+
+PLUGIN_FILES = sorted(
+    [
+        *(ROOT / "plugins").glob("*.py"),
+        *(ROOT / "contrib").glob("*/torchkiln_*/*.py"),
+    ]
+)
+
+
+@pytest.mark.parametrize("path", PLUGIN_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_plugins_import_only_the_public_api(path: Path) -> None:
+    allowed = {"torchkiln", "torchkiln.plugin", "torchkiln.plugins"}
+    private = [
+        m
+        for m in _torchkiln_imports(path)
+        if m not in allowed and not m.startswith("torchkiln.compat")
+    ]
+    assert private == [], f"{path.name} imports {private}; use torchkiln.plugin"
+
+
+def test_every_public_name_is_importable_and_listed() -> None:
+    for name in torchkiln.plugin.__all__:
+        assert getattr(torchkiln.plugin, name) is not None
+    assert {"hookimpl", "GroupPreparation", "compile_with_torch", "add_undo"} <= set(
+        torchkiln.plugin.__all__
+    )
+
+
+# --- prepare_group -----------------------------------------------------------------------------
+
+
+class Preparer:
+    """A plugin that prepares every group: records what runs where."""
+
+    def __init__(self, label: str, log: list[str]) -> None:
+        self.label = label
+        self.log = log
+
+    @torchkiln.hookimpl
+    def prepare_group(self, model: nn.Module, plan: Any, group: Any, config: Any) -> Any:
+        self.log.append(f"{self.label}:prepare:{group.name}")
+        return GroupPreparation(
+            wrap_traced=self.traced,
+            wrap_call=self.call,
+            undo=lambda: self.log.append(f"{self.label}:undo"),
+        )
+
+    def traced(self, fn: Any) -> Any:
+        def wrapper(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return fn(module, *args, **kwargs) * 2
+
+        return wrapper
+
+    def call(self, compiled: Any) -> Any:
+        def wrapper(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            self.log.append(f"{self.label}:call")
+            return compiled(module, *args, **kwargs)
+
+        return wrapper
+
+
+def test_prepare_group_wraps_traced_and_compiled_functions_and_undoes_on_decompile(
+    reset_dynamo: None,
+) -> None:
+    log: list[str] = []
+    pm = isolated_plugin_manager()
+    pm.register(Preparer("a", log), name="a")
+    pm.register(Preparer("b", log), name="b")  # registered last: called first, outermost
+    model = Stack()
+    x = torch.randn(2, 8)
+    eager = [layer(x) for layer in model.blocks]
+    torchkiln.compile(model, backend="eager", plugins=pm)
+    assert log == ["b:prepare:Block", "a:prepare:Block"]
+    log.clear()
+    out = [layer(x) for layer in model.blocks]
+    # Both wrap_traced wrappers are inside the one graph of the group: each doubles the output.
+    for got, want in zip(out, eager, strict=True):
+        torch.testing.assert_close(got, want * 4)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert log == ["b:call", "a:call"] * len(model.blocks)  # eagerly, on every region call
+    torchkiln.decompile(model)
+    assert log[-2:] == ["a:undo", "b:undo"]  # reverse order
+    torch.testing.assert_close(model.blocks[0](x), eager[0])
+
+
+def test_prepare_group_forwards_are_installed_and_restored() -> None:
+    model = Stack()
+    inner = model.blocks[1].linear
+    installed = []
+
+    class Marks:
+        @torchkiln.hookimpl
+        def prepare_group(self, group: Any) -> GroupPreparation:
+            def forward(x: torch.Tensor) -> torch.Tensor:
+                installed.append(True)
+                return torch.zeros_like(x)
+
+            return GroupPreparation(forwards=((inner, forward),))
+
+    pm = isolated_plugin_manager(Marks())
+    torchkiln.compile(model, backend="eager", regions="whole", plugins=pm)
+    assert "forward" in inner.__dict__
+    torchkiln.decompile(model)
+    assert "forward" not in inner.__dict__
+
+
+def test_prepare_group_returning_something_else_is_refused() -> None:
+    class Wrong:
+        @torchkiln.hookimpl
+        def prepare_group(self) -> Any:
+            return {"wrap_call": None}
+
+    pm = isolated_plugin_manager(Wrong())
+    with pytest.raises(PluginError, match=r"expected torchkiln\.plugin\.GroupPreparation or None"):
+        torchkiln.compile(Stack(), backend="eager", plugins=pm)
+
+
+def test_add_undo_runs_on_decompile_and_refuses_an_uncompiled_model() -> None:
+    model = Stack()
+    ran: list[str] = []
+    assert add_undo(model, lambda: ran.append("x")) is False
+    torchkiln.compile(model, backend="eager", plugins=isolated_plugin_manager())
+    assert add_undo(model, lambda: ran.append("first")) is True
+    assert add_undo(model, lambda: ran.append("second")) is True
+    torchkiln.decompile(model)
+    assert ran == ["second", "first"]
+
+
+# --- selectors call selectors through the manager ----------------------------------------------
+
+
+def test_hierarchical_respects_a_disabled_selectors_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    pm = torchkiln.PluginManager(
+        entry_points=False, env={"TORCHKILN_DISABLED_PLUGINS": "torchkiln.selectors"}
+    )
+    with pytest.raises(PluginError, match="no plugin provides the selector 'repeated'"):
+        torchkiln.plan(Stack(), regions="hierarchical", plugins=pm)
+
+
+def test_hierarchical_uses_the_repeated_selector_a_plugin_overrides() -> None:
+    class FirstOnly:
+        @torchkiln.hookimpl(tryfirst=True)
+        def select_regions(self, model: nn.Module, selector: str) -> Any:
+            if selector != "repeated":
+                return None
+            block = model.blocks[0]
+            group = torchkiln.plugin.RegionGroup(
+                "Block", (torchkiln.plugin.Region("blocks.0", block, "Block"),)
+            )
+            return torchkiln.plugin.RegionPlan("repeated", (group,))
+
+    pm = isolated_plugin_manager(FirstOnly())
+    plan = torchkiln.plan(Stack(), regions="hierarchical", plugins=pm)
+    assert [r.path for g in plan.nested for r in g.regions] == ["blocks.0"]
