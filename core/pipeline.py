@@ -19,6 +19,7 @@ from torchkiln.region_compiler import decompile as _decompile_inplace
 from torchkiln.region_plan import RegionPlan
 from torchkiln.resolve import ConfigArg, ResolvedConfig, resolve_config
 from torchkiln.selection import planning_with
+from torchkiln.structure import check_plan
 
 logger = logging.getLogger("torchkiln")
 
@@ -30,6 +31,8 @@ def _plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> Regi
         plan = pm.hook.select_regions(model=model, config=config, selector=selector)
     if plan is None:
         raise PluginError(f"no plugin answered select_regions for strategy {selector!r}")
+    declared = pm.selectors().get(selector)
+    check_plan(plan, model, plugin=declared.plugin if declared is not None else "")
     # A fallback to the whole model, or a plan that compiles nothing, is never silent.
     fell_back = plan.selector != selector and plan.selector == "whole"
     level = logging.WARNING if fell_back or not plan.groups else logging.INFO

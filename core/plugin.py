@@ -51,6 +51,18 @@ from torchkiln.hooks import PROJECT_NAME, hookimpl, hookspec
 from torchkiln.region_compiler import add_undo
 from torchkiln.region_plan import EagerPart, Region, RegionGroup, RegionPlan
 from torchkiln.selection import select_with
+from torchkiln.structure import (
+    StructureIndex,
+    check_group,
+    check_plan,
+    difference_kind,
+    drop_excluded,
+    group_by_structure,
+    is_excluded,
+    same_structure,
+    structural_difference,
+    structure_key,
+)
 from torchkiln.torch_backends import (
     compile_with_torch,
     probe_import,
@@ -97,18 +109,28 @@ __all__ = [
     "RegionPlan",
     "RegionsConfig",
     "SelectorSpec",
+    "StructureIndex",
     "TorchkilnError",
     "add_undo",
+    "check_group",
     "check_not_wrapped",
     "check_options",
+    "check_plan",
     "compile_with_torch",
+    "difference_kind",
+    "drop_excluded",
+    "group_by_structure",
     "hookimpl",
     "hookspec",
+    "is_excluded",
     "launched_by_launcher",
     "probe_import",
     "process_group_ready",
     "require_process_group",
+    "same_structure",
     "select_with",
+    "structural_difference",
+    "structure_key",
     "torch_backend_names",
     "torch_knows",
 ]

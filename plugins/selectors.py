@@ -1,12 +1,22 @@
 """Built-in plugin: the selectors ``auto``, ``repeated``, ``whole``, ``classes`` and
 ``paths``.
 
-``repeated`` finds blocks anywhere in the tree: the classes a model names itself
-(transformers' ``_no_split_modules``, diffusers' ``_repeated_blocks``) or ``regions.classes``
-when given, otherwise any class that appears ``regions.min_repeats`` or more times among the
-children of one module, looking through ``nn.ModuleList``, ``nn.Sequential`` and
-``nn.ModuleDict`` (nested ones too). Regions are grouped by exact class: one compiled function
-per group.
+``repeated`` plans at the level that really repeats. A region group is a set of
+*structurally identical* modules (:mod:`torchkiln.structure`: same class, ``forward``,
+parameter and buffer shapes, and plain attributes Dynamo specialises on), so each group
+compiles into one graph. Walking down from the root, the first composite module whose shape
+occurs ``regions.min_repeats`` or more times in the model is a block; a module whose shape is
+unique (a singleton such as ``BertEmbeddings``, or ConvNeXt stages that differ in width) is
+looked into, so the largest level that repeats wins (ConvNeXt layers, ResNet bottlenecks
+grouped by shape). Stacks (an encoder and a decoder of one class that each hold a list of
+blocks) are looked into too: their blocks repeat more. A shape found fewer than
+``min_repeats`` times at that level (its other occurrences are inside chosen blocks) is looked
+into as well. Singletons stay with the rest of the model.
+
+The model's own block names (transformers' ``_no_split_modules``, diffusers'
+``_repeated_blocks``) are hints: the plan's reason says how they compare with the level chosen.
+``regions.classes``, when given, is the user's level: modules of those classes, grouped by
+shape.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ import fnmatch
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
+import attrs
 from torch import nn
 
 from torchkiln.plugin import (
@@ -24,7 +35,12 @@ from torchkiln.plugin import (
     RegionGroup,
     RegionPlan,
     SelectorSpec,
+    StructureIndex,
+    difference_kind,
+    drop_excluded,
+    group_by_structure,
     hookimpl,
+    is_excluded,
 )
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
@@ -34,7 +50,9 @@ CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 def declare_selectors() -> list[SelectorSpec]:
     return [
         SelectorSpec("auto", "repeated blocks when the model has them, else the whole model"),
-        SelectorSpec("repeated", "every repeated block, one compiled function per block class"),
+        SelectorSpec(
+            "repeated", "the largest repeated blocks, one compiled function per block shape"
+        ),
         SelectorSpec("whole", "the whole model as one region"),
         SelectorSpec("classes", "modules whose class name matches regions.classes globs"),
         SelectorSpec("paths", "modules whose dotted path matches regions.paths globs"),
@@ -77,30 +95,40 @@ def whole_plan(model: nn.Module, reason: str, requested: str = "") -> RegionPlan
 
 
 def _auto(model: nn.Module, config: CompileConfig) -> RegionPlan:
-    plan = _repeated_plan(model, config, requested="auto")
-    if plan.groups:
-        return plan
+    choice = choose_level(model, config)
+    if choice.groups:
+        return _repeated_plan(model, config, "auto", choice)
     return whole_plan(
         model,
-        f"auto: no repeated blocks found (no class appears {config.regions.min_repeats}+ times "
-        "among a module's children, and the model names no block classes); compiling the whole "
-        "model as one region",
+        f"auto: no repeated blocks found ({_nothing_repeats(config, choice)}); compiling the "
+        "whole model as one region",
         requested="auto",
     )
 
 
-def _repeated_plan(model: nn.Module, config: CompileConfig, requested: str) -> RegionPlan:
-    groups = find_repeated_groups(model, config)
+def _nothing_repeats(config: CompileConfig, choice: LevelChoice) -> str:
+    why = f"no composite module's shape occurs {config.regions.min_repeats}+ times"
+    return f"{why}; {choice.level}" if choice.level else why
+
+
+def _repeated_plan(
+    model: nn.Module, config: CompileConfig, requested: str, choice: LevelChoice | None = None
+) -> RegionPlan:
+    choice = choice or choose_level(model, config)
+    groups = choice.groups
     if not groups:
         return RegionPlan(
             "repeated",
             (),
             eager=(EagerPart("", "no repeated blocks found"),),
-            reason="repeated: no repeated blocks found; nothing is compiled",
+            reason=(
+                f"repeated: no repeated blocks found ({_nothing_repeats(config, choice)}); "
+                "nothing is compiled"
+            ),
             requested=requested,
         )
     counts = ", ".join(f"{len(g.regions)}x {g.name}" for g in groups)
-    reason = f"{requested}: repeated blocks found: {counts}"
+    reason = f"{requested}: repeated blocks found: {counts}; {choice.level}"
     return _finish(model, config, "repeated", groups, reason, requested)
 
 
@@ -111,7 +139,7 @@ def _plan_from(
     modules: list[tuple[str, nn.Module]],
     why: str,
 ) -> RegionPlan:
-    groups = group_by_class(_drop_excluded(modules, config), why)
+    groups = group_by_structure(drop_excluded(modules, config.regions.exclude), why)
     reason = (
         f"{selector}: {why}: {sum(len(g.regions) for g in groups)} regions"
         if groups
@@ -142,20 +170,213 @@ def _finish(
 # --- finding blocks --------------------------------------------------------------------------
 
 
+@attrs.frozen
+class LevelChoice:
+    """The repeated blocks found, and why that level (for the plan's reason)."""
+
+    groups: list[RegionGroup]
+    level: str
+    """Why this level, in one clause (``level: LlamaDecoderLayer, the largest modules that
+    repeat``)."""
+
+
 def find_repeated_groups(model: nn.Module, config: CompileConfig) -> list[RegionGroup]:
-    """Repeated blocks, grouped by exact class, outermost first; excluded paths dropped."""
-    hints = model_block_hints(model) | set(config.regions.classes)
-    if hints:
-        found = _by_class(model, tuple(hints))
-        why = "named as a block class (" + ", ".join(sorted(hints)) + ")"
+    """Repeated blocks, one group per structural shape, outermost first; excluded paths
+    dropped, modules whose shape occurs fewer than ``regions.min_repeats`` times left out."""
+    return choose_level(model, config).groups
+
+
+def choose_level(model: nn.Module, config: CompileConfig) -> LevelChoice:
+    """The largest modules that really repeat (see the module docstring)."""
+    search = _LevelSearch(model, config)
+    if config.regions.classes:
+        found = drop_excluded(_by_class(model, config.regions.classes), config.regions.exclude)
         if found:
-            return group_by_class(_drop_excluded(found, config), why)
-    found = list(_structural_blocks(model, "", config.regions.min_repeats))
-    return group_by_class(_drop_excluded(found, config), "repeated among siblings")
+            return search.from_classes(found)
+    return search.largest_repeated()
+
+
+class _LevelSearch:
+    def __init__(self, model: nn.Module, config: CompileConfig) -> None:
+        self.model = model
+        self.min_repeats = config.regions.min_repeats
+        self.exclude = config.regions.exclude
+        self.index = StructureIndex()
+        self.hints = model_block_hints(model)
+        modules = [m for _, m in model.named_modules()][1:]
+        self.counts = Counter(self.index.key(m) for m in modules)
+        self.instances: dict[type, list[nn.Module]] = {}
+        for module in modules:
+            self.instances.setdefault(type(module), []).append(module)
+        self.rejected: set[str] = set()
+
+    # -- the two ways in --
+
+    def from_classes(self, found: list[tuple[str, nn.Module]]) -> LevelChoice:
+        """``regions.classes`` given to ``repeated``: the user's level, grouped by shape."""
+        groups = self._group(found, "named in regions.classes")
+        kept = [g for g in groups if len(g.regions) >= self.min_repeats]
+        names = ", ".join(self.config_classes_in(found))
+        level = f"level: {names}, as regions.classes names"
+        dropped = [g for g in groups if len(g.regions) < self.min_repeats]
+        if dropped:
+            level += (
+                f"; {sum(len(g.regions) for g in dropped)} of their instances have a shape "
+                f"that occurs fewer than {self.min_repeats} times and stay with the rest"
+            )
+        return LevelChoice(kept, level)
+
+    def largest_repeated(self) -> LevelChoice:
+        while True:
+            found = list(self._walk(self.model, "", set()))
+            groups = self._group(found, "")
+            small = [g for g in groups if len(g.regions) < self.min_repeats]
+            if not small:
+                break
+            # Their other occurrences are inside chosen blocks: look inside these instead.
+            self.rejected.update(r.path for g in small for r in g.regions)
+        # The level is chosen on the whole model; regions.exclude then drops regions from it.
+        groups = self._group(drop_excluded(found, self.exclude), "")
+        return LevelChoice(groups, self._level(groups) if groups else self._no_level())
+
+    # -- search --
+
+    def _walk(
+        self, module: nn.Module, prefix: str, seen: set[int]
+    ) -> Iterator[tuple[str, nn.Module]]:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            if self._is_region(module, path, child):
+                yield path, child
+            else:
+                yield from self._walk(child, path + ".", seen)
+
+    def _is_region(self, parent: nn.Module, path: str, child: nn.Module) -> bool:
+        return (
+            path not in self.rejected
+            and _is_block(child)
+            and self.counts[self.index.key(child)] >= self.min_repeats
+            and not self._is_stack(parent, child)
+        )
+
+    def _is_stack(self, parent: nn.Module, child: nn.Module) -> bool:
+        """Identical modules held as plain attributes (an encoder and a decoder of one class),
+        or ``nn.Sequential`` items of a container, that each hold a list of repeated blocks
+        are stacks: their blocks repeat more, so they are the regions. Items of a container
+        (decoder layers, even with a list of identical experts inside) are blocks."""
+        if isinstance(parent, CONTAINERS) and not isinstance(child, nn.Sequential):
+            return False
+        for sub in child.modules():
+            if isinstance(sub, CONTAINERS):
+                keys = Counter(self.index.key(c) for c in sub.children() if _is_block(c))
+                if any(n >= self.min_repeats for n in keys.values()):
+                    return True
+        return False
+
+    def _group(self, found: list[tuple[str, nn.Module]], why: str) -> list[RegionGroup]:
+        def reason(members: list[tuple[str, nn.Module]]) -> str:
+            cls = type(members[0][1]).__name__
+            hinted = " (a block class the model names)" if cls in self.hints else ""
+            text = f"{len(members)}x {cls}, structurally identical{hinted}"
+            return f"{why}: {text}" if why else text
+
+        return group_by_structure(found, reason, self.index)
+
+    # -- explaining the level --
+
+    def config_classes_in(self, found: list[tuple[str, nn.Module]]) -> list[str]:
+        return list(dict.fromkeys(type(m).__name__ for _, m in found))
+
+    def _level(self, groups: list[RegionGroup]) -> str:
+        if not groups:
+            return ""
+        classes = list(dict.fromkeys(g.module_class for g in groups))
+        chosen = {c.__name__ for c in classes}
+        names = ", ".join(c.__name__ for c in classes)
+        coarser = self._coarser_notes(groups)
+        mentioned = {note.split(":")[0].removeprefix("not ") for note in coarser}
+        notes = [*coarser, *self._hint_notes(groups, chosen | mentioned)]
+        shapes = len(groups)
+        per_class = "" if shapes == len(classes) else f" ({shapes} shapes)"
+        level = f"level: {names}{per_class}, the largest modules that repeat"
+        return level + (f" ({'; '.join(notes)})" if notes else "")
+
+    def _no_level(self) -> str:
+        """Why nothing repeats: classes with several block instances that all differ."""
+        notes = []
+        for cls, instances in self.instances.items():
+            blocks = [m for m in instances if _is_block(m)]
+            if len(blocks) >= self.min_repeats and not isinstance(blocks[0], CONTAINERS):
+                why = difference_kind(blocks[0], blocks[1]) or "their contents"
+                notes.append(f"{cls.__name__}: {len(blocks)} instances, all different ({why})")
+        return "; ".join(notes[:3])
+
+    def _coarser_notes(self, groups: list[RegionGroup]) -> list[str]:
+        """Classes above the chosen blocks with several instances, none repeating."""
+        regions = [r.module for g in groups for r in g.regions]
+        notes = []
+        for cls, instances in self.instances.items():
+            if len(instances) < 2 or cls in {g.module_class for g in groups}:
+                continue
+            if isinstance(instances[0], CONTAINERS) or not _is_block(instances[0]):
+                continue
+            holds = [m for m in instances if any(r is not m and _contains(m, r) for r in regions)]
+            if len(holds) < 2:
+                continue
+            shapes = len({self.index.key(m) for m in holds})
+            why = difference_kind(holds[0], holds[1]) or "their contents"
+            if shapes == len(holds):
+                notes.append(f"not {cls.__name__}: its {len(holds)} instances all differ ({why})")
+            else:
+                notes.append(
+                    f"not {cls.__name__}: {len(holds)} instances in {shapes} shapes ({why}); "
+                    "its blocks repeat more"
+                )
+        return notes
+
+    def _hint_notes(self, groups: list[RegionGroup], chosen_names: set[str]) -> list[str]:
+        inside = [r.module for g in groups for r in g.regions]
+        notes = []
+        for hint in sorted(self.hints - chosen_names):
+            instances = [
+                m for cls, ms in self.instances.items() if cls.__name__ == hint for m in ms
+            ]
+            if not instances:
+                continue
+            if len(instances) == 1:
+                notes.append(f"the model's hint {hint} occurs once, so it is not a block")
+            elif all(any(_contains(r, m) for r in inside) for m in instances):
+                notes.append(f"the model's hint {hint} is inside the chosen blocks")
+            else:
+                shapes = len({self.index.key(m) for m in instances})
+                notes.append(
+                    f"the model's hint {hint}: {len(instances)} instances in {shapes} shapes"
+                )
+        return notes
+
+
+def _contains(outer: nn.Module, inner: nn.Module) -> bool:
+    return any(m is inner for m in outer.modules())
+
+
+def _is_block(module: nn.Module) -> bool:
+    """A candidate block: composite (children and parameters) and callable. Repeated leaves
+    (two ``nn.Linear``) are layers, not blocks; ModuleList and ModuleDict have no forward."""
+    return (
+        not isinstance(module, nn.ModuleList | nn.ModuleDict)
+        and next(module.children(), None) is not None
+        and _has_parameters(module)
+    )
 
 
 def model_block_hints(model: nn.Module) -> set[str]:
-    """Block class names the model declares (transformers and diffusers conventions)."""
+    """Block class names the model declares (transformers and diffusers conventions).
+
+    They are hints: the plan uses the level that really repeats, and its reason says how the
+    hints compare."""
     hints: set[str] = set()
     for attribute in ("_no_split_modules", "_repeated_blocks"):
         value = getattr(model, attribute, None)
@@ -164,68 +385,6 @@ def model_block_hints(model: nn.Module) -> set[str]:
         elif isinstance(value, Iterable):
             hints.update(v for v in value if isinstance(v, str))
     return hints
-
-
-def _children_through_containers(
-    module: nn.Module, prefix: str, in_container: bool = False
-) -> Iterator[tuple[str, nn.Module]]:
-    """Direct children, with containers (and containers inside them) looked through. An
-    ``nn.Sequential`` that is an item of a container is a candidate block like any module (it is
-    callable: ``ModuleList([Sequential(Linear, GELU, Linear), ...])``); one held as a plain
-    attribute (``self.layers = nn.Sequential(*blocks)``) is a container."""
-    in_container = in_container or isinstance(module, CONTAINERS)
-    for name, child in module.named_children():
-        path = f"{prefix}{name}"
-        if isinstance(child, CONTAINERS) and not (
-            in_container and isinstance(child, nn.Sequential)
-        ):
-            yield from _children_through_containers(child, path + ".", True)
-        else:
-            yield path, child
-
-
-def _structural_blocks(
-    module: nn.Module, prefix: str, min_repeats: int
-) -> Iterator[tuple[str, nn.Module]]:
-    children = list(_children_through_containers(module, prefix))
-    counts = Counter(type(child) for _, child in children)
-    for path, child in children:
-        # A block is composite: repeated leaves (two nn.Linear) are layers, not blocks.
-        repeated = (
-            counts[type(child)] >= min_repeats
-            and _has_parameters(child)
-            and next(child.children(), None) is not None
-        )
-        if repeated and not _is_stack(module, prefix, path, child, min_repeats):
-            yield path, child
-        else:
-            yield from _structural_blocks(child, path + ".", min_repeats)
-
-
-def _is_stack(
-    parent: nn.Module, prefix: str, path: str, child: nn.Module, min_repeats: int
-) -> bool:
-    """Same-class siblings held as plain attributes (an encoder and a decoder of one class), or
-    ``nn.Sequential`` items of a container, that each hold a list of repeated composite blocks
-    are stacks: their blocks are the regions. Other siblings held in a container (decoder
-    layers, even with a list of experts inside) are blocks."""
-    in_container = isinstance(parent, CONTAINERS) or "." in path[len(prefix) :]
-    if in_container and not isinstance(child, nn.Sequential):
-        return False
-    return _holds_block_list(child, min_repeats)
-
-
-def _holds_block_list(module: nn.Module, min_repeats: int) -> bool:
-    """A container inside ``module`` holds ``min_repeats`` same-class composite blocks (modules
-    with parameters and children; a ``Sequential(Linear, GELU, Linear)`` holds none)."""
-    for sub in module.modules():
-        if isinstance(sub, CONTAINERS):
-            counts = Counter(
-                type(c) for c in sub.children() if _has_parameters(c) and next(c.children(), None)
-            )
-            if any(n >= min_repeats for n in counts.values()):
-                return True
-    return False
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -258,36 +417,6 @@ def _by_path(model: nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, nn.
     )
 
 
-def _drop_excluded(
-    found: list[tuple[str, nn.Module]], config: CompileConfig
-) -> list[tuple[str, nn.Module]]:
-    patterns = config.regions.exclude
-    return [(p, m) for p, m in found if not _excluded(p, patterns)]
-
-
-def _excluded(path: str, patterns: tuple[str, ...]) -> bool:
-    """``path`` or one of its ancestors matches: an excluded module's subtree is excluded too
-    (``rest=leaves`` must not compile the leaves inside an excluded block)."""
-    parts = path.split(".")
-    ancestors = [".".join(parts[: i + 1]) for i in range(len(parts))]
-    return any(fnmatch.fnmatchcase(a, pat) for a in ancestors for pat in patterns)
-
-
-def group_by_class(found: list[tuple[str, nn.Module]], reason: str) -> list[RegionGroup]:
-    """One group per exact class; same-named classes from different modules get suffixes."""
-    by_class: dict[type, list[tuple[str, nn.Module]]] = {}
-    for path, module in found:
-        by_class.setdefault(type(module), []).append((path, module))
-    groups = []
-    used: Counter[str] = Counter()
-    for cls, members in by_class.items():
-        used[cls.__name__] += 1
-        name = cls.__name__ if used[cls.__name__] == 1 else f"{cls.__name__}_{used[cls.__name__]}"
-        regions = tuple(Region(path, module, name) for path, module in members)
-        groups.append(RegionGroup(name, regions, f"{reason}: {len(regions)}x {cls.__name__}"))
-    return groups
-
-
 def _leaf_groups(
     model: nn.Module, groups: list[RegionGroup], config: CompileConfig
 ) -> list[RegionGroup]:
@@ -301,8 +430,9 @@ def _leaf_groups(
         and _has_parameters(module)
         and not any(path == t or path.startswith(t + ".") for t in taken)
     ]
-    found = group_by_class(
-        _drop_excluded(leaves, config), "leaf outside the blocks (regions.rest=leaves)"
+    found = group_by_structure(
+        drop_excluded(leaves, config.regions.exclude),
+        "leaf outside the blocks (regions.rest=leaves)",
     )
     names = {g.name for g in groups}
     return [
@@ -335,7 +465,7 @@ def eager_parts(
             if any(t.startswith(path + ".") for t in taken):
                 visit(child, path + ".")
             elif _has_parameters(child) or any(True for _ in child.children()):
-                excluded = any(fnmatch.fnmatchcase(path, p) for p in config.regions.exclude)
+                excluded = is_excluded(path, config.regions.exclude)
                 parts.append(
                     EagerPart(
                         path,

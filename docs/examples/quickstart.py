@@ -11,7 +11,7 @@ with torch.no_grad():
     expected = model(inputs).logits
 
 plan = torchkiln.plan(model, backend="eager")
-print(plan.reason)  # auto: repeated blocks found: 4x LlamaDecoderLayer
+print(plan.reason)  # auto: repeated blocks found: 4x LlamaDecoderLayer; level: ...
 
 compiled = torchkiln.compile(model, backend="eager")
 assert compiled is model  # the same object, compiled in place

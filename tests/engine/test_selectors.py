@@ -201,14 +201,18 @@ def test_blocks_in_nested_module_lists() -> None:
 
 
 def test_stacks_of_one_class_are_looked_into() -> None:
-    """T5 without its hint: encoder and decoder are both T5Stack attributes; their blocks (one
-    class in both stacks) are the regions, not the stacks."""
+    """T5 without its hint: encoder and decoder are both T5Stack attributes; their blocks are
+    the regions, not the stacks, grouped by shape: block 0 of each stack holds the position
+    bias table (a shape of its own, looked into: its feed-forward part is the same in both),
+    and the decoder's blocks add cross-attention."""
     from engine_zoo import t5
 
     model = t5()
     model._no_split_modules = None
     assert paths(plan(model)) == {
-        "T5Block": [f"{stack}.block.{i}" for stack in ("encoder", "decoder") for i in range(3)]
+        "T5LayerFF": ["encoder.block.0.layer.1", "decoder.block.0.layer.2"],
+        "T5Block": ["encoder.block.1", "encoder.block.2"],
+        "T5Block_2": ["decoder.block.1", "decoder.block.2"],
     }
 
 
@@ -251,14 +255,16 @@ def test_min_repeats() -> None:
 # --- hints ---------------------------------------------------------------------------------------
 
 
-def test_no_split_modules_hint_is_honoured() -> None:
-    """The model's own hint wins over structure: the Inner modules, not the Outer blocks."""
+def test_no_split_modules_is_a_hint_the_largest_repeated_level_wins() -> None:
+    """The model names Inner, but the Outer blocks around it repeat too: they are the level,
+    and the reason says how the hint compares."""
     found = plan(Hinted())
-    assert paths(found) == {"Inner": ["blocks.0.inner", "blocks.1.inner", "blocks.2.inner"]}
-    assert "named as a block class (Inner)" in found.groups[0].reason
+    assert paths(found) == {"Outer": ["blocks.0", "blocks.1", "blocks.2"]}
+    assert "level: Outer, the largest modules that repeat" in found.reason
+    assert "the model's hint Inner is inside the chosen blocks" in found.reason
 
 
-def test_repeated_blocks_hint_is_honoured() -> None:
+def test_repeated_blocks_hint_is_read() -> None:
     """diffusers' spelling: ``_repeated_blocks`` on the model."""
     model = Stack(MlpBlock, depth=3)
     model._repeated_blocks = ("Inner",)  # names a class the model does not have
@@ -266,13 +272,19 @@ def test_repeated_blocks_hint_is_honoured() -> None:
     hinted = Hinted()
     hinted._no_split_modules = []
     hinted._repeated_blocks = ["Outer"]
-    assert paths(plan(hinted)) == {"Outer": ["blocks.0", "blocks.1", "blocks.2"]}
-
-
-def test_regions_classes_add_block_hints_to_repeated() -> None:
-    found = plan(Hinted(), strategy="repeated", classes=["Outer"])
-    # Both hints match; regions are outermost first, so Outer wins over Inner inside it.
+    found = plan(hinted)
     assert paths(found) == {"Outer": ["blocks.0", "blocks.1", "blocks.2"]}
+    assert "(a block class the model names)" in found.groups[0].reason
+
+
+def test_regions_classes_choose_the_level_for_repeated() -> None:
+    """regions.classes is the user's level (not a hint): Inner, although Outer repeats too."""
+    found = plan(Hinted(), strategy="repeated", classes=["Inner"])
+    assert paths(found) == {"Inner": ["blocks.0.inner", "blocks.1.inner", "blocks.2.inner"]}
+    assert "level: Inner, as regions.classes names" in found.reason
+    assert paths(plan(Hinted(), strategy="repeated", classes=["Outer"])) == {
+        "Outer": ["blocks.0", "blocks.1", "blocks.2"]
+    }
 
 
 def test_transformers_hints() -> None:
@@ -397,7 +409,10 @@ def test_auto_with_blocks_logs_info(caplog: pytest.LogCaptureFixture) -> None:
         plan(Stack(MlpBlock))
     [record] = caplog.records
     assert record.levelno == logging.INFO
-    assert record.getMessage() == "torchkiln: auto: repeated blocks found: 2x MlpBlock"
+    assert record.getMessage() == (
+        "torchkiln: auto: repeated blocks found: 2x MlpBlock; "
+        "level: MlpBlock, the largest modules that repeat"
+    )
 
 
 def test_plan_to_dict_shape() -> None:
@@ -406,18 +421,20 @@ def test_plan_to_dict_shape() -> None:
     assert data == {
         "selector": "repeated",
         "requested": "auto",
-        "reason": "auto: repeated blocks found: 2x EncoderBlock, 2x DecoderBlock",
+        "reason": "auto: repeated blocks found: 2x EncoderBlock, 2x DecoderBlock; "
+        "level: EncoderBlock, DecoderBlock, the largest modules that repeat "
+        "(not Stack: its 2 instances all differ (class of layers.0))",
         "groups": [
             {
                 "name": "EncoderBlock",
                 "class": f"{__name__}.EncoderBlock",
-                "reason": "repeated among siblings: 2x EncoderBlock",
+                "reason": "2x EncoderBlock, structurally identical",
                 "regions": ["encoder.layers.0", "encoder.layers.1"],
             },
             {
                 "name": "DecoderBlock",
                 "class": f"{__name__}.DecoderBlock",
-                "reason": "repeated among siblings: 2x DecoderBlock",
+                "reason": "2x DecoderBlock, structurally identical",
                 "regions": ["decoder.layers.0", "decoder.layers.1"],
             },
         ],
