@@ -9,7 +9,7 @@ remembers its source, which ``torchkiln config show`` prints and error messages 
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import types
 import typing
@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
 from torchkiln.config import CompileConfig
-from torchkiln.errors import ConfigError, ConfigProblem
+from torchkiln.config_values import MAX_ENV_CHARS, describe, parse_json
+from torchkiln.errors import ConfigProblem
+from torchkiln.yaml_reader import read_yaml_file
+
+logger = logging.getLogger("torchkiln.config")
 
 ENV_PREFIX = "TORCHKILN_"
 DEFAULT_FILE = "torchkiln.yaml"
@@ -98,53 +101,32 @@ def dollar(path: str) -> str:
 def find_config_file(
     explicit: str | os.PathLike[str] | None, env: Mapping[str, str], cwd: Path
 ) -> Path | None:
+    """The YAML file to read: the one given, else ``$TORCHKILN_CONFIG``, else
+    ``./torchkiln.yaml`` when it exists. Each choice is logged at INFO on ``torchkiln.config``
+    with its absolute path, so a file nobody named is visible in the logs."""
     if explicit is not None:
-        return Path(explicit)
+        return _chosen(Path(explicit), "given")
     if env.get("TORCHKILN_CONFIG"):
-        return Path(env["TORCHKILN_CONFIG"])
+        return _chosen(Path(env["TORCHKILN_CONFIG"]), "named by TORCHKILN_CONFIG")
     candidate = cwd / DEFAULT_FILE
-    return candidate if candidate.is_file() else None
+    try:
+        found = candidate.is_file()
+    except OSError:
+        found = False
+    if not found:
+        return None
+    return _chosen(candidate, "found in the working directory (not named by anyone)")
+
+
+def _chosen(path: Path, how: str) -> Path:
+    logger.info("reading torchkiln configuration file %s (%s)", os.path.abspath(path), how)
+    return path
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a torchkiln YAML file with a safe loader; any problem is a ConfigError."""
-    where = f"file:{path}"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(
-            [ConfigProblem("$", f"cannot read config file: {error.strerror or error}", where)]
-        ) from error
-    try:
-        data = yaml.safe_load(text)
-    except yaml.constructor.ConstructorError as error:
-        mark = error.problem_mark
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "$",
-                    f"YAML tag not allowed{line}: {error.problem}. torchkiln reads YAML with a safe "
-                    "loader: only plain mappings, lists, strings, numbers, booleans and null",
-                    where,
-                )
-            ]
-        ) from error
-    except yaml.YAMLError as error:
-        raise ConfigError([ConfigProblem("$", f"not valid YAML: {error}", where)]) from error
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "$",
-                    f"the top level must be a mapping of fields, got {type(data).__name__}",
-                    where,
-                )
-            ]
-        )
-    return data
+    """Read a torchkiln YAML file with a safe, size- and depth-limited loader; any problem is a
+    ConfigError (:mod:`torchkiln.yaml_reader`)."""
+    return read_yaml_file(path)
 
 
 # --- the environment layer ---------------------------------------------------------------------
@@ -152,6 +134,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 def _parse_env_value(raw: str, kind: Any) -> Any:
     """Turn one environment string into a value of ``kind``; ValueError says what is allowed."""
+    if len(raw) > MAX_ENV_CHARS:
+        raise ValueError(
+            f"the value is {len(raw)} characters long; at most {MAX_ENV_CHARS} are read"
+        )
     text = raw.strip()
     args = typing.get_args(kind)
     optional = type(None) in args
@@ -167,26 +153,28 @@ def _parse_env_value(raw: str, kind: Any) -> Any:
         if text.lower() in ENV_FALSE:
             return False
         allowed = "/".join(ENV_TRUE + ENV_FALSE) + ("/none" if optional else "")
-        raise ValueError(f"{raw!r} is not a boolean; allowed: {allowed}")
+        raise ValueError(f"{describe(raw)} is not a boolean; allowed: {allowed}")
     if base is int:
         try:
+            if len(text) > 20:
+                raise ValueError
             return int(text)
         except ValueError:
-            raise ValueError(f"{raw!r} is not a whole number") from None
+            raise ValueError(f"{describe(raw)} is not a whole number of 64 bits") from None
     if base is float:
         try:
             return float(text)
         except ValueError:
-            raise ValueError(f"{raw!r} is not a number") from None
+            raise ValueError(f"{describe(raw)} is not a number") from None
     if typing.get_origin(base) is tuple:
         return tuple(part.strip() for part in text.split(",") if part.strip())
     if typing.get_origin(base) is dict or base is dict:
         try:
-            value = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{raw!r} is not a JSON object ({error.msg})") from None
+            value = parse_json(text)
+        except ValueError as error:
+            raise ValueError(f"{describe(raw)} is not a JSON object: {error}") from None
         if not isinstance(value, dict):
-            raise ValueError(f"{raw!r} is not a JSON object")
+            raise ValueError(f"{describe(raw)} is not a JSON object")
         return value
     return text
 

@@ -26,7 +26,10 @@ from torchkiln.config import (
     CompileConfig,
 )
 from torchkiln.config_sources import SECTION_SHORTHANDS, dollar, section_classes
+from torchkiln.config_values import describe
 from torchkiln.errors import ConfigError, ConfigProblem
+from torchkiln.option_safety import option_problems
+from torchkiln.value_checks import value_problems
 
 _TYPE_NAMES = {
     bool: "a boolean (true/false)",
@@ -41,7 +44,9 @@ def _strict(kind: type) -> Any:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-            raise TypeError(f"expected {_TYPE_NAMES[kind]}, got {type(value).__name__} {value!r}")
+            raise TypeError(
+                f"expected {_TYPE_NAMES[kind]}, got {type(value).__name__} {describe(value)}"
+            )
         return value
 
     return structure
@@ -51,7 +56,7 @@ def _string_tuple(value: Any, _: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(part.strip() for part in value.split(",") if part.strip())
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise TypeError(f"expected a list of strings, got {value!r}")
+        raise TypeError(f"expected a list of strings, got {describe(value)}")
     return tuple(value)
 
 
@@ -59,7 +64,7 @@ def _mapping(value: Any, _: Any) -> dict[str, Any]:
     if value is None:  # as torch.compile(options=None), and an empty ``options:`` in YAML
         return {}
     if not isinstance(value, Mapping):
-        raise TypeError(f"expected a mapping, got {type(value).__name__} {value!r}")
+        raise TypeError(f"expected a mapping, got {type(value).__name__} {describe(value)}")
     return dict(value)
 
 
@@ -107,7 +112,7 @@ def unknown_key_problems(
                 problems.append(
                     ConfigProblem(
                         dollar(path),
-                        f"unknown field {key!r}{hint}; allowed: {', '.join(allowed)}",
+                        f"unknown field {describe(key)}{hint}; allowed: {', '.join(allowed)}",
                         sources.get(path, ""),
                     )
                 )
@@ -207,7 +212,7 @@ def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:
         # attribute 'keys')" for a section that is not a mapping.
         fields = ", ".join(f.name for f in attrs.fields(sections[field]))
         shorthand = " or a strategy name" if field in SECTION_SHORTHANDS else ""
-        return f"expected a mapping with the fields {fields}{shorthand} (got {node!r})"
+        return f"expected a mapping with the fields {fields}{shorthand} (got {describe(node)})"
     if message.startswith("invalid value for type"):
         expected = message.removeprefix("invalid value for type, ")
         expected = expected.replace("dict[str, typing.Any]", "a mapping").replace(
@@ -217,10 +222,10 @@ def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:
         if isinstance(node, bool) and "str" in expected:
             # YAML 1.1 reads unquoted on/off/yes/no as booleans: `progress: off` is False.
             return (
-                f"{expected} (got {node!r}; YAML reads unquoted on/off/yes/no as booleans, "
+                f"{expected} (got {describe(node)}; YAML reads unquoted on/off/yes/no as booleans, "
                 f"quote the value: '{'on' if node else 'off'}')"
             )
-        return f"{expected} (got {node!r})"
+        return f"{expected} (got {describe(node)})"
     return message
 
 
@@ -230,7 +235,7 @@ def _choice(config_value: Any, allowed: typing.Iterable[str], what: str) -> str 
         return None
     close = difflib.get_close_matches(str(config_value), allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"{config_value!r} is not {what}{hint}; allowed: {', '.join(allowed)}"
+    return f"{describe(config_value)} is not {what}{hint}; allowed: {', '.join(allowed)}"
 
 
 def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> None:
@@ -286,18 +291,20 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     if config.mode is not None and config.options:
         add(
             "mode",
-            f"mode {config.mode!r} and options {sorted(config.options)} cannot both be set "
+            f"mode {describe(config.mode)} and options {describe(list(config.options))} cannot both be set "
             "(torch.compile takes one or the other); put the mode's settings into options instead",
         )
+    problems.extend(value_problems(config, sources))
     if config.backend != "no":
         problems.extend(_backend_problems(config, sources, plugins))
+    problems.extend(option_problems(config, sources))
     strategy = plugins.distributed_strategies().get(config.distributed.strategy)
     if strategy is not None:
         availability = strategy.spec.probe()
         if not availability.available:
             add(
                 "distributed.strategy",
-                f"{config.distributed.strategy!r} is not available: {availability.reason}",
+                f"{describe(config.distributed.strategy)} is not available: {availability.reason}",
             )
     if problems:
         raise ConfigError(problems)
@@ -320,7 +327,7 @@ def _backend_problems(
             ConfigProblem(
                 "$.backend",
                 (
-                    f"{config.backend!r} is not a registered backend{hint}; registered by plugins: "
+                    f"{describe(config.backend)} is not a registered backend{hint}; registered by plugins: "
                     f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
                 ),
                 source,
@@ -342,7 +349,7 @@ def _backend_problems(
             ConfigProblem(
                 "$.mode",
                 (
-                    f"{config.mode!r} is not a mode backend {config.backend!r} accepts; allowed: "
+                    f"{describe(config.mode)} is not a mode backend {config.backend!r} accepts; allowed: "
                     f"{', '.join(spec.modes) or 'none (leave mode unset)'}"
                 ),
                 sources.get("mode", ""),
@@ -355,7 +362,7 @@ def _backend_problems(
                     ConfigProblem(
                         f"$.options.{key}",
                         (
-                            f"backend {config.backend!r} does not accept option {key!r}; allowed: "
+                            f"backend {config.backend!r} does not accept option {describe(key)}; allowed: "
                             f"{', '.join(spec.options) or 'none'}"
                         ),
                         sources.get("options", ""),

@@ -297,7 +297,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "mode": ("none", None),
     "fullgraph": ("yes", True),
     "dynamic": ("false", False),
-    "options": ('{"a": 1}', {"a": 1}),
+    "options": ('{"max_autotune": true}', {"max_autotune": True}),
     "disable": ("on", True),
     "regions.strategy": ("paths", "paths"),
     "regions.classes": ("A,B", ("A", "B")),

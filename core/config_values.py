@@ -1,0 +1,220 @@
+"""Plain configuration values: the shapes a file or the environment may hold, and how a value
+is shown in a message.
+
+Files and environment variables carry JSON-like data only: mappings with string keys, lists,
+strings, whole numbers that fit in 64 bits, finite numbers, booleans and null. Everything read
+from them passes :func:`plain_tree`, which also bounds its depth and its size, so no later step
+(merging, structuring, ``torchkiln config show``) can recurse without end or expand a shared
+structure into gigabytes.
+
+Messages show values through :func:`describe`, a bounded ``repr``: a 300-million-character
+value stays a 100-character message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import reprlib
+from collections.abc import Mapping
+from typing import Any
+
+from torchkiln.errors import ConfigProblem
+
+MAX_DEPTH = 32
+"""Deepest nesting of mappings and lists a file or variable may hold."""
+MAX_VALUES = 10_000
+"""Most values (mappings, lists, scalars, keys) one file or variable may hold, with every
+YAML alias counted as a full copy of what it refers to."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxdict = 6
+_REPR.maxlist = 6
+_REPR.maxtuple = 6
+_REPR.maxset = 6
+_REPR.maxstring = 80
+_REPR.maxother = 80
+_REPR.maxlong = 40
+
+
+def describe(value: Any) -> str:
+    """A ``repr`` of at most about a hundred characters, safe on shared and recursive data."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a user object whose __repr__ raises
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def join_path(path: str, key: Any) -> str:
+    """``$.a`` + ``b`` -> ``$.a.b``; an int key is a list index (``$.a[2]``); a key with a dot
+    or other punctuation is quoted (``$.options['cpp.cxx']``)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return f"{path}[{key}]"
+    text = str(key)
+    if _PLAIN_KEY.fullmatch(text):
+        return f"{path}.{text}"
+    return f"{path}[{describe(text)}]"  # ``$.options['cpp.cxx']``: a dot inside one key
+
+
+class PlainValueError(ValueError):
+    """A value that is not plain data, with the field path where it was found."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+    def problem(self, source: str) -> ConfigProblem:
+        return ConfigProblem(self.path, self.message, source)
+
+
+def plain_tree(value: Any, path: str = "$") -> Any:
+    """A fresh copy of ``value`` made only of dict, list, str, int, float, bool and None.
+
+    Shared sub-structures (YAML aliases) become independent copies, which is safe because the
+    total is bounded by :data:`MAX_VALUES`. Raises :class:`PlainValueError` naming the path of
+    the first value that is not plain data, too deep, too large or out of range.
+    """
+    budget = [MAX_VALUES]
+    return _copy(value, path, 0, budget, set())
+
+
+def _copy(value: Any, path: str, depth: int, budget: list[int], active: set[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise PlainValueError(
+            path,
+            f"more than {MAX_VALUES} values in all (YAML aliases count once per use); "
+            "a torchkiln configuration is far smaller",
+        )
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise PlainValueError(
+                path, f"the whole number {describe(value)} does not fit in 64 bits"
+            )
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PlainValueError(path, f"{value!r} is not allowed; give a finite number")
+        return value
+    if not isinstance(value, Mapping | list | tuple):
+        raise PlainValueError(path, f"{_kind(value)} is not allowed here; {ALLOWED_KINDS}")
+    if depth >= MAX_DEPTH:
+        raise PlainValueError(path, f"nested deeper than {MAX_DEPTH} levels")
+    if id(value) in active:
+        raise PlainValueError(path, "a structure that contains itself is not allowed")
+    active.add(id(value))
+    try:
+        if isinstance(value, Mapping):
+            copy: dict[str, Any] = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise PlainValueError(
+                        path, f"key {describe(key)} is {_kind(key)}; keys must be strings"
+                    )
+                copy[key] = _copy(item, join_path(path, key), depth + 1, budget, active)
+            return copy
+        return [
+            _copy(item, join_path(path, index), depth + 1, budget, active)
+            for index, item in enumerate(value)
+        ]
+    finally:
+        active.discard(id(value))
+
+
+ALLOWED_KINDS = "allowed: mappings with string keys, lists, strings, numbers, booleans and null"
+
+
+def _kind(value: Any) -> str:
+    names = {
+        bool: "a boolean",
+        int: "a whole number",
+        float: "a number",
+        str: "a string",
+        bytes: "binary data",
+        set: "a set",
+        frozenset: "a set",
+        type(None): "null",
+    }
+    for kind, name in names.items():
+        if type(value) is kind:
+            return name
+    if hasattr(value, "isoformat"):
+        return f"a date/time ({type(value).__name__})"
+    return f"a {type(value).__name__}"
+
+
+# --- JSON text (environment variables) ---------------------------------------------------------
+
+MAX_ENV_CHARS = 64 * 1024
+"""Longest value of one ``TORCHKILN_*`` variable."""
+
+
+def parse_json(text: str) -> Any:
+    """Plain data from JSON text; ValueError says what is wrong (depth, duplicates, NaN, ...).
+
+    The nesting depth is measured on the text first, so ``json.loads`` never recurses deeply.
+    """
+    depth = _json_depth(text)
+    if depth > MAX_DEPTH:
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels")
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not allowed; give a finite number")
+
+    def checked_int(digits: str) -> int:
+        if len(digits) > 20:
+            raise ValueError(f"a whole number of {len(digits)} digits does not fit in 64 bits")
+        return int(digits)
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in result:
+                raise ValueError(f"duplicate key {describe(key)}; give each key once")
+            result[key] = value
+        return result
+
+    try:
+        value = json.loads(
+            text,
+            parse_constant=no_constant,
+            parse_int=checked_int,
+            object_pairs_hook=unique_keys,
+        )
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not valid JSON ({error.msg} at character {error.pos})") from None
+    try:
+        return plain_tree(value)
+    except PlainValueError as error:
+        raise ValueError(f"{error.path}: {error.message}") from None
+
+
+def _json_depth(text: str) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                break
+        elif char in "]}":
+            depth -= 1
+    return deepest

@@ -1,0 +1,219 @@
+"""``options`` checked before anything is compiled: real names, right types, and nothing from a
+file or the environment that could run code.
+
+Names and types
+    With ``backend: inductor`` every key must be a real ``torch._inductor.config`` setting
+    (``-`` read as ``_``, as ``torch.compile`` does), with a "did you mean"; a
+    ``torch._dynamo.config`` name gets a note that ``options`` only reach inductor. A value must
+    have the setting's declared type (torch itself skips that check for ``X | None``,
+    ``Literal[...]`` and other generic types; this module does not). Numbers are finite.
+
+What a file or the environment may set (the rule, defended in docs/configuration.md)
+    A value that is a switch, a number or one of a closed list of words cannot name a program,
+    a path, a module or a function; a free string, a list, a mapping or a callable can (the C++
+    compiler ``cpp.cxx``, ``cpp.march`` flags spliced into the compiler command line,
+    ``cuda.cutlass_dir``, ``*_custom_pass``, ``inductor_choices_class``, ...). So an option
+    set from ``file:`` or ``env:`` is accepted only when its declared type is ``bool``, ``int``,
+    ``float``, a ``Literal`` of constants, or one of these or ``None``, and the key is not one of
+    the switches that fetch compiled code from or send it to a server (remote caches), run a
+    registered hook, or exist only for torch's own tests. For a backend other than inductor
+    torchkiln cannot read declared types, so from a file or the environment its option values
+    must be booleans, numbers or null. Python (keyword arguments, a ``config`` mapping or a
+    ``CompileConfig``) and plugins may set any option: they can run code anyway.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from torchkiln.config import CompileConfig
+from torchkiln.config_values import describe, join_path
+from torchkiln.errors import ConfigProblem
+
+UNTRUSTED_SOURCES = ("file:", "env:")
+"""Sources whose ``options`` are filtered: a YAML file (named or found) and ``TORCHKILN_*``."""
+
+_DENIED_FROM_FILES = re.compile(r"remote|upload|hook|TESTING|^test_configs\.|^_", re.IGNORECASE)
+"""Switches refused from files whatever their type: remote caches load compiled binaries from a
+server (or send them to one), hooks run registered code, the rest are torch's own test knobs."""
+_SCALARS = (bool, int, float)
+_DOCS = "docs/configuration.md, 'Options that can run code'"
+
+
+@functools.cache
+def inductor_settings() -> dict[str, Any]:
+    """Every ``torch._inductor.config`` setting name -> its declared type."""
+    from torch._inductor import config
+
+    return {name: config.get_type(name) for name in config.get_config_copy()}
+
+
+@functools.cache
+def dynamo_settings() -> frozenset[str]:
+    from torch._dynamo import config
+
+    return frozenset(config.get_config_copy())
+
+
+def is_untrusted(source: str) -> bool:
+    return source.startswith(UNTRUSTED_SOURCES)
+
+
+def option_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[ConfigProblem]:
+    """Every problem with ``config.options``: names, types, finiteness, and safety by source."""
+    source = sources.get("options", "")
+    problems: list[ConfigProblem] = []
+
+    def add(key: Any, message: str) -> None:
+        path = join_path("$.options", key) if isinstance(key, str) else "$.options"
+        problems.append(ConfigProblem(path, message, source))
+
+    for key, value in config.options.items():
+        if not isinstance(key, str):
+            add(key, f"option names are strings, got {describe(key)}")
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            add(key, f"{value!r} is not allowed; give a finite number")
+            continue
+        if config.backend == "inductor":
+            message = _inductor_problem(key, value, is_untrusted(source))
+        elif is_untrusted(source):
+            message = _other_backend_problem(config.backend, key, value)
+        else:
+            message = None
+        if message:
+            add(key, message)
+    return problems
+
+
+def _inductor_problem(key: str, value: Any, untrusted: bool) -> str | None:
+    settings = inductor_settings()
+    name = key.replace("-", "_")
+    if name not in settings:
+        return _unknown(key, name, settings)
+    declared = settings[name]
+    if not _matches(value, declared):
+        return (
+            f"inductor option {key!r} takes {_type_text(declared)}, got {_kind(value)} "
+            f"{describe(value)}"
+        )
+    if untrusted and not _safe_from_files(name, declared):
+        return (
+            f"inductor option {key!r} ({_type_text(declared)}) can name a program, path, "
+            "module or function, or make inductor fetch or run code, so torchkiln does not "
+            "take it from a file or the environment; set it from Python instead "
+            f"(torchkiln.compile(model, options={{...}})), see {_DOCS}"
+        )
+    return None
+
+
+def _unknown(key: str, name: str, settings: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(name, list(settings), n=3, cutoff=0.75)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    note = ""
+    if name in dynamo_settings():
+        note = (
+            f"; {name!r} is a torch._dynamo.config setting, and options reach only inductor "
+            "(set it with torch._dynamo.config.patch around the first call)"
+        )
+    return (
+        f"{key!r} is not an inductor option{hint}{note} "
+        f"(torch._inductor.config has {len(settings)} settings; "
+        "python -c 'import torch._inductor.config as c; print(*c.get_config_copy())' lists them)"
+    )
+
+
+def _other_backend_problem(backend: str, key: str, value: Any) -> str | None:
+    if value is None or isinstance(value, _SCALARS):
+        return None
+    return (
+        f"option {key!r} of backend {backend!r} is {_kind(value)}; from a file or the "
+        "environment, options of backends other than inductor may only be booleans, numbers "
+        "or null, because torchkiln cannot tell whether a string names a program or a path. "
+        f"Set it from Python instead, see {_DOCS}"
+    )
+
+
+def _safe_from_files(name: str, declared: Any) -> bool:
+    if _DENIED_FROM_FILES.search(name):
+        return False
+    return all(_closed_kind(member) for member in _union_members(declared))
+
+
+def _closed_kind(kind: Any) -> bool:
+    """A switch, a number, ``None``, or a Literal of constants: it cannot name anything."""
+    if kind is type(None) or kind in _SCALARS:
+        return True
+    if typing.get_origin(kind) is typing.Literal:
+        return all(isinstance(arg, (*_SCALARS, str, type(None))) for arg in typing.get_args(kind))
+    return False
+
+
+def _union_members(kind: Any) -> tuple[Any, ...]:
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return typing.get_args(kind)
+    return (kind,)
+
+
+def _matches(value: Any, declared: Any) -> bool:
+    """``value`` fits ``declared``; kinds this module cannot check are accepted, as torch does."""
+    members = _union_members(declared)
+    checkable = [m for m in members if m is type(None) or isinstance(m, type) or _is_literal(m)]
+    if len(checkable) < len(members):
+        return True  # a callable, a list[...] or a class torch checks itself
+    for member in checkable:
+        if _is_literal(member):
+            if any(value == arg and type(value) is type(arg) for arg in typing.get_args(member)):
+                return True
+        elif member is float:  # torch refuses a whole number for a float setting
+            if isinstance(value, float):
+                return True
+        elif member is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return True
+        elif isinstance(value, member):
+            return True
+    return False
+
+
+def _is_literal(kind: Any) -> bool:
+    return typing.get_origin(kind) is typing.Literal
+
+
+def _type_text(declared: Any) -> str:
+    parts = []
+    for member in _union_members(declared):
+        if member is type(None):
+            parts.append("null")
+        elif _is_literal(member):
+            parts.append("one of " + ", ".join(map(repr, typing.get_args(member))))
+        elif member in _SCALARS or member is str:
+            parts.append(
+                {bool: "a boolean", int: "a whole number", float: "a decimal number (1.0)"}.get(
+                    member, "a string"
+                )
+            )
+        else:
+            parts.append(describe(member).strip("<>'").removeprefix("class '"))
+    return " or ".join(parts)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "a whole number"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    return f"a {type(value).__name__}"

@@ -1,0 +1,321 @@
+"""Read a torchkiln YAML file: any input becomes plain data or one :class:`ConfigError`.
+
+What is refused, each with the field path (``$.a.b``) and the line:
+
+- anything but a regular file (``/dev/zero``, a FIFO, a directory), and files over
+  :data:`MAX_FILE_BYTES`; a file that is not UTF-8;
+- YAML that is not JSON-like: tags other than the core ones (``!!python/...``, ``!!binary``,
+  ``!!set``, ``!!omap``), dates, keys that are not strings (``1: a``, ``on: a``, ``? [a]``),
+  duplicate keys;
+- nesting deeper than :data:`~torchkiln.config_values.MAX_DEPTH` and more than
+  :data:`~torchkiln.config_values.MAX_VALUES` values, with every alias counted as a full copy of
+  what it refers to, so an alias bomb ("billion laughs") is refused after looking at each
+  distinct node once, before anything is built;
+- an alias that refers to a node containing it.
+
+Parsing uses PyYAML's pure-Python safe loader, extended: its composer builds shared nodes for
+aliases, which this module measures and checks before the constructor runs.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from torchkiln.config_values import (
+    MAX_DEPTH,
+    MAX_VALUES,
+    PlainValueError,
+    describe,
+    join_path,
+    plain_tree,
+)
+from torchkiln.errors import ConfigError, ConfigProblem
+
+MAX_FILE_BYTES = 1024 * 1024
+"""Largest configuration file read (1 MiB)."""
+
+_TAG = "tag:yaml.org,2002:"
+_SCALAR_TAGS = {f"{_TAG}{name}" for name in ("str", "int", "float", "bool", "null")}
+_MERGE = f"{_TAG}merge"
+_TAG_NAMES = {
+    f"{_TAG}timestamp": "a date/time (YAML reads 2024-01-31 as a date; quote it for a string)",
+    f"{_TAG}binary": "binary data (!!binary)",
+    f"{_TAG}set": "a set (!!set)",
+    f"{_TAG}omap": "an ordered mapping (!!omap)",
+    f"{_TAG}pairs": "a list of pairs (!!pairs)",
+    f"{_TAG}value": "a YAML value key (=)",
+    f"{_TAG}merge": "a merge key (<<) outside a mapping key",
+}
+_KEY_KINDS = {
+    f"{_TAG}int": "a whole number",
+    f"{_TAG}float": "a number",
+    f"{_TAG}bool": "a boolean (YAML 1.1 reads on/off/yes/no as booleans)",
+    f"{_TAG}null": "null",
+}
+_JSON_LIKE = "only mappings with string keys, lists, strings, numbers, booleans and null"
+
+
+class _Refused(Exception):
+    """Raised inside the loader; becomes a ConfigProblem."""
+
+    def __init__(self, path: str, message: str, node: Node | None = None):
+        line = f" (line {node.start_mark.line + 1})" if node is not None else ""
+        super().__init__(message + line)
+        self.path = path
+        self.message = message + line
+
+
+# --- reading the bytes -------------------------------------------------------------------------
+
+
+def read_config_text(path: Path, where: str) -> str:
+    """The text of a regular file of at most :data:`MAX_FILE_BYTES`, decoded as UTF-8."""
+
+    def refuse(message: str) -> ConfigError:
+        return ConfigError([ConfigProblem("$", message, where)])
+
+    try:
+        data = _read_regular_file(path)
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise refuse(f"cannot read config file: {reason}") from None
+    if data is None:
+        raise refuse(_not_regular(path))
+    if len(data) > MAX_FILE_BYTES:
+        raise refuse(
+            f"the file is larger than {MAX_FILE_BYTES // 1024} KiB; a torchkiln configuration "
+            "is far smaller"
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise refuse(
+            f"the file is not UTF-8 text: byte {data[error.start]:#04x} at offset {error.start} "
+            f"(line {line}); save it as UTF-8"
+        ) from None
+
+
+def _read_regular_file(path: Path) -> bytes | None:
+    """At most ``MAX_FILE_BYTES + 1`` bytes, or None when ``path`` is not a regular file."""
+    # Checked before opening: opening a FIFO for reading blocks until a writer comes.
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return None
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # replaced meanwhile
+            return None
+        return handle.read(MAX_FILE_BYTES + 1)
+
+
+def _not_regular(path: Path) -> str:
+    kind = "a directory" if path.is_dir() else "not a regular file (a device, FIFO or socket)"
+    return f"cannot read config file: {str(path)!r} is {kind}"
+
+
+# --- parsing -----------------------------------------------------------------------------------
+
+
+class _LimitedLoader(yaml.SafeLoader):
+    """The safe loader with a path-tracking, depth- and count-limited composer."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._path = ["$"]
+        self._composed = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        if isinstance(parent, SequenceNode) and isinstance(index, int):
+            path = join_path(self._path[-1], index)
+        elif isinstance(parent, MappingNode) and isinstance(index, ScalarNode):
+            path = join_path(self._path[-1], index.value)
+        elif isinstance(parent, MappingNode) and isinstance(index, Node):
+            path = join_path(self._path[-1], "<complex key>")
+        else:  # the root, or a mapping key
+            path = self._path[-1]
+        self._composed += 1
+        if self._composed > MAX_VALUES:
+            raise _Refused(path, f"more than {MAX_VALUES} values; a torchkiln file is far smaller")
+        if len(self._path) > MAX_DEPTH:
+            raise _Refused(path, f"nested deeper than {MAX_DEPTH} levels")
+        self._path.append(path)
+        try:
+            node: Node = super().compose_node(parent, index)
+            return node
+        finally:
+            self._path.pop()
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Plain data from YAML text, or a ConfigError (source ``where``) naming the field path."""
+    try:
+        loader = _LimitedLoader(text)
+    except yaml.YAMLError as error:  # characters YAML does not allow (NUL, ...)
+        raise ConfigError([ConfigProblem("$", _yaml_message(error), where)]) from None
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_graph(node)
+        data = loader.construct_document(node)
+    except _Refused as error:
+        raise ConfigError([ConfigProblem(error.path, error.message, where)]) from None
+    except yaml.YAMLError as error:
+        raise ConfigError([ConfigProblem("$", _yaml_message(error), where)]) from None
+    except (ValueError, TypeError, OverflowError) as error:  # a scalar the constructor refuses
+        raise ConfigError(
+            [ConfigProblem("$", f"not valid YAML: {describe(str(error))}", where)]
+        ) from None
+    finally:
+        loader.dispose()
+    try:
+        return plain_tree(data)
+    except PlainValueError as error:
+        raise ConfigError([error.problem(where)]) from None
+
+
+def _yaml_message(error: yaml.YAMLError) -> str:
+    text = str(error)
+    if len(text) > 600:
+        text = text[:597] + "..."
+    return f"not valid YAML: {text}"
+
+
+def _check_graph(root: Node) -> None:
+    """Check every distinct node once: allowed tags, string keys without duplicates, depth and
+    size with aliases expanded, no alias cycle. Iterative: nothing here recurses."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    active: set[int] = set()
+    stack: list[tuple[Node, str, bool]] = [(root, "$", False)]
+    while stack:
+        node, path, finished = stack.pop()
+        key = id(node)
+        children = _children(node, path)
+        if finished:
+            active.discard(key)
+            size[key] = 1 + sum(size[id(child)] for child, _ in children)
+            depth[key] = 1 + max((depth[id(child)] for child, _ in children), default=0)
+            if size[key] > MAX_VALUES:
+                raise _Refused(
+                    path,
+                    f"expands to more than {MAX_VALUES} values (YAML aliases count once per "
+                    "use); a torchkiln file is far smaller",
+                    node,
+                )
+            if depth[key] > MAX_DEPTH:
+                raise _Refused(
+                    path, f"nested deeper than {MAX_DEPTH} levels (aliases expanded)", node
+                )
+            continue
+        if key in size:
+            continue
+        if key in active:
+            raise _Refused(path, "a YAML alias refers to a node that contains it", node)
+        _check_node(node, path)
+        active.add(key)
+        stack.append((node, path, True))
+        stack.extend((child, child_path, False) for child, child_path in children)
+
+
+def _children(node: Node, path: str) -> list[tuple[Node, str]]:
+    if isinstance(node, SequenceNode):
+        return [(child, join_path(path, index)) for index, child in enumerate(node.value)]
+    if isinstance(node, MappingNode):
+        pairs = []
+        for key_node, value_node in node.value:
+            label = key_node.value if isinstance(key_node, ScalarNode) else "<complex key>"
+            if key_node.tag == _MERGE:  # ``<<: *base``: the merged mapping is the child
+                pairs.append((value_node, path))
+                continue
+            pairs.append((key_node, path))
+            pairs.append((value_node, join_path(path, label)))
+        return pairs
+    return []
+
+
+def _check_node(node: Node, path: str) -> None:
+    if isinstance(node, ScalarNode):
+        if node.tag not in _SCALAR_TAGS:
+            raise _Refused(path, _tag_message(node), node)
+        if node.tag == f"{_TAG}int" and len(node.value) > 40:
+            raise _Refused(
+                path,
+                f"a whole number of {len(node.value)} characters does not fit in 64 bits",
+                node,
+            )
+        return
+    expected = f"{_TAG}seq" if isinstance(node, SequenceNode) else f"{_TAG}map"
+    if node.tag != expected:
+        raise _Refused(path, _tag_message(node), node)
+    if isinstance(node, MappingNode):
+        _check_keys(node, path)
+
+
+def _check_keys(node: MappingNode, path: str) -> None:
+    seen: dict[str, int] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, ScalarNode):
+            raise _Refused(
+                path,
+                "a complex key (a list or mapping used as a key, as in '? [a]: 1') is not "
+                "allowed; keys must be strings",
+                key_node,
+            )
+        if key_node.tag == _MERGE:
+            continue
+        if key_node.tag != f"{_TAG}str":
+            kind = _KEY_KINDS.get(key_node.tag, _tag_message(key_node))
+            raise _Refused(
+                path,
+                f"key {describe(key_node.value)} is read as {kind}; keys must be strings, "
+                f"quote it: '{key_node.value}'",
+                key_node,
+            )
+        line = key_node.start_mark.line + 1
+        if key_node.value in seen:
+            raise _Refused(
+                join_path(path, key_node.value),
+                f"duplicate key {describe(key_node.value)} (lines {seen[key_node.value]} and "
+                f"{line}); give each key once",
+            )
+        seen[key_node.value] = line
+
+
+def _tag_message(node: Node) -> str:
+    what = _TAG_NAMES.get(node.tag) or f"the YAML tag {describe(node.tag)}"
+    return f"{what} is not allowed: torchkiln reads YAML with a safe loader, {_JSON_LIKE}"
+
+
+# --- the whole file ----------------------------------------------------------------------------
+
+
+def read_yaml_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A torchkiln YAML file as a plain mapping; any problem is one :class:`ConfigError`.
+
+    Nothing is filtered for safety here: the result passed back to
+    :func:`torchkiln.compile` as its ``config`` mapping counts as a Python argument, which is
+    how a trusted file may set options that run programs (docs/configuration.md).
+    """
+    path = Path(path)
+    where = f"file:{path}"
+    data = parse_yaml(read_config_text(path, where), where)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "$",
+                    f"the top level must be a mapping of fields, got a {type(data).__name__}",
+                    where,
+                )
+            ]
+        )
+    return data
