@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from torchkiln.config_values import describe
 from torchkiln.errors import TorchkilnError
 
 # Sub-commands that live with their own feature: (module, function adding the parser).
@@ -212,7 +213,7 @@ def _config_show(args: argparse.Namespace) -> int:
     resolved = resolve_config(args.file)
     values = attrs.asdict(resolved.config)
     if args.json:
-        print(
+        _print(
             json.dumps(
                 {
                     "config": values,
@@ -220,15 +221,16 @@ def _config_show(args: argparse.Namespace) -> int:
                     "file": str(resolved.file) if resolved.file else None,
                 },
                 indent=2,
+                default=describe,
             )
         )
         return 0
-    print(f"# file: {resolved.file or 'none'}")
+    _print(f"# file: {resolved.file or 'none'}")
     for path, source in resolved.sources.items():
         value: Any = values
         for part in path.split("."):
             value = value[part]
-        print(f"{path} = {json.dumps(value)}  # {source}")
+        _print(f"{path} = {json.dumps(value, default=describe)}  # {source}")
     return 0
 
 
@@ -236,8 +238,15 @@ def _config_validate(args: argparse.Namespace) -> int:
     from torchkiln.resolve import resolve_config
 
     resolve_config(args.file)
-    print(f"{args.file}: valid")
+    _print(f"{args.file}: valid")
     return 0
+
+
+def _print(text: str) -> None:
+    """Print ``text``; a path or value with characters the terminal cannot encode (an
+    undecodable byte in a file name, say) is escaped rather than crashing the command."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding))
 
 
 # --- torchkiln plan ----------------------------------------------------------------------------

@@ -124,9 +124,8 @@ def _unknown(key: str, name: str, settings: Mapping[str, Any]) -> str:
             "(set it with torch._dynamo.config.patch around the first call)"
         )
     return (
-        f"{key!r} is not an inductor option{hint}{note} "
-        f"(torch._inductor.config has {len(settings)} settings; "
-        "python -c 'import torch._inductor.config as c; print(*c.get_config_copy())' lists them)"
+        f"{describe(key)} is not an inductor option{hint}{note} (python -c 'import "
+        "torch._inductor.config as c; print(*c.get_config_copy())' lists every setting)"
     )
 
 
