@@ -168,9 +168,18 @@ def parse_yaml(text: str, where: str) -> Any:
         raise ConfigError([ConfigProblem(error.path, error.message, where)]) from None
     except yaml.YAMLError as error:
         raise ConfigError([ConfigProblem("$", _yaml_message(error), where)]) from None
-    except (ValueError, TypeError, OverflowError) as error:  # a scalar the constructor refuses
+    except Exception as error:
+        # PyYAML's constructors fail on some scalars with plain Python errors (``!!int ''``
+        # raises IndexError); after the checks above, whatever they raise is bad input.
         raise ConfigError(
-            [ConfigProblem("$", f"not valid YAML: {describe(str(error))}", where)]
+            [
+                ConfigProblem(
+                    "$",
+                    f"not valid YAML: a value cannot be read ({type(error).__name__}: "
+                    f"{describe(str(error))})",
+                    where,
+                )
+            ]
         ) from None
     finally:
         loader.dispose()

@@ -1,6 +1,6 @@
 """Measure how torchkiln refuses the 526-byte alias bomb (``alias_bomb.yaml``): time and memory.
 
-    python tests/foundation/measure_alias_bomb.py
+    python tests/config/measure_alias_bomb.py
 
 Each reader runs in a fresh process (so peak RSS is its own): the YAML reader alone, the full
 ``resolve_config`` (plugins, validation), and ``torchkiln config validate``. Printed per row:
@@ -69,7 +69,9 @@ def main() -> None:
         print(json.dumps(measure(sys.argv[2])))
         return
     print(f"{BOMB.name}: {BOMB.stat().st_size} bytes")
-    print(f"{'reader':<16} {'outcome':<28} {'wall s':>8} {'cpu s':>8} {'traced MB':>10} {'RSS+ MB':>8}")
+    print(
+        f"{'reader':<16} {'outcome':<28} {'wall s':>8} {'cpu s':>8} {'traced MB':>10} {'RSS+ MB':>8}"
+    )
     for reader in READERS:
         done = subprocess.run(
             [sys.executable, __file__, "--child", reader],

@@ -593,9 +593,7 @@ def test_an_unreadable_file(plugins: torchkiln.PluginManager, tmp_path: Path, wh
     path = tmp_path / "nothing.yaml" if what == "missing" else tmp_path
     with pytest.raises(ConfigError) as raised:
         resolve_config(path, plugins=plugins, env={})
-    reason = (
-        "No such file or directory" if what == "missing" else f"{str(path)!r} is a directory"
-    )
+    reason = "No such file or directory" if what == "missing" else f"{str(path)!r} is a directory"
     assert str(single_problem(raised)) == f"$ (from file:{path}): cannot read config file: {reason}"
 
 

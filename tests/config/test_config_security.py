@@ -273,6 +273,6 @@ def test_the_fake_compiler_does_run_when_chosen_from_python(
         options={"cpp.cxx": str(script)},
         cache_dir=str(tmp_path / "cache"),  # a cold cache: inductor must compile
     )
-    with pytest.raises(torchkiln.RegionCompileError, match="fake-cxx.sh"):
+    with pytest.raises(torchkiln.RegionCompileError, match=r"fake-cxx\.sh"):
         model(torch.randn(2, 8))
     assert marker.exists()
