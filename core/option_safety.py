@@ -52,7 +52,8 @@ def inductor_settings() -> dict[str, Any]:
     """Every ``torch._inductor.config`` setting name -> its declared type."""
     from torch._inductor import config
 
-    return {name: config.get_type(name) for name in config.get_config_copy()}
+    get_type = typing.cast(Any, config).get_type  # added by torch's config module machinery
+    return {name: get_type(name) for name in config.get_config_copy()}
 
 
 @functools.cache

@@ -130,7 +130,7 @@ class _LimitedLoader(yaml.SafeLoader):
         self._path = ["$"]
         self._composed = 0
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if isinstance(parent, SequenceNode) and isinstance(index, int):
             path = join_path(self._path[-1], index)
         elif isinstance(parent, MappingNode) and isinstance(index, ScalarNode):
@@ -146,8 +146,7 @@ class _LimitedLoader(yaml.SafeLoader):
             raise _Refused(path, f"nested deeper than {MAX_DEPTH} levels")
         self._path.append(path)
         try:
-            node: Node = super().compose_node(parent, index)
-            return node
+            return super().compose_node(parent, index)
         finally:
             self._path.pop()
 

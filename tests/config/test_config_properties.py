@@ -7,7 +7,8 @@ Four kinds of generated input, each run by one property:
   mutated), and raw bytes, read by :func:`resolve_config`;
 - ``env``: ``TORCHKILN_*`` variables (every field's variable, the shorthands, unknown names,
   ``TORCHKILN_CONFIG``) with generated text, JSON and numbers;
-- ``kwargs``: keyword arguments named like fields (and not) with Python values of any kind;
+- ``kwargs``: the ``config`` argument (a mapping, a path, anything) and keyword arguments
+  named like fields (and not), with Python values of any kind;
 - ``cli``: generated files and environments through ``torchkiln config validate`` / ``show``
   / ``show --json``, in process: the return code must be 0 or 2 and nothing may escape.
 
@@ -108,11 +109,13 @@ keys = st.one_of(
     ),
     st.text(max_size=12),
 )
-json_like = st.recursive(
-    scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4)),
-    max_leaves=12,
-)
+
+
+def nested(inner: Any) -> Any:
+    return st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=4))
+
+
+json_like = st.recursive(scalars, nested, max_leaves=12)
 config_shaped = st.dictionaries(
     st.sampled_from([*TOP_LEVEL, "bakend", "regions", "distributed"]),
     st.one_of(
@@ -242,6 +245,7 @@ def _alias_chain(depth: int, fan: int) -> str:
 
 # --- environment and keyword arguments ----------------------------------------------------------
 
+
 def text_of(value: Any) -> str:
     """``str`` / ``json.dumps``, and 5,000 digits for an int beyond Python's conversion limit."""
     try:
@@ -281,10 +285,19 @@ python_values = st.one_of(
     st.builds(lambda n: [[[]]] * n, st.integers(0, 5)),
     st.dictionaries(st.one_of(st.integers(), st.text(max_size=5)), json_like, max_size=3),
 )
-kwargs_strategy = st.dictionaries(
-    st.one_of(st.sampled_from(TOP_LEVEL), st.sampled_from(["bakend", "plugins_", "x"])),
-    python_values,
-    max_size=4,
+kwargs_strategy = st.tuples(
+    # the positional ``config``: nothing, a mapping layer, a path, or any Python value
+    st.one_of(
+        st.none(),
+        config_shaped,
+        st.sampled_from(["/dev/zero", "/nonexistent.yaml", "/", b"bytes-path"]),
+        python_values,
+    ),
+    st.dictionaries(
+        st.one_of(st.sampled_from(TOP_LEVEL), st.sampled_from(["bakend", "plugins_", "x"])),
+        python_values,
+        max_size=4,
+    ),
 )
 
 # --- the checks ---------------------------------------------------------------------------------
@@ -312,8 +325,9 @@ def check_env(env: dict[str, str]) -> None:
     ends_well(lambda: resolve_config(plugins=PM, env=env, cwd=WORKDIR))
 
 
-def check_kwargs(kwargs: dict[str, Any]) -> None:
-    ends_well(lambda: resolve_config(plugins=PM, env={}, cwd=WORKDIR, **kwargs))
+def check_kwargs(given_input: tuple[Any, dict[str, Any]]) -> None:
+    config, kwargs = given_input
+    ends_well(lambda: resolve_config(config, plugins=PM, env={}, cwd=WORKDIR, **kwargs))
 
 
 @st.composite

@@ -23,8 +23,8 @@ from stack_model import Stack
 import torchkiln
 from torchkiln import ConfigError, cli, hookimpl
 from torchkiln.option_safety import _safe_from_files, inductor_settings
+from torchkiln.plugin import BackendSpec
 from torchkiln.resolve import resolve_config
-from torchkiln.specs import BackendSpec
 from torchkiln.yaml_reader import read_yaml_file
 
 
