@@ -316,14 +316,15 @@ class _LevelSearch:
 
     def _coarser_notes(self, groups: list[RegionGroup]) -> list[str]:
         """Classes above the chosen blocks with several instances, none repeating."""
-        regions = [r.module for g in groups for r in g.regions]
+        regions = {id(r.module) for g in groups for r in g.regions}
+        chosen = {g.module_class for g in groups}
         notes = []
         for cls, instances in self.instances.items():
-            if len(instances) < 2 or cls in {g.module_class for g in groups}:
+            if len(instances) < 2 or cls in chosen:
                 continue
             if isinstance(instances[0], CONTAINERS) or not _is_block(instances[0]):
                 continue
-            holds = [m for m in instances if any(r is not m and _contains(m, r) for r in regions)]
+            holds = [m for m in instances if any(id(s) in regions for s in m.modules())]
             if len(holds) < 2:
                 continue
             shapes = len({self.index.key(m) for m in holds})
@@ -338,7 +339,7 @@ class _LevelSearch:
         return notes
 
     def _hint_notes(self, groups: list[RegionGroup], chosen_names: set[str]) -> list[str]:
-        inside = [r.module for g in groups for r in g.regions]
+        inside = {id(s) for g in groups for r in g.regions for s in r.module.modules()}
         notes = []
         for hint in sorted(self.hints - chosen_names):
             instances = [
@@ -348,7 +349,7 @@ class _LevelSearch:
                 continue
             if len(instances) == 1:
                 notes.append(f"the model's hint {hint} occurs once, so it is not a block")
-            elif all(any(_contains(r, m) for r in inside) for m in instances):
+            elif all(id(m) in inside for m in instances):
                 notes.append(f"the model's hint {hint} is inside the chosen blocks")
             else:
                 shapes = len({self.index.key(m) for m in instances})
@@ -356,10 +357,6 @@ class _LevelSearch:
                     f"the model's hint {hint}: {len(instances)} instances in {shapes} shapes"
                 )
         return notes
-
-
-def _contains(outer: nn.Module, inner: nn.Module) -> bool:
-    return any(m is inner for m in outer.modules())
 
 
 def _is_block(module: nn.Module) -> bool:

@@ -490,3 +490,8 @@ CASES: tuple[ZooCase, ...] = (
         cached=True,
     ),
 )
+
+
+def resnet50_layout() -> nn.Module:
+    """The ``resnet`` case's model (a factory for ``torchkiln plan plan_zoo:resnet50_layout``)."""
+    return next(case for case in CASES if case.name == "resnet").build()
