@@ -285,12 +285,26 @@ def group_by_structure(
 # --- the group invariant ---------------------------------------------------------------------
 
 
-def check_group(group: RegionGroup, *, plugin: str = "") -> None:
-    """Refuse a group whose regions do not all run one ``forward`` function.
+def forward_code_problems(group: RegionGroup) -> list[str]:
+    """What breaks "one ``forward`` function per group" in ``group``, one line each (empty:
+    nothing). The regions of a group share one compiled function, the first region's class
+    ``forward``: a member whose class has another ``forward`` would silently run that code."""
+    if not group.regions:
+        return []
+    first = group.regions[0]
+    forward = type(first.module).forward
+    return [
+        f"modules with different forward code in group {group.name!r}: "
+        f"{first.display_path!r} ({_qualname(type(first.module))}) and "
+        f"{region.display_path!r} ({_qualname(type(region.module))})"
+        for region in group.regions
+        if type(region.module).forward is not forward
+    ]
 
-    All regions of a group call one compiled function: the first region's class ``forward``.
-    Two classes with different ``forward`` code in one group would silently run the first
-    one's code for all of them.
+
+def check_group(group: RegionGroup, *, plugin: str = "") -> None:
+    """Refuse a group whose regions do not all run one ``forward`` function
+    (:func:`forward_code_problems`), has no regions, or whose regions name another group.
 
     :param plugin: the plugin that made the group, named in the error.
     :raises PluginError: naming the plugin, the group and the two regions that differ.
@@ -298,23 +312,19 @@ def check_group(group: RegionGroup, *, plugin: str = "") -> None:
     who = f"selector plugin {plugin!r}" if plugin else "the selector"
     if not group.regions:
         raise PluginError(f"{who} returned group {group.name!r} with no regions")
-    first = group.regions[0]
-    forward = type(first.module).forward
     for region in group.regions:
         if region.group != group.name:
             raise PluginError(
                 f"{who}: region {region.display_path!r} is in group {group.name!r} but says "
                 f"group {region.group!r}; Region.group must name the group that holds it"
             )
-        if type(region.module).forward is not forward:
-            raise PluginError(
-                f"{who} put modules with different forward code in group {group.name!r}: "
-                f"{first.display_path!r} ({_qualname(type(first.module))}) and "
-                f"{region.display_path!r} ({_qualname(type(region.module))}); the regions of "
-                "a group share one compiled function, so each group must hold modules whose "
-                "class forward is the same function (group by class, or by "
-                "torchkiln.plugin.structure_key)"
-            )
+    problems = forward_code_problems(group)
+    if problems:
+        raise PluginError(
+            f"{who} put {problems[0]}; the regions of a group share one compiled function, so "
+            "each group must hold modules whose class forward is the same function (group by "
+            "class, or with torchkiln.plugin.group_by_structure)"
+        )
 
 
 def check_plan(plan: RegionPlan, root: nn.Module, *, plugin: str = "") -> None:
@@ -362,6 +372,7 @@ __all__ = [
     "difference_kind",
     "drop_excluded",
     "flat_facts",
+    "forward_code_problems",
     "group_by_structure",
     "is_excluded",
     "own_facts",

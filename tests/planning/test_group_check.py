@@ -18,6 +18,7 @@ from torchkiln.plugin import (
     SelectorSpec,
     check_group,
     check_plan,
+    forward_code_problems,
 )
 
 
@@ -155,3 +156,13 @@ def test_check_plan_refuses_broken_plans() -> None:
         plan(RegionGroup("g", (Region("blocks.0", first, "g"), Region("blocks.2", second, "g")))),
         model,
     )
+
+
+def test_forward_code_problems_lists_each_odd_member() -> None:
+    model = Mixed()
+    regions = tuple(Region(f"blocks.{i}", model.blocks[i], "g") for i in range(3))
+    assert forward_code_problems(RegionGroup("g", regions)) == [
+        "modules with different forward code in group 'g': 'blocks.0' "
+        f"({__name__}.Doubling) and 'blocks.1' ({__name__}.Negating)"
+    ]
+    assert forward_code_problems(RegionGroup("g", (regions[0], regions[2]))) == []
