@@ -74,8 +74,9 @@ class _Refused(Exception):
 # --- reading the bytes -------------------------------------------------------------------------
 
 
-def read_config_text(path: Path, where: str) -> str:
-    """The text of a regular file of at most :data:`MAX_FILE_BYTES`, decoded as UTF-8."""
+def read_config_text(path: Path, where: str, what: str = "config file") -> str:
+    """The text of a regular file of at most :data:`MAX_FILE_BYTES`, decoded as UTF-8;
+    ``what`` names the file in messages (``cannot read {what}: ...``)."""
 
     def refuse(message: str) -> ConfigError:
         return ConfigError([ConfigProblem("$", message, where)])
@@ -84,9 +85,9 @@ def read_config_text(path: Path, where: str) -> str:
         data = _read_regular_file(path)
     except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise refuse(f"cannot read config file: {reason}") from None
+        raise refuse(f"cannot read {what}: {reason}") from None
     if data is None:
-        raise refuse(_not_regular(path))
+        raise refuse(_not_regular(path, what))
     if len(data) > MAX_FILE_BYTES:
         raise refuse(
             f"the file is larger than {MAX_FILE_BYTES // 1024} KiB; a torchkiln configuration "
@@ -114,9 +115,9 @@ def _read_regular_file(path: Path) -> bytes | None:
         return handle.read(MAX_FILE_BYTES + 1)
 
 
-def _not_regular(path: Path) -> str:
+def _not_regular(path: Path, what: str) -> str:
     kind = "a directory" if path.is_dir() else "not a regular file (a device, FIFO or socket)"
-    return f"cannot read config file: {str(path)!r} is {kind}"
+    return f"cannot read {what}: {str(path)!r} is {kind}"
 
 
 # --- parsing -----------------------------------------------------------------------------------

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
 from torchkiln.errors import ConfigError, ConfigProblem
+from torchkiln.yaml_reader import parse_yaml, read_config_text
 
 ENV_PREFIX = "ACCELERATE_DYNAMO_"
 ENV_BACKEND = ENV_PREFIX + "BACKEND"
@@ -291,22 +291,9 @@ def read_yaml(path: str | os.PathLike[str]) -> AccelerateDynamo:
 
 
 def _load_mapping(path: Path, source: str) -> Mapping[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "$",
-                    f"cannot read the Accelerate config file: {error.strerror or error}",
-                    source,
-                )
-            ]
-        ) from None
-    try:
-        document = yaml.safe_load(text)  # JSON is YAML too: old accelerate configs load here
-    except yaml.YAMLError as error:
-        raise ConfigError([ConfigProblem("$", f"not valid YAML: {error}", source)]) from None
+    # torchkiln's own reader: size, depth and alias limits, UTF-8, regular files only, plain
+    # data (JSON is YAML too: old accelerate configs load here).
+    document = parse_yaml(read_config_text(path, source, what="the Accelerate config file"), source)
     if document is None:
         return {}
     if not isinstance(document, Mapping):

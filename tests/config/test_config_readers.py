@@ -415,3 +415,26 @@ def test_the_alias_bomb_is_refused_within_one_cpu_second_and_100_mb() -> None:
         tracemalloc.stop()
     assert time.process_time() - cpu_before <= 1.0
     assert peak <= 100 * 2**20
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (b"dynamo_config:\n  dynamo_backend: \xff\n", "not UTF-8 text"),
+        ((HERE / "alias_bomb.yaml").read_bytes(), "expands to more than 10000 values"),
+        (b"dynamo_config: " + b"[" * 5000, "nested deeper than 32 levels"),
+        (b"dynamo_config:\n  dynamo_backend: EAGER\n  dynamo_backend: INDUCTOR\n", "duplicate key"),
+    ],
+    ids=["not-utf8", "alias-bomb", "deep", "duplicate"],
+)
+def test_the_accelerate_config_reader_uses_the_same_limits(
+    text: bytes, fragment: str, tmp_path: Path
+) -> None:
+    from torchkiln.compat.accelerate_settings import read_yaml
+
+    path = tmp_path / "default_config.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError, match=fragment):
+        read_yaml(path)
+    with pytest.raises(ConfigError, match="cannot read the Accelerate config file"):
+        read_yaml("/dev/zero")
