@@ -52,8 +52,11 @@ def inductor_settings() -> dict[str, Any]:
     """Every ``torch._inductor.config`` setting name -> its declared type."""
     from torch._inductor import config
 
-    get_type = typing.cast(Any, config).get_type  # added by torch's config module machinery
-    return {name: get_type(name) for name in config.get_config_copy()}
+    current = config.get_config_copy()
+    get_type = getattr(config, "get_type", None)  # declared types; older torch: the default's
+    if get_type is None:
+        return {name: type(value) for name, value in current.items()}
+    return {name: get_type(name) for name in current}
 
 
 @functools.cache
