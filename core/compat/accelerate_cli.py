@@ -18,6 +18,7 @@ from torchkiln.compat.accelerate_settings import (
     read_yaml,
     to_overrides,
 )
+from torchkiln.yaml_reader import parse_yaml, read_config_text
 
 # Accelerate's distributed_type, as the torchkiln strategy that does the same job.
 DISTRIBUTED_HINTS = {
@@ -93,7 +94,8 @@ def _dropped_notes(settings: AccelerateDynamo) -> list[str]:
 
 
 def _other_keys_note(path: str | Path) -> list[str]:
-    document = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    where = f"file:{path}"  # read_yaml already accepted this file: same reader, same limits
+    document = parse_yaml(read_config_text(Path(path), where), where) or {}
     if not isinstance(document, Mapping):
         return []
     notes = []
