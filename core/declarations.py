@@ -59,6 +59,12 @@ class BackendSpec:
     devices: tuple[str, ...] = ()
     """Device types the backend compiles for (``cpu``, ``cuda``, ``xla``, ``hpu``, ...); empty
     means whatever device the model is on."""
+    precompile: bool = False
+    """Whether the backend's compiled functions can be saved ahead of time and loaded in
+    another process (``torchkiln precompile``): its ``compile_region`` returns a
+    ``torch.compile`` function whose ``aot_compile`` result torch can serialise. ``False``:
+    precompiling with it is refused with a clear error, and ``artifacts=`` warns and
+    compiles normally."""
     origin: str = "plugin"
     """``plugin`` for a backend a torchkiln plugin declares, ``torch`` for one only torch knows."""
 

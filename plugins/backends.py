@@ -29,11 +29,17 @@ def _cuda_available() -> Availability:
 
 BACKENDS = (
     BackendSpec(
-        "inductor", "TorchInductor: Triton on GPU, C++/OpenMP on CPU", modes=INDUCTOR_MODES
+        "inductor",
+        "TorchInductor: Triton on GPU, C++/OpenMP on CPU",
+        modes=INDUCTOR_MODES,
+        precompile=True,
     ),
     BackendSpec("eager", "Dynamo capture only, runs the graph eagerly (debugging)", modes=()),
     BackendSpec(
-        "aot_eager", "Dynamo + AOTAutograd, runs eagerly (debugging, fast tests)", modes=()
+        "aot_eager",
+        "Dynamo + AOTAutograd, runs eagerly (debugging, fast tests)",
+        modes=(),
+        precompile=True,
     ),
     BackendSpec(
         "cudagraphs",
