@@ -139,6 +139,12 @@ class CompileConfig:
     cache_dir: str | None = None
     """Directory for persistent compile artifacts (inductor FX-graph and AOTAutograd
     caches); ``None`` leaves torch's own default."""
+    artifacts: str | None = None
+    """Directory written by ``torchkiln precompile``: region groups whose artifacts fit are
+    loaded from it instead of traced and compiled; ``None``: compile normally."""
+    artifacts_strict: bool = False
+    """Artifacts that do not fit (torch, backend, options, device, dtype, code, inputs) raise
+    ``ArtifactError`` instead of a warning and a normal compile."""
     progress: str = attrs.field(default="auto", converter=_lower)
     """Per-region progress during the first (compiling) call: ``auto`` (only on a
     terminal), ``on``, ``off``."""

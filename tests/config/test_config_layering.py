@@ -325,6 +325,8 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "distributed.options": ('{"k": [1, 2]}', {"k": [1, 2]}),
     "on_region_error": ("EAGER", "eager"),
     "cache_dir": ("/tmp/kiln-cache", "/tmp/kiln-cache"),
+    "artifacts": ("/tmp/kiln-artifacts", "/tmp/kiln-artifacts"),
+    "artifacts_strict": ("true", True),
     "progress": ("off", "off"),
     "report": ("true", True),
 }
