@@ -220,6 +220,12 @@ def _is_compile_failure(error: BaseException) -> bool:
     return isinstance(error, dynamo_exc.TorchDynamoException | RegionCompileError)
 
 
+GroupHook = Callable[[RegionGroup, Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
+"""``hook(group, group_function, compiled) -> compiled``: called once per group with the
+function ``compile_region`` returned for the group's shared function (before any
+``GroupPreparation.wrap_call``); what it returns is installed for every region of the group."""
+
+
 class Compiler:
     """Compiles one plan's regions in place."""
 
@@ -231,6 +237,9 @@ class Compiler:
         self.plugins = plugins
         self.progress = progress
         self.calls = 0
+        self.group_hooks: list[GroupHook] = []
+        """Each may replace a group's compiled function (precompiled artifacts do). Errors they
+        raise propagate as they are (they are not compile failures of the region)."""
 
     def __call__(self, root: nn.Module) -> None:
         """The ``compile_regions`` callback handed to ``wrap_distributed``."""
@@ -293,7 +302,7 @@ class Compiler:
         modules = [root.get_submodule(region.path) for region in group.regions]
         shared = group_function(group, index, _wrap_traced(type(modules[0]).forward, preparations))
         state.code_names[group.name] = shared.__code__.co_name
-        compiled_shared, error = self._compile(shared, group, preparations)
+        compiled_shared, error = self._compile(shared, group, preparations, self.group_hooks)
         for region, module in zip(group.regions, modules, strict=True):
             region_state = RegionState(
                 region, index, module.__dict__.get("forward", _MISSING), owner=state
@@ -317,8 +326,13 @@ class Compiler:
             )
 
     def _compile(
-        self, fn: RegionFunction, group: RegionGroup, preparations: list[GroupPreparation]
+        self,
+        fn: RegionFunction,
+        group: RegionGroup,
+        preparations: list[GroupPreparation],
+        hooks: list[GroupHook] | None = None,
     ) -> tuple[RegionFunction, BaseException | None]:
+        in_hook = False
         try:
             compiled = self.plugins.hook.compile_region(
                 fn=fn, group=group, config=self.config, backend=self.config.backend
@@ -334,8 +348,14 @@ class Compiler:
                         "answered for it"
                     )
                 compiled = compile_with_torch(fn, self.config)
+            in_hook = True
+            for hook in hooks or ():
+                compiled = hook(group, fn, compiled)
+            in_hook = False
             return _wrap_call(compiled, preparations), None
         except Exception as error:
+            if in_hook:
+                raise  # a group hook's own error (strict artifacts), not a compile failure
             if self.config.on_region_error == "raise":
                 declared = self.plugins.backends().get(self.config.backend)
                 plugin = (
