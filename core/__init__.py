@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from torchkiln.distributed import distributed_result, full_state_dict, unwrap
     from torchkiln.pipeline import compile, decompile, is_compiled, plan, report
     from torchkiln.plugin_manager import PluginManager, get_plugin_manager
+    from torchkiln.precompile import precompile
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ _LAZY = {
     "distributed_result": "torchkiln.distributed",
     "save_cache_artifacts": "torchkiln.cache",
     "load_cache_artifacts": "torchkiln.cache",
+    "precompile": "torchkiln.precompile",
 }
 
 
@@ -79,6 +81,7 @@ __all__ = [
     "is_compiled",
     "load_cache_artifacts",
     "plan",
+    "precompile",
     "report",
     "save_cache_artifacts",
     "unwrap",

@@ -114,6 +114,10 @@ def compile(
         else RegionPlan("none", (), reason="compilation off")
     )
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
+    if cfg.enabled and cfg.artifacts is not None:
+        from torchkiln.precompiled import artifact_hook
+
+        compiler.group_hooks.append(artifact_hook(cfg, pm))
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
     result = pm.hook.wrap_distributed(
         model=model,

@@ -1,0 +1,311 @@
+"""``torchkiln.precompile``: compile each region group ahead of time and write an artifact
+directory that :func:`torchkiln.compile` (``artifacts=DIR``) loads without tracing or compiling.
+
+The model is compiled by the same engine as :func:`torchkiln.compile` (same plan, same
+``prepare_group`` preparations, same group function), with a group hook that, instead of
+letting Dynamo compile on the first call, hands each distinct call of the group to torch's
+``torch.compile(fn, fullgraph=True).aot_compile(((module, *args), kwargs))`` and saves the
+result with ``save_compiled_function`` (guards included); the call itself then runs eagerly.
+The model runs once per kind (inference, training) on ``example_inputs`` and is decompiled.
+The inductor cache that compile filled is kept in ``DIR/kernels`` so loading compiles nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.artifacts import (
+    GROUPS_DIR,
+    KERNELS_DIR,
+    KINDS,
+    MANIFEST,
+    ArtifactError,
+    GroupArtifacts,
+    GroupEntry,
+    Manifest,
+    code_hash,
+    entry_file,
+    environment_key,
+    input_spec,
+    structure_hash,
+    write_manifest,
+)
+from torchkiln.cache import apply_cache_dir
+from torchkiln.config import CompileConfig
+from torchkiln.plugin_manager import PluginManager, get_plugin_manager
+from torchkiln.progress import make_progress
+from torchkiln.region_compiler import REGION_ATTR, Compiler, decompile, state_of
+from torchkiln.region_plan import RegionGroup
+from torchkiln.resolve import ConfigArg, resolve_config
+
+INSTALLED = ("forward", REGION_ATTR)
+MAX_VARIANTS = 4
+"""At most this many distinct input specs are precompiled per group and kind."""
+
+
+@attrs.define
+class PrecompileResult:
+    """What :func:`precompile` wrote, and what it could not."""
+
+    path: str
+    manifest: Manifest
+    seconds: float
+
+    @property
+    def entries(self) -> int:
+        return sum(len(g.entries) for g in self.manifest.groups)
+
+    @property
+    def skipped(self) -> list[dict[str, str]]:
+        return self.manifest.skipped
+
+    def summary(self) -> str:
+        lines = [f"precompiled into {self.path} in {self.seconds:.1f} s:"]
+        for group in self.manifest.groups:
+            for entry in group.entries:
+                lines.append(
+                    f"  {group.name} ({group.regions} regions), {entry.kind}: "
+                    f"{entry.compile_seconds:.1f} s -> {entry.file}"
+                )
+        for skip in self.manifest.skipped:
+            lines.append(f"  {skip['group']}, {skip['kind']}: NOT precompiled: {skip['reason']}")
+        return "\n".join(lines)
+
+
+def _as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A dict is keyword arguments, a tuple or list positional ones, anything else the one
+    positional argument."""
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, tuple | list):
+        return tuple(example_inputs), {}
+    return (example_inputs,), {}
+
+
+@contextlib.contextmanager
+def kind_context(model: nn.Module, kind: str) -> Iterator[None]:
+    """``inference``: eval mode, no grad. ``training``: train mode, grad enabled. The model's
+    own modes are put back afterwards."""
+    modes = {module: module.training for module in model.modules()}
+    model.train(kind == "training")
+    try:
+        with torch.set_grad_enabled(kind == "training"):
+            yield
+    finally:
+        for module, training in modes.items():
+            module.training = training
+
+
+def _check_backend(config: CompileConfig, plugins: PluginManager) -> None:
+    declared = plugins.backends().get(config.backend)
+    spec = declared.spec if declared is not None else None
+    if spec is None or not getattr(spec, "precompile", False):
+        who = f"plugin {declared.plugin!r}" if declared is not None else "no plugin"
+        raise ArtifactError(
+            f"backend {config.backend!r} cannot be precompiled: {who} does not declare it "
+            "serialisable (BackendSpec.precompile); `torchkiln plugins` lists the backends "
+            "that can (inductor, aot_eager)"
+        )
+
+
+def closure_data(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The group function's closure values, handed to torch's pickler as external data.
+
+    Saving them by reference fails for decorated functions (a transformers layer's
+    ``forward``: "it's not the same object as ...forward"); as external data they are never
+    pickled, and the loader supplies the live objects by the same keys.
+    """
+    names = fn.__code__.co_freevars
+    cells = fn.__closure__ or ()
+    return {f"closure:{name}": cell.cell_contents for name, cell in zip(names, cells, strict=True)}
+
+
+@contextlib.contextmanager
+def _plain_module(module: nn.Module) -> Iterator[None]:
+    """The module as the user built it while torch saves the guards: torch pickles the guarded
+    module's ``__dict__``, which must not hold torchkiln's installed forward and region state
+    (neither pickles, and neither exists in the loading process before compile)."""
+    installed = {name: module.__dict__.pop(name) for name in INSTALLED if name in module.__dict__}
+    try:
+        yield
+    finally:
+        module.__dict__.update(installed)
+
+
+class EntryRecorder:
+    """The group hook used while precompiling: records each distinct call of a group as a
+    saved ``aot_compile`` entry, then runs the call eagerly."""
+
+    def __init__(self, model: nn.Module, directory: Path, config: CompileConfig):
+        self.model = model
+        self.directory = directory
+        self.config = config
+        self.kind = KINDS[0]
+        self.groups: dict[str, GroupArtifacts] = {}
+        self.indexes: dict[str, int] = {}
+        self.seen: set[tuple[str, str, str]] = set()
+        self.skipped: list[dict[str, str]] = []
+
+    def hook(self, group: RegionGroup, fn: Callable[..., Any], compiled: Any) -> Any:
+        module = group.regions[0].module
+        self.indexes[group.name] = len(self.indexes)
+        self.groups[group.name] = GroupArtifacts(
+            group.name,
+            f"{type(module).__module__}.{type(module).__qualname__}",
+            code_hash(module),
+            structure_hash(module),
+            len(group.regions),
+        )
+
+        def record(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+            self._record(group, fn, compiled, module, args, kwargs)
+            return fn(module, *args, **kwargs)
+
+        return record
+
+    def _record(
+        self,
+        group: RegionGroup,
+        fn: Callable[..., Any],
+        compiled: Any,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        spec = input_spec(args, kwargs)
+        key = (group.name, self.kind, repr(spec))
+        saved = self.groups[group.name]
+        variants = sum(1 for g, k, _ in self.seen if g == group.name and k == self.kind)
+        if key in self.seen or variants >= MAX_VARIANTS:
+            return
+        self.seen.add(key)
+        try:
+            if not callable(getattr(compiled, "aot_compile", None)):
+                raise ArtifactError(
+                    f"compile_region for backend {self.config.backend!r} returned "
+                    f"{type(compiled).__name__}, not a torch.compile function (no aot_compile)"
+                )
+            started = time.perf_counter()
+            with warnings.catch_warnings():
+                # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards;
+                # torch's warning about it says nothing the user can act on.
+                warnings.filterwarnings(
+                    "ignore", message="The .grad attribute of a Tensor that is not"
+                )
+                with _plain_module(module):
+                    aot = compiled.aot_compile(((module, *args), kwargs))
+            seconds = time.perf_counter() - started
+            relative = entry_file(self.indexes[group.name], group.name, self.kind, variants)
+            aot.save_compiled_function(
+                str(self.directory / relative), external_data=closure_data(fn)
+            )
+        except Exception as error:  # one entry failing is recorded, the rest go on
+            self.skipped.append({"group": group.name, "kind": self.kind, "reason": _reason(error)})
+            return
+        saved.entries.append(GroupEntry(self.kind, relative, spec, round(seconds, 3)))
+
+
+def _reason(error: BaseException) -> str:
+    first = next((line for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first}"[:500]
+
+
+def _fresh_directory(path: str | Any) -> Path:
+    directory = Path(path).expanduser().resolve()
+    if directory.exists() and not directory.is_dir():
+        raise ArtifactError(f"artifacts path {str(path)!r} exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    # A rewrite replaces the entries; the kernels are content-addressed and stay valid.
+    shutil.rmtree(directory / GROUPS_DIR, ignore_errors=True)
+    (directory / MANIFEST).unlink(missing_ok=True)
+    (directory / GROUPS_DIR).mkdir()
+    return directory
+
+
+def precompile(
+    model: nn.Module,
+    example_inputs: Any,
+    path: str | Any,
+    config: ConfigArg = None,
+    *,
+    kinds: Sequence[str] = KINDS,
+    plugins: PluginManager | None = None,
+    **options: Any,
+) -> PrecompileResult:
+    """Compile every region group of ``model`` ahead of time and write them to ``path``.
+
+    :param model: the plain model (not compiled by torchkiln), on the device and in the dtype
+        it will run in.
+    :param example_inputs: what the model is called with: a dict (keyword arguments), a tuple
+        (positional arguments) or one value.
+    :param path: the artifact directory (created; earlier entries in it are replaced).
+    :param config: as :func:`torchkiln.compile`; ``options`` are ``CompileConfig`` fields.
+    :param kinds: ``inference`` (eval mode, no grad) and/or ``training`` (train mode, forward
+        and backward). The model's modes are restored afterwards.
+    :return: a :class:`PrecompileResult`; an entry that could not be precompiled is listed in
+        ``skipped`` with its reason (``torchkiln.compile`` then compiles that group normally).
+    :raises ArtifactError: a backend that cannot serialise, a model already compiled, bad
+        ``kinds``, a plan with nothing to compile, or a nested (hierarchical) plan.
+    """
+    started = time.perf_counter()
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise ArtifactError(f"kinds {list(kinds)!r}: choose one or both of {', '.join(KINDS)}")
+    if state_of(model) is not None:
+        raise ArtifactError(
+            "precompile expects the plain model; this one is compiled by torchkiln "
+            "(torchkiln.decompile(model) first)"
+        )
+    pm = (plugins or get_plugin_manager()).ensure_loaded()
+    resolved = resolve_config(config, plugins=pm, **options)
+    cfg = attrs.evolve(resolved.config, fullgraph=True, artifacts=None, progress="off")
+    _check_backend(cfg, pm)
+    from torchkiln.pipeline import _plan
+
+    plan = _plan(model, resolved, pm)
+    if plan.nested:
+        raise ArtifactError(
+            "precompile does not support nested (hierarchical) plans: the whole model is one "
+            "Dynamo frame there; use the default selector"
+        )
+    if not plan.groups:
+        raise ArtifactError(f"nothing to precompile: {plan.reason or 'the plan has no regions'}")
+    directory = _fresh_directory(path)
+    recorder = EntryRecorder(model, directory, cfg)
+    compiler = Compiler(plan, cfg, pm, make_progress(cfg, plan))
+    compiler.group_hooks.append(recorder.hook)
+    args, kwargs = _as_call(example_inputs)
+    with apply_cache_dir(directory / KERNELS_DIR):
+        compiler(model)
+        try:
+            for kind in kinds:
+                recorder.kind = kind
+                with kind_context(model, kind):
+                    model(*args, **kwargs)
+        finally:
+            decompile(model)
+    first = plan.groups[0].regions[0].module  # the loader checks against the same module
+    manifest = Manifest(environment=environment_key(cfg, first), skipped=recorder.skipped)
+    for name, group in recorder.groups.items():
+        called = {entry.kind for entry in group.entries} | {
+            s["kind"] for s in recorder.skipped if s["group"] == name
+        }
+        manifest.skipped += [
+            {"group": name, "kind": kind, "reason": "not called by the example inputs"}
+            for kind in kinds
+            if kind not in called
+        ]
+    manifest.groups = [g for g in recorder.groups.values() if g.entries]
+    shutil.rmtree(directory / KERNELS_DIR / "locks", ignore_errors=True)
+    write_manifest(directory, manifest)
+    return PrecompileResult(str(directory), manifest, time.perf_counter() - started)

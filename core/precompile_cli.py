@@ -1,0 +1,82 @@
+"""``torchkiln precompile MODEL --output DIR``: write precompiled region artifacts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any
+
+from torchkiln.artifacts import KINDS
+from torchkiln.errors import TorchkilnError
+
+
+def add_precompile_parser(commands: Any) -> None:
+    p = commands.add_parser(
+        "precompile",
+        help="compile each region group ahead of time into an artifact directory",
+        description="Compile MODEL's region groups for example inputs (token ids of --batch x "
+        "--seq, or the module's own example_inputs(model, batch, seq)) and write DIR; "
+        "torchkiln.compile(model, artifacts=DIR) then loads them without tracing or compiling. "
+        "Exit status 1 when some group could not be precompiled (listed).",
+    )
+    p.add_argument(
+        "model", help="llama[:DEPTH], gpt2[:DEPTH], toy[:DEPTH] or package.module:factory"
+    )
+    p.add_argument("--output", "-o", required=True, help="artifact directory to write")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="inference, training or both (default: inference,training)",
+    )
+    p.add_argument("--backend", help="compile backend (default from configuration: inductor)")
+    p.add_argument("--mode", help="torch.compile mode")
+    p.add_argument("--device", default="cpu", help="device to build and compile on")
+    p.add_argument("--dtype", help="cast the model to this floating dtype (bfloat16, ...)")
+    p.add_argument("--config", help="YAML file")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.set_defaults(handler=_precompile)
+
+
+def _inputs(spec: str, model: Any, batch: int, seq: int) -> Any:
+    from torchkiln.examples import EXAMPLES, example_inputs
+
+    name, _, _ = spec.partition(":")
+    make = example_inputs
+    if name not in EXAMPLES:
+        make = getattr(importlib.import_module(name), "example_inputs", example_inputs)
+    return make(model, batch, seq)
+
+
+def _precompile(args: argparse.Namespace) -> int:
+    import torch
+
+    import torchkiln
+    from torchkiln.examples import load_model
+
+    if args.batch < 1 or args.seq < 1:
+        raise TorchkilnError(f"--batch {args.batch} --seq {args.seq}: both must be >= 1")
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    model = load_model(args.model).to(args.device)
+    if args.dtype:
+        dtype = getattr(torch, args.dtype, None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TorchkilnError(f"--dtype {args.dtype!r}: expected float32, bfloat16, float16")
+        model = model.to(dtype)
+    inputs = _inputs(args.model, model, args.batch, args.seq)
+    inputs = inputs.to(args.device) if hasattr(inputs, "to") else inputs
+    options = {k: v for k, v in (("backend", args.backend), ("mode", args.mode)) if v}
+    result = torchkiln.precompile(
+        model, inputs, args.output, args.config, kinds=kinds, progress="off", **options
+    )
+    if args.json:
+        print(json.dumps(result.manifest.to_dict(), indent=1))
+    else:
+        print(result.summary())
+    if not result.entries:
+        print("torchkiln: error: nothing could be precompiled", file=sys.stderr)
+        return 1
+    return 1 if result.skipped else 0

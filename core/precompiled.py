@@ -1,0 +1,263 @@
+"""Loading precompiled artifacts into :func:`torchkiln.compile` (``artifacts=DIR``).
+
+:class:`ArtifactLoader` checks the directory's environment against the configuration and the
+model once, then, per region group, checks the group's code and layout and loads its compiled
+functions. The group's forward becomes a :class:`PrecompiledGroup`: on each call it evaluates
+the saved guards of each loaded function (torch's C++ guard manager, the same check Dynamo
+runs) and calls the first that matches; no Dynamo frame is entered. A call no artifact fits
+(another shape, grad mode, dtype) is never run by a wrong function: it warns once and goes to
+the group's normally compiled function, which traces and compiles as usual (under
+``artifacts_strict`` it raises instead).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchkiln.artifacts import (
+    KERNELS_DIR,
+    ArtifactError,
+    GroupArtifacts,
+    Manifest,
+    code_hash,
+    environment_key,
+    environment_mismatches,
+    read_manifest,
+    structure_hash,
+)
+from torchkiln.config import CompileConfig
+from torchkiln.region_plan import RegionGroup
+
+logger = logging.getLogger("torchkiln")
+
+
+class ArtifactWarning(UserWarning):
+    """Precompiled artifacts that do not fit: torchkiln compiles normally instead."""
+
+
+def copy_kernels(source: Path, target: Path) -> int:
+    """Merge ``source`` (a kernels directory) into the inductor cache ``target``; files that
+    exist are kept (entries are content-addressed). Returns how many files were copied."""
+    copied = 0
+    for root, dirs, files in os.walk(source):
+        dirs[:] = [d for d in dirs if d != "locks"]
+        relative = Path(root).relative_to(source)
+        for name in files:
+            destination = target / relative / name
+            if destination.exists():
+                continue
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(Path(root) / name, destination)
+            copied += 1
+    return copied
+
+
+class PrecompiledGroup:
+    """A group's forward ``fn(module, *args, **kwargs)`` served by loaded functions.
+
+    Each call builds the frame locals torch's guards read (``module``, ``args``, ``kwargs``
+    and the closure), checks each entry's guards and calls the first that passes.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        entries: list[tuple[str, Any]],
+        closure: dict[str, Any],
+        fallback: Callable[..., Any],
+        strict: bool,
+    ):
+        self.group = group
+        self.kinds = [kind for kind, _ in entries]
+        self._entries = [(fn._artifacts.guard_manager.check, fn.fn) for _, fn in entries]
+        self._loaded = [fn for _, fn in entries]
+        self._closure = closure
+        self._fallback = fallback
+        self._strict = strict
+        self.hits = 0
+        self.misses = 0
+        self.miss_reason: str | None = None
+
+    def __call__(self, module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+        f_locals = {**self._closure, "module": module, "args": args, "kwargs": kwargs}
+        for check, fn in self._entries:
+            if check(f_locals):
+                self.hits += 1
+                return fn(module, *args, **kwargs)
+        return self._miss(f_locals, module, args, kwargs)
+
+    def _miss(
+        self, f_locals: dict[str, Any], module: nn.Module, args: Any, kwargs: dict[str, Any]
+    ) -> Any:
+        self.misses += 1
+        if self.miss_reason is None:
+            self.miss_reason = "; ".join(
+                f"{kind}: {_failed_guard(fn, f_locals)}"
+                for kind, fn in zip(self.kinds, self._loaded, strict=True)
+            )
+            message = (
+                f"torchkiln: precompiled group {self.group!r} does not fit this call "
+                f"({self.miss_reason}); compiling it normally for such calls"
+            )
+            if self._strict:
+                raise ArtifactError(message + " (artifacts_strict is set, so this is an error)")
+            warnings.warn(message, ArtifactWarning, stacklevel=4)
+        elif self._strict:
+            raise ArtifactError(f"precompiled group {self.group!r} does not fit this call")
+        return self._fallback(module, *args, **kwargs)
+
+
+def _failed_guard(fn: Any, f_locals: dict[str, Any]) -> str:
+    try:
+        info = fn._artifacts.guard_manager.check_verbose(f_locals)
+        parts = getattr(info, "verbose_code_parts", None) or [str(info)]
+        return str(parts[0])[:300]
+    except Exception as error:  # the explanation must never break the call
+        return f"guards failed ({type(error).__name__})"
+
+
+class ArtifactLoader:
+    """Per compiled model: the directory checked once, groups loaded one by one."""
+
+    def __init__(self, directory: str, strict: bool):
+        self.directory = Path(directory).expanduser()
+        self.strict = strict
+        self.manifest: Manifest | None = None
+        self.loaded: dict[str, PrecompiledGroup] = {}
+        self.rejected: dict[str, str] = {}
+        """Group name -> why its artifacts were not used."""
+        self.load_seconds = 0.0
+        self._checked = False
+
+    def _reject(self, what: str, reason: str) -> None:
+        message = f"torchkiln: artifacts in {str(self.directory)!r} not used for {what}: {reason}"
+        if self.strict:
+            raise ArtifactError(message + " (artifacts_strict is set, so this is an error)")
+        warnings.warn(message + "; compiling normally", ArtifactWarning, stacklevel=5)
+
+    def check(self, module: nn.Module, config: CompileConfig, plugins: Any) -> bool:
+        """Read and check the manifest against ``config`` and the first group's ``module``
+        (device and dtype), once."""
+        if self._checked:
+            return self.manifest is not None
+        self._checked = True
+        try:
+            manifest = read_manifest(self.directory)
+        except ArtifactError as error:
+            self._reject("any group", str(error))
+            return False
+        declared = plugins.backends().get(config.backend)
+        if declared is None or not getattr(declared.spec, "precompile", False):
+            self._reject(
+                "any group",
+                f"backend {config.backend!r} does not declare that it can load precompiled "
+                "functions (BackendSpec.precompile)",
+            )
+            return False
+        current = environment_key(config, module)
+        mismatches = environment_mismatches(manifest.environment, current)
+        if mismatches:
+            self._reject("any group", "; ".join(mismatches))
+            return False
+        self.manifest = manifest
+        return True
+
+    def wrap_group(
+        self,
+        group: RegionGroup,
+        shared: Callable[..., Any],
+        compiled: Callable[..., Any],
+        config: CompileConfig,
+        plugins: Any,
+    ) -> Callable[..., Any]:
+        """The group's compiled function: precompiled when its artifacts fit, else
+        ``compiled`` unchanged (after a warning, or an error under ``strict``)."""
+        module = group.regions[0].module
+        if not self.check(module, config, plugins):
+            return compiled
+        assert self.manifest is not None
+        saved = self.manifest.group(group.name)
+        reason = _group_mismatch(saved, module, self.manifest)
+        if reason is None:
+            assert saved is not None
+            try:
+                started = time.perf_counter()
+                precompiled = self._load(saved, shared, compiled)
+                self.load_seconds += time.perf_counter() - started
+            except Exception as error:
+                reason = f"loading failed: {type(error).__name__}: {error}"[:500]
+            else:
+                self.loaded[group.name] = precompiled
+                logger.info(
+                    "torchkiln: group %r loaded from %s (%d precompiled functions: %s)",
+                    group.name,
+                    self.directory,
+                    len(precompiled.kinds),
+                    ", ".join(precompiled.kinds),
+                )
+                return precompiled
+        self.rejected[group.name] = reason
+        self._reject(f"group {group.name!r}", reason)
+        return compiled
+
+    def _load(
+        self, saved: GroupArtifacts, shared: Callable[..., Any], compiled: Callable[..., Any]
+    ) -> PrecompiledGroup:
+        from torchkiln.cache import current_cache_dir
+        from torchkiln.precompile import closure_data
+
+        kernels = self.directory / KERNELS_DIR
+        if kernels.is_dir():
+            copy_kernels(kernels, Path(current_cache_dir()))
+        closure = closure_data(shared)
+        entries = []
+        for entry in saved.entries:
+            data = (self.directory / entry.file).read_bytes()
+            fn = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=closure)
+            entries.append((entry.kind, fn))
+        names = shared.__code__.co_freevars
+        frame_closure = {name: closure[f"closure:{name}"] for name in names}
+        return PrecompiledGroup(saved.name, entries, frame_closure, compiled, self.strict)
+
+
+def _group_mismatch(
+    saved: GroupArtifacts | None, module: nn.Module, manifest: Manifest
+) -> str | None:
+    if saved is None:
+        names = ", ".join(repr(g.name) for g in manifest.groups) or "none"
+        skipped = [s for s in manifest.skipped]
+        note = f" (precompile skipped: {skipped[0]['reason']})" if skipped else ""
+        return f"no precompiled entry for this group (groups in the directory: {names}){note}"
+    cls = f"{type(module).__module__}.{type(module).__qualname__}"
+    if saved.cls != cls:
+        return f"the group's class is {cls}, precompiled for {saved.cls}"
+    if saved.code_hash != code_hash(module):
+        return (
+            "the source of the group's classes changed since it was precompiled (code hash differs)"
+        )
+    if saved.structure_hash != structure_hash(module):
+        return "the group's parameters or buffers differ in names, shapes or dtypes"
+    return None
+
+
+def artifact_hook(config: CompileConfig, plugins: Any) -> Callable[..., Any]:
+    """The :class:`~torchkiln.region_compiler.Compiler` group hook for ``config.artifacts``."""
+    assert config.artifacts is not None
+    loader = ArtifactLoader(config.artifacts, config.artifacts_strict)
+
+    def hook(group: RegionGroup, shared: Callable[..., Any], compiled: Any) -> Callable[..., Any]:
+        return loader.wrap_group(group, shared, compiled, config, plugins)
+
+    hook.loader = loader  # type: ignore[attr-defined]
+    return hook

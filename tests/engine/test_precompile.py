@@ -1,0 +1,337 @@
+"""Precompiled regions: ``torchkiln.precompile`` writes an artifact directory; a new process
+loads it through ``torchkiln.compile(model, artifacts=DIR)`` without Dynamo tracing; anything
+that does not fit warns (or raises under ``artifacts_strict``) and compiles normally."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
+
+import torchkiln
+from torchkiln.artifacts import MANIFEST, ArtifactError, read_manifest
+from torchkiln.plugin import BackendSpec
+from torchkiln.precompiled import ArtifactWarning
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))
+from precompile_models import inputs, stack  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(torchkiln_clean_environment: None) -> Iterator[None]:
+    forget_compiles()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One directory with both kinds for the 3-block stack (aot_eager), shared by the tests."""
+    directory = tmp_path_factory.mktemp("artifacts")
+    result = torchkiln.precompile(stack(), inputs(), directory, backend="aot_eager")
+    assert result.skipped == [], result.summary()
+    torch._dynamo.reset()
+    return directory
+
+
+def frames_compiled() -> int:
+    """Frames Dynamo compiled since the last :func:`forget_compiles`."""
+    return len(list(get_compilation_metrics()))
+
+
+def forget_compiles() -> None:
+    torch._dynamo.reset()
+    clear_compilation_metrics()
+
+
+def test_the_manifest_keys_every_entry(artifacts: Path) -> None:
+    manifest = read_manifest(artifacts)
+    env = manifest.environment
+    assert (env["torch"], env["backend"], env["device"], env["dtype"]) == (
+        torch.__version__,
+        "aot_eager",
+        "cpu",
+        "float32",
+    )
+    (group,) = manifest.groups
+    assert (group.name, group.cls, group.regions) == ("Block", "precompile_models.Block", 3)
+    assert len(group.code_hash) == len(group.structure_hash) == 64
+    # Training: the first block's input needs no grad, the others' do (one entry each).
+    assert [(e.kind, e.inputs) for e in group.entries] == [
+        ("inference", ["Tensor[2, 4, 16] float32"]),
+        ("training", ["Tensor[2, 4, 16] float32"]),
+        ("training", ["Tensor[2, 4, 16] float32 grad"]),
+    ]
+    for entry in group.entries:
+        assert (artifacts / entry.file).stat().st_size > 0
+
+
+LOADER = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import torch
+    from torch._dynamo.utils import get_compilation_metrics
+    import torchkiln
+    from precompile_models import inputs, stack
+
+    warnings.simplefilter("error")  # any artifact warning fails the run
+    directory, backend = sys.argv[1], sys.argv[2]
+    model = torchkiln.compile(stack(), backend=backend, artifacts=directory, progress="off")
+    x = inputs()
+    with torch.no_grad():
+        inference = model(x)
+    model.train()
+    x_grad = x.clone().requires_grad_()
+    training = model(x_grad)
+    training.sum().backward()
+    frames = len(list(get_compilation_metrics()))
+    grads = [p.grad.clone() for p in model.parameters()]
+    torchkiln.decompile(model)
+    model.zero_grad()
+    expected = model(x.clone().requires_grad_())
+    expected.sum().backward()
+    print(json.dumps({
+        "frames": frames,
+        "inference": (inference - expected).abs().max().item(),
+        "training": (training - expected).abs().max().item(),
+        "grads": max((g - p.grad).abs().max().item() for g, p in zip(grads, model.parameters())),
+    }))
+    """
+)
+
+
+def run_loader(directory: Path, backend: str = "aot_eager") -> dict[str, float]:
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", LOADER, str(directory), backend],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_runs_inference_and_training_without_tracing(artifacts: Path) -> None:
+    result = run_loader(artifacts)
+    assert result["frames"] == 0  # Dynamo traced nothing: every block ran a loaded function
+    assert result["inference"] < 1e-5 and result["training"] < 1e-5 and result["grads"] < 1e-5
+
+
+def test_a_decorated_forward_is_saved_and_loaded(tmp_path: Path) -> None:
+    """The transformers trap: pickling a decorated forward by reference fails; torchkiln hands
+    it to torch's pickler as external data instead."""
+    model = stack(decorated=True)
+    result = torchkiln.precompile(
+        model, inputs(), tmp_path, backend="aot_eager", kinds=["inference"]
+    )
+    assert result.skipped == [] and result.entries == 1
+    forget_compiles()
+    fresh = torchkiln.compile(stack(decorated=True), backend="aot_eager", artifacts=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ArtifactWarning)
+        with torch.no_grad():
+            out = fresh(inputs())
+    assert frames_compiled() == 0
+    torch.testing.assert_close(out, stack(decorated=True)(inputs()))
+
+
+def _compiled(artifacts: Path, **options: object) -> torch.nn.Module:
+    return torchkiln.compile(
+        stack(), backend="aot_eager", artifacts=str(artifacts), progress="off", **options
+    )
+
+
+def test_a_call_the_artifacts_do_not_fit_warns_once_and_compiles(artifacts: Path) -> None:
+    model = _compiled(artifacts)
+    other = inputs(batch=5)
+    fits = pytest.warns(ArtifactWarning, match=r"does not fit this call .*size mismatch")
+    with fits as caught, torch.no_grad():
+        out = model(other)
+        model(other)
+    assert len(caught) == 1
+    assert frames_compiled() >= 1  # compiled normally, once, for the new shape
+    torchkiln.decompile(model)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(other))
+
+
+def test_a_changed_module_attribute_is_caught_by_the_guards(artifacts: Path) -> None:
+    model = _compiled(artifacts)
+    for block in model.blocks:
+        block.scale = 0.0
+    with pytest.warns(ArtifactWarning, match="does not fit"), torch.no_grad():
+        out = model(inputs())
+    torchkiln.decompile(model)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(inputs()))
+
+
+def test_inference_only_artifacts_in_training_mode_compile_normally(tmp_path: Path) -> None:
+    torchkiln.precompile(stack(), inputs(), tmp_path, backend="aot_eager", kinds=["inference"])
+    forget_compiles()
+    model = torchkiln.compile(stack(), backend="aot_eager", artifacts=str(tmp_path)).train()
+    with pytest.warns(ArtifactWarning, match="grad_mode"):
+        model(inputs()).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_strict_turns_a_call_mismatch_into_an_error(artifacts: Path) -> None:
+    model = _compiled(artifacts, artifacts_strict=True)
+    with pytest.raises(ArtifactError, match="artifacts_strict"), torch.no_grad():
+        model(inputs(batch=5))
+
+
+def test_another_dtype_warns_at_compile_and_compiles_normally(artifacts: Path) -> None:
+    with pytest.warns(ArtifactWarning, match=r"dtype: precompiled with 'float32', now 'float64'"):
+        model = torchkiln.compile(stack().double(), backend="aot_eager", artifacts=str(artifacts))
+    with torch.no_grad():
+        model(inputs().double())
+    assert frames_compiled() >= 1
+
+
+def test_strict_rejects_another_backend_option_at_compile(artifacts: Path) -> None:
+    with pytest.raises(ArtifactError, match=r"dynamic: precompiled with None, now False"):
+        torchkiln.compile(
+            stack(),
+            backend="aot_eager",
+            dynamic=False,
+            artifacts=str(artifacts),
+            artifacts_strict=True,
+        )
+
+
+def test_changed_code_is_refused(artifacts: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(artifacts, copy)
+    data = json.loads((copy / MANIFEST).read_text())
+    data["groups"][0]["code_hash"] = "0" * 64
+    (copy / MANIFEST).write_text(json.dumps(data))
+    with pytest.warns(ArtifactWarning, match="group 'Block': the source of the group's classes"):
+        model = torchkiln.compile(stack(), backend="aot_eager", artifacts=str(copy))
+    with torch.no_grad():
+        model(inputs())
+    assert frames_compiled() >= 1
+
+
+def test_a_missing_directory_warns_and_a_corrupt_entry_is_refused(
+    artifacts: Path, tmp_path: Path
+) -> None:
+    with pytest.warns(ArtifactWarning, match="has no manifest.json"):
+        torchkiln.compile(stack(), backend="aot_eager", artifacts=str(tmp_path / "nowhere"))
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifacts, copy)
+    for entry in (copy / "groups").iterdir():
+        entry.write_bytes(b"not a pickle")
+    with pytest.warns(ArtifactWarning, match="loading failed"):
+        torchkiln.compile(stack(), backend="aot_eager", artifacts=str(copy))
+
+
+def test_a_backend_that_cannot_serialise_is_refused_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match=r"backend 'eager' cannot be precompiled.*BackendSpec"):
+        torchkiln.precompile(stack(), inputs(), tmp_path, backend="eager")
+
+
+def test_a_vendor_backend_without_precompile_is_reported_not_broken(
+    artifacts: Path, torchkiln_plugin_manager: torchkiln.PluginManager
+) -> None:
+    class Vendor:
+        @torchkiln.hookimpl
+        def declare_backends(self) -> list[BackendSpec]:
+            return [BackendSpec("vendorx", "a vendor backend")]
+
+        @torchkiln.hookimpl
+        def compile_region(self, fn, group, config, backend):  # type: ignore[no-untyped-def]
+            return torch.compile(fn, backend="eager") if backend == "vendorx" else None
+
+    pm = torchkiln_plugin_manager
+    pm.register(Vendor(), name="vendorx")
+    with pytest.warns(ArtifactWarning, match=r"backend 'vendorx' does not declare"):
+        model = torchkiln.compile(stack(), backend="vendorx", artifacts=str(artifacts), plugins=pm)
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs()), stack()(inputs()))
+    with pytest.raises(ArtifactError, match="plugin 'vendorx' does not declare"):
+        torchkiln.precompile(
+            stack(), inputs(), artifacts.parent / "v", backend="vendorx", plugins=pm
+        )
+
+
+def test_precompile_refuses_bad_requests(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="kinds"):
+        torchkiln.precompile(stack(), inputs(), tmp_path, kinds=["serving"])
+    compiled = torchkiln.compile(stack(), backend="aot_eager")
+    with pytest.raises(ArtifactError, match="plain model"):
+        torchkiln.precompile(compiled, inputs(), tmp_path)
+    with pytest.raises(ArtifactError, match="hierarchical"):
+        torchkiln.precompile(stack(), inputs(), tmp_path, regions="hierarchical")
+
+
+def test_precompile_keeps_the_model_modes(tmp_path: Path) -> None:
+    model = stack().eval()
+    model.blocks[1].train()
+    before = [m.training for m in model.modules()]
+    torchkiln.precompile(model, inputs(), tmp_path, backend="aot_eager")
+    assert [m.training for m in model.modules()] == before
+    assert torch.is_grad_enabled()
+
+
+def test_the_cli_writes_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchkiln import cli
+
+    code = cli.main(
+        [
+            "precompile",
+            "precompile_models:stack",
+            "--output",
+            str(tmp_path),
+            "--backend",
+            "aot_eager",
+            "--kinds",
+            "inference",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Block (3 regions), inference" in out
+    assert [e.kind for e in read_manifest(tmp_path).groups[0].entries] == ["inference"]
+
+
+def test_the_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (TESTS.parent / "docs" / "precompile.md").read_text(encoding="utf-8")
+    (code,) = re.findall(r"^```python\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/precompile.md", "exec"), {"__name__": "__main__"})
+    assert (tmp_path / "kiln-artifacts" / MANIFEST).exists()
+
+
+def test_the_artifacts_field_comes_from_the_environment(
+    artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHKILN_ARTIFACTS", str(artifacts))
+    model = torchkiln.compile(stack(), backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ArtifactWarning)
+        with torch.no_grad():
+            torch.testing.assert_close(model(inputs()), stack()(inputs()))
+    assert frames_compiled() == 0
