@@ -56,6 +56,8 @@ class CellResult:
     steady_samples: list[float] | None = None
     """This strategy's timed calls in the shared steady-state run of its depth and batch."""
     steady_failure: str | None = None
+    precompile: dict[str, Any] | None = None
+    """``precompiled`` cells: the precompile run's JSON (seconds, entries, skipped)."""
 
     @property
     def ok(self) -> bool:
@@ -88,6 +90,7 @@ class CellResult:
             "cold": self.cold,
             "warm": self.warm,
             "failure": self.failure.to_dict() if self.failure else None,
+            "precompile": self.precompile,
         }
 
 
@@ -99,9 +102,12 @@ def worker_command(
     *,
     strategy: str | None = None,
     steady: tuple[str, ...] = (),
+    artifacts: Path | None = None,
+    precompile: bool = False,
 ) -> list[str]:
-    """``python -m torchkiln.bench.worker`` for one first-call run (``strategy``) or for the
-    shared steady-state run of several strategies (``steady``)."""
+    """``python -m torchkiln.bench.worker`` for one first-call run (``strategy``), for the
+    shared steady-state run of several strategies (``steady``), or for writing the artifact
+    directory (``precompile``); ``artifacts`` is the directory the precompiled strategy uses."""
     command = [
         sys.executable, "-m", "torchkiln.bench.worker",
         "--model", settings.model,
@@ -114,7 +120,14 @@ def worker_command(
         "--output", str(output),
         "--spawned-at", repr(time.time()),
     ]  # fmt: skip
-    command += ["--strategy", strategy] if strategy else ["--strategies", ",".join(steady)]
+    if precompile:
+        command += ["--precompile"]
+    elif strategy:
+        command += ["--strategy", strategy]
+    else:
+        command += ["--strategies", ",".join(steady)]
+    if artifacts is not None:
+        command += ["--artifacts", str(artifacts)]
     if depth is not None:
         command += ["--depth", str(depth)]
     if settings.train:
@@ -168,11 +181,28 @@ def run_cell(
     output.parent.mkdir(parents=True, exist_ok=True)
     result = CellResult(cell)
 
+    artifacts = artifacts_dir(scratch) if cell.strategy == "precompiled" else None
+
     def run(phase: str) -> tuple[dict[str, Any] | None, RunFailure | None]:
         notify(phase)
-        command = worker_command(settings, cell.depth, cell.batch, output, strategy=cell.strategy)
+        command = worker_command(
+            settings, cell.depth, cell.batch, output, strategy=cell.strategy, artifacts=artifacts
+        )
         return run_worker(command, phase, cache_dir, output, settings.timeout)
 
+    if artifacts is not None:
+        # Written once, untimed, in a process and cache directory of its own; the cold run
+        # then starts from an empty cache directory and the artifacts alone.
+        notify("precompile")
+        command = worker_command(
+            settings, cell.depth, cell.batch, output, artifacts=artifacts, precompile=True
+        )
+        precompile_cache = scratch / cell.strategy / "precompile-cache"
+        result.precompile, result.failure = run_worker(
+            command, "precompile", precompile_cache, output, settings.timeout
+        )
+        if result.failure is not None:
+            return result
     result.cold, result.failure = run("cold")
     if result.failure is None and settings.warm and cell.strategy in COMPILED_STRATEGIES:
         result.warm, result.failure = run("warm")
@@ -180,6 +210,11 @@ def run_cell(
         # Entries are keyed by content hash, so caches of several strategies merge safely.
         shutil.copytree(cache_dir, keep_cache, dirs_exist_ok=True)
     return result
+
+
+def artifacts_dir(scratch: Path) -> Path:
+    """Where the precompiled strategy's artifacts of one depth and batch live."""
+    return scratch / "precompiled" / "artifacts"
 
 
 def run_steady(
@@ -195,7 +230,8 @@ def run_steady(
         return
     strategies = tuple(r.cell.strategy for r in results)
     output = scratch / "steady.json"
-    command = worker_command(settings, depth, batch, output, steady=strategies)
+    artifacts = artifacts_dir(scratch) if "precompiled" in strategies else None
+    command = worker_command(settings, depth, batch, output, steady=strategies, artifacts=artifacts)
     # Every strategy compiles once more in this process (warm caches), then the timed rounds.
     timeout = settings.timeout * max(1, len(strategies))
     data, failure = run_worker(command, "steady", cache, output, timeout)

@@ -9,7 +9,7 @@ import attrs
 
 from torchkiln.errors import TorchkilnError
 
-STRATEGIES = ("eager", "full", "regional", "hierarchical", "accelerate")
+STRATEGIES = ("eager", "full", "regional", "precompiled", "hierarchical", "accelerate")
 """Every strategy the worker knows, in table order."""
 
 COMPILED_STRATEGIES = frozenset(STRATEGIES) - {"eager"}
@@ -18,6 +18,8 @@ STRATEGY_HELP = {
     "eager": "no compilation (the baseline)",
     "full": "torch.compile(model): the whole model, a fresh OptimizedModule wrapper",
     "regional": "torchkiln.compile(model): repeated blocks compiled once, in place",
+    "precompiled": "torchkiln.precompile first (not timed), then torchkiln.compile(model, "
+    "artifacts=DIR) in a new process: the first call loads, nothing is traced",
     "hierarchical": "torchkiln.compile(model, regions='hierarchical'): one graph, "
     "blocks as nested_compile_region",
     "accelerate": "accelerate.utils.compile_regions(model) (when accelerate is installed)",
@@ -39,9 +41,23 @@ def accelerate_available() -> bool:
     return importlib.util.find_spec("accelerate") is not None
 
 
-def default_strategies() -> tuple[str, ...]:
-    """Every strategy that can run here (``accelerate`` only when it is installed)."""
-    return tuple(s for s in STRATEGIES if s != "accelerate" or accelerate_available())
+def default_strategies(backend: str = "inductor") -> tuple[str, ...]:
+    """Every strategy that can run here (``accelerate`` only when it is installed,
+    ``precompiled`` only with a backend that declares it can be precompiled)."""
+    return tuple(
+        s
+        for s in STRATEGIES
+        if (s != "accelerate" or accelerate_available())
+        and (s != "precompiled" or backend_precompiles(backend))
+    )
+
+
+def backend_precompiles(backend: str) -> bool:
+    """Whether ``backend`` declares ``BackendSpec.precompile``."""
+    from torchkiln.plugin_manager import get_plugin_manager
+
+    declared = get_plugin_manager().ensure_loaded().backends().get(backend.lower())
+    return declared is not None and bool(getattr(declared.spec, "precompile", False))
 
 
 @attrs.frozen
@@ -180,12 +196,18 @@ def make_settings(
     if timeout <= 0:
         raise BenchError(f"--timeout {timeout}: must be > 0 seconds")
     device = _check_device(device)
+    chosen = parse_strategies(strategies) if strategies else default_strategies(backend)
+    if "precompiled" in chosen and not backend_precompiles(backend):
+        raise BenchError(
+            f"--strategies includes precompiled, but backend {backend!r} cannot be precompiled "
+            "(its BackendSpec does not declare precompile); use inductor or aot_eager"
+        )
     return BenchSettings(
         model=model,
         depths=depth_list,
         batches=batches,
         seq=seq,
-        strategies=parse_strategies(strategies) if strategies else default_strategies(),
+        strategies=chosen,
         backend=backend.lower(),
         train=train,
         device=device,

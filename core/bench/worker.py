@@ -45,6 +45,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--strategy", help="time one strategy's first call")
     group.add_argument("--strategies", help="comma-separated: time their steady state together")
+    group.add_argument(
+        "--precompile", action="store_true", help="write the artifact directory (--artifacts)"
+    )
+    p.add_argument("--artifacts", help="artifact directory of the precompiled strategy")
     p.add_argument("--backend", default="inductor")
     p.add_argument("--device", default="cpu")
     p.add_argument("--train", action="store_true")
@@ -93,7 +97,20 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     return model, inputs.to(args.device) if hasattr(inputs, "to") else inputs
 
 
-def _apply_strategy(strategy: str, model: Any, backend: str) -> Any:
+def _config(strategy: str, backend: str, artifacts: str | None = None) -> Any:
+    """A complete CompileConfig: no YAML file or TORCHKILN_* variable can change the cell.
+    The precompiled strategy loads strictly: artifacts that do not fit fail the cell rather
+    than compile normally and pass for loaded."""
+    from torchkiln.config import CompileConfig, RegionsConfig
+
+    selector = "hierarchical" if strategy == "hierarchical" else "auto"
+    extra = {"artifacts": artifacts, "artifacts_strict": True} if strategy == "precompiled" else {}
+    return CompileConfig(
+        backend=backend, regions=RegionsConfig(strategy=selector), progress="off", **extra
+    )
+
+
+def _apply_strategy(strategy: str, model: Any, backend: str, artifacts: str | None = None) -> Any:
     """Return the callable to measure; compilation itself stays lazy (first call)."""
     import torch
 
@@ -101,16 +118,12 @@ def _apply_strategy(strategy: str, model: Any, backend: str) -> Any:
         return model
     if strategy == "full":
         return torch.compile(model, backend=backend)
-    if strategy in ("regional", "hierarchical"):
+    if strategy in ("regional", "hierarchical", "precompiled"):
         import torchkiln
-        from torchkiln.config import CompileConfig, RegionsConfig
 
-        selector = "auto" if strategy == "regional" else "hierarchical"
-        # A complete CompileConfig: no YAML file or TORCHKILN_* variable can change the cell.
-        config = CompileConfig(
-            backend=backend, regions=RegionsConfig(strategy=selector), progress="off"
-        )
-        return torchkiln.compile(model, config)
+        if strategy == "precompiled" and not artifacts:
+            raise SystemExit("the precompiled strategy needs --artifacts DIR")
+        return torchkiln.compile(model, _config(strategy, backend, artifacts))
     if strategy == "accelerate":
         from accelerate.utils import compile_regions
 
@@ -176,7 +189,7 @@ def _dynamo_counts() -> dict[str, Any]:
 
 
 def _torchkiln_report(strategy: str, model: Any) -> dict[str, Any] | None:
-    if strategy not in ("regional", "hierarchical"):
+    if strategy not in ("regional", "hierarchical", "precompiled"):
         return None
     import torchkiln
 
@@ -195,7 +208,7 @@ def _eager_reference(strategy: str, model: Any, inputs: Any, compiled_out: Any) 
     """Largest absolute difference between the compiled first output and eager."""
     import torch
 
-    if strategy in ("regional", "hierarchical"):
+    if strategy in ("regional", "hierarchical", "precompiled"):
         import torchkiln
 
         torchkiln.decompile(model)
@@ -237,7 +250,7 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
 
     def first() -> Any:
         nonlocal call_target
-        call_target = _apply_strategy(args.strategy, model, args.backend)
+        call_target = _apply_strategy(args.strategy, model, args.backend, args.artifacts)
         return _step(call_target, model, inputs, args.train)()
 
     first_seconds, output = _timed(first, args.device)
@@ -277,7 +290,7 @@ def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
     for strategy in strategies:
         try:
             model, inputs = _build(args)
-            target = _apply_strategy(strategy, model, args.backend)
+            target = _apply_strategy(strategy, model, args.backend, args.artifacts)
             steps[strategy] = _step(target, model, inputs, args.train)
             for _ in range(1 + args.warmup):
                 _timed(steps[strategy], args.device)
@@ -308,9 +321,41 @@ def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def measure_precompile(args: argparse.Namespace) -> dict[str, Any]:
+    """Write the artifact directory for the precompiled strategy (forward, or forward and
+    backward with ``--train``)."""
+    started = time.perf_counter()
+    import torch  # noqa: F401
+
+    import torchkiln
+
+    imported = time.perf_counter()
+    if not args.artifacts:
+        raise SystemExit("--precompile needs --artifacts DIR")
+    model, inputs = _build(args)
+    kind = "training" if args.train else "inference"
+    result = torchkiln.precompile(
+        model, inputs, args.artifacts, _config("regional", args.backend), kinds=[kind]
+    )
+    if result.skipped or not result.entries:
+        print(result.summary(), file=sys.stderr)
+        raise SystemExit("precompile: some region groups could not be precompiled")
+    return _common(args, imported - started) | {
+        "phase": "precompile",
+        "precompile_seconds": result.seconds,
+        "entries": result.entries,
+        "skipped": result.skipped,
+        "artifacts": args.artifacts,
+        "wall_seconds": time.perf_counter() - START,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    result = measure_steady(args) if args.strategies else measure_first_call(args)
+    if args.precompile:
+        result = measure_precompile(args)
+    else:
+        result = measure_steady(args) if args.strategies else measure_first_call(args)
     with open(args.output, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
     return 0

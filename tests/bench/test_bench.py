@@ -41,7 +41,8 @@ def test_presets() -> None:
         128,
     )
     assert (quick.depths, quick.batches) == (QUICK_DEPTHS, QUICK_BATCHES) == ((4, 16), (1,))
-    assert quick.strategies[:4] == ("eager", "full", "regional", "hierarchical")
+    assert quick.strategies[:5] == ("eager", "full", "regional", "precompiled", "hierarchical")
+    assert "precompiled" not in make_settings(backend="eager").strategies  # cannot serialise
     assert len(quick.cells()) == 2 * len(quick.strategies)
 
 
@@ -70,7 +71,7 @@ def test_custom_factory_without_depths_runs_at_its_own_size() -> None:
         ({"batch": "0"}, "--batch '0'"),
         (
             {"strategies": "full,turbo"},
-            "unknown turbo; choose from eager, full, regional, hierarchical, accelerate",
+            "unknown turbo; choose from eager, full, regional, precompiled, hierarchical, accelerate",
         ),
         ({"model": "nomodule"}, "neither a built-in example"),
         ({"seq": 0}, "--seq 0"),
@@ -116,6 +117,7 @@ def _grid(regional_16: float = 10.0) -> list[CellResult]:
         _result(4, "accelerate", 11.0, 3.0, 0.0101),
         _result(16, "full", 40.0, 8.0, 0.040),
         _result(16, "regional", regional_16, 2.5, 0.041),
+        _result(16, "precompiled", 0.5, 0.4, 0.040),
         _result(16, "hierarchical", 15.0, 4.0, 0.04012),
         _result(16, "accelerate", 12.0, 3.0, 0.0405),
     ]
@@ -131,8 +133,13 @@ def test_targets_judged_from_the_numbers() -> None:
         "regional first call vs accelerate compile_regions (depth 16, 32)": (True, 0.833),
         "regional first call, depth 32 vs depth 4": (None, 1.111),  # depth 32 was not run
         "warm start vs cold (regional, hierarchical)": (True, 0.267),
+        "hierarchical warm start vs cold": (False, 0.267),
         "hierarchical steady state vs full": (True, 1.003),
-        "regional steady state vs full": (True, 1.025),
+        "regional steady state vs full": (False, 1.025),
+        # depth 32 was not run: shown at depth 16, not judged
+        "hierarchical first call vs full (depth 32)": (None, 0.375),
+        "precompiled first call vs regional cold (depth 32)": (None, 0.05),
+        "precompiled first call vs regional warm (depth 32)": (None, 0.2),
     }
     slow = {t.name: t.met for t in check_targets(_grid(regional_16=25.0))}
     assert slow["regional first call vs full (depth 16, 32)"] is False
@@ -227,6 +234,23 @@ def test_bench_writes_every_cell_with_numbers_and_ratios(
     assert re.search(r"\d+\.\d\d s\s+\d+\.\d\d\s+-\s+-\s+\d+\.\d\d\s+\d+\.\d{3}\s", row), row
     assert "[2/3] depth 2 batch 1 regional: cold run" in captured.err
     assert "[3/3] depth 2 batch 1: steady-state run" in captured.err
+
+
+def test_the_precompiled_cell_loads_in_a_new_process_without_tracing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, document = _bench_json(
+        tmp_path, "--backend", "aot_eager", "--strategies", "precompiled", "--no-warm"
+    )
+    assert code == 0, capsys.readouterr().err
+    (cell,) = document["cells"]
+    assert cell["precompile"]["entries"] >= 1 and cell["precompile"]["skipped"] == []
+    assert cell["cold"]["first_call"]["frames_compiled"] == 0  # loaded: Dynamo traced nothing
+    assert cell["cold"]["first_call"]["graphs"] == 0
+    assert cell["cold"]["max_abs_diff"] < 1e-5 and cell["steady_median_seconds"] > 0
+    assert cell["cold"]["torchkiln_report"]["statuses"] == ["compiled"]
+    with pytest.raises(BenchError, match="backend 'eager' cannot be precompiled"):
+        make_settings(strategies="precompiled", backend="eager")
 
 
 @pytest.mark.slow  # 8 worker processes
