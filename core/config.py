@@ -29,7 +29,8 @@ class RegionsConfig:
     """``auto`` (repeated blocks if any, else the whole model), ``repeated``, ``whole``,
     ``classes``, ``paths``, ``hierarchical``, or a name a plugin declared."""
     classes: tuple[str, ...] = ()
-    """Class-name globs: the blocks for ``classes``; extra block hints for ``repeated``."""
+    """Class-name globs: the blocks for ``classes``; for ``repeated``, the block classes to use
+    instead of the level torchkiln would choose."""
     paths: tuple[str, ...] = ()
     """Module-path globs (``model.layers.*``) for ``paths``."""
     exclude: tuple[str, ...] = ()
@@ -38,7 +39,7 @@ class RegionsConfig:
     """What happens outside the selected blocks: ``eager`` (left alone) or ``leaves`` (each
     leaf module with parameters, such as ``lm_head``, compiled on its own)."""
     min_repeats: int = 2
-    """How many same-class siblings make a repeated block."""
+    """How many structurally identical modules make a repeated block."""
     options: dict[str, Any] = attrs.Factory(dict)
     """Options for a selector a third-party plugin provides."""
 

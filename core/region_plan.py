@@ -20,23 +20,30 @@ class Region:
     path: str
     """Dotted path from the root model (``model.layers.3``); ``""`` is the root itself."""
     module: nn.Module = attrs.field(eq=False, repr=False)
+    """The module at :attr:`path` in the model (not compared, not shown by ``repr``)."""
     group: str
     """Name of the :class:`RegionGroup` this region belongs to."""
 
     @property
     def display_path(self) -> str:
+        """:attr:`path`, with the root shown as ``<root>``."""
         return self.path or "<root>"
 
 
 @attrs.frozen
 class RegionGroup:
-    """Regions that share one compiled function (normally: the same class)."""
+    """Regions that share one compiled function: the first region's class ``forward``, bound to
+    each module. All regions of a group must have a class with that same ``forward`` function
+    (checked before anything is touched); the built-in selectors group structurally identical
+    modules (:func:`torchkiln.plugin.group_by_structure`), so each group compiles one graph."""
 
     name: str
-    """Unique within a plan; by default the block's class name."""
+    """Unique within a plan; the built-in selectors use the block's class name, with ``_2``,
+    ``_3``... for further shapes of one class."""
     regions: tuple[Region, ...]
+    """At least one region; each :attr:`Region.group` is this group's :attr:`name`."""
     reason: str = ""
-    """Why these modules were selected (``repeated 16x in model.layers``)."""
+    """Why these modules were selected (``16x LlamaDecoderLayer, structurally identical``)."""
     nested: tuple[RegionGroup, ...] = ()
     """Blocks inside this group's regions that a selector wants treated on their own (the
     ``hierarchical`` selector marks them with ``torch.compiler.nested_compile_region``). The
@@ -53,7 +60,10 @@ class EagerPart:
     """A part of the model that stays eager, and why."""
 
     path: str
+    """Dotted path of the largest subtree that holds no region."""
     reason: str
+    """Why it stays eager (``outside the selected regions (regions.rest=eager)``,
+    ``excluded (regions.exclude)``)."""
 
 
 @attrs.frozen
@@ -63,11 +73,15 @@ class RegionPlan:
     selector: str
     """The selector that made the plan (after ``auto`` resolved: ``repeated`` or ``whole``)."""
     groups: tuple[RegionGroup, ...]
+    """The groups, in compile order."""
     eager: tuple[EagerPart, ...] = ()
+    """What runs eagerly, and why (informational: the engine compiles only :attr:`groups`)."""
     reason: str = ""
-    """One line saying why this plan was chosen (shown by ``torchkiln plan`` and logged)."""
+    """One line saying why this plan was chosen, and for ``repeated`` the level chosen and why
+    (shown by ``torchkiln plan`` and logged)."""
     requested: str = ""
-    """The selector the configuration asked for (``auto``, say), when it differs."""
+    """The selector the configuration asked for (``regions.strategy``: ``auto``, or
+    ``hierarchical`` when it fell back), when it differs from :attr:`selector`; else ``""``."""
 
     @property
     def nested(self) -> tuple[RegionGroup, ...]:
