@@ -8,7 +8,6 @@ backend names, modes a backend takes, strategies a plugin declares) need the plu
 
 from __future__ import annotations
 
-import copy
 import difflib
 import re
 import typing
@@ -187,13 +186,21 @@ def validate(
 def _structure_without(
     values: Mapping[str, Any], bad_paths: typing.Iterable[str]
 ) -> CompileConfig | None:
-    pruned = copy.deepcopy(dict(values))
+    # Copies only the section mappings on each bad path: a deep copy of everything would
+    # recurse through whatever a keyword argument holds (a list nested 10,000 deep, say).
+    pruned = dict(values)
     for path in bad_paths:
         parts = path.split("[", 1)[0].removeprefix("$").removeprefix(".").split(".")
-        node: Any = pruned
+        node: dict[Any, Any] | None = pruned
         for part in parts[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and parts[-1]:
+            child = node.get(part) if node is not None else None
+            if not isinstance(child, Mapping):
+                node = None
+                break
+            copied = dict(child)
+            node[part] = copied
+            node = copied
+        if node is not None and parts[-1]:
             node.pop(parts[-1], None)
     try:
         return CONVERTER.structure(without_unknown_keys(pruned), CompileConfig)

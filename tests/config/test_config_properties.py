@@ -279,10 +279,26 @@ class Weird:
         raise RuntimeError("no repr")
 
 
+def nested_list(depth: int) -> list[Any]:
+    """A list nested ``depth`` deep, far past Python's recursion limit."""
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def containing_itself(key: str) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    value[key] = value
+    return value
+
+
 python_values = st.one_of(
     json_like,
     st.sampled_from([b"bytes", {1, 2}, frozenset(), (1, "a"), 1j, Weird(), object(), math.nan]),
     st.builds(lambda n: [[[]]] * n, st.integers(0, 5)),
+    st.integers(2000, 20000).map(nested_list),
+    st.sampled_from(["max_autotune", "strategy", "x"]).map(containing_itself),
     st.dictionaries(st.one_of(st.integers(), st.text(max_size=5)), json_like, max_size=3),
 )
 kwargs_strategy = st.tuples(
