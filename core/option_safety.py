@@ -220,3 +220,42 @@ def _kind(value: Any) -> str:
     if value is None:
         return "null"
     return f"a {type(value).__name__}"
+
+
+# --- fields an automatically found ./torchkiln.yaml may not set ---------------------------------
+
+CODE_LOADING_FIELDS = {
+    "cache_dir": "inductor loads compiled code from this directory",
+    "artifacts": "torchkiln loads pickled compiled functions from this directory",
+    "distributed.deepspeed.config": "DeepSpeed reads this JSON file, and its settings can make "
+    "DeepSpeed import modules",
+}
+"""Paths whose contents torch, torchkiln or DeepSpeed turn into running code."""
+
+
+def unnamed_file_problems(
+    values: Mapping[str, Any], sources: Mapping[str, str], file_source: str
+) -> list[ConfigProblem]:
+    """Problems for every code-loading path set by a file nobody named (``./torchkiln.yaml``
+    found in the working directory). Naming the file, the environment and Python are explicit
+    choices and may set them."""
+    problems = []
+    for path, why in CODE_LOADING_FIELDS.items():
+        if sources.get(path) != file_source:
+            continue
+        value: Any = values
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        if not isinstance(value, str):
+            continue  # null, or DeepSpeed's configuration inline (checked by value_checks)
+        problems.append(
+            ConfigProblem(
+                f"$.{path}",
+                f"{describe(value)}: {why}, so a torchkiln.yaml found in the working directory "
+                "(nobody named it) may not set it; name the file (torchkiln.compile(model, "
+                "'torchkiln.yaml') or TORCHKILN_CONFIG=torchkiln.yaml), or set it from the "
+                f"environment or Python, see {_DOCS}",
+                file_source,
+            )
+        )
+    return problems

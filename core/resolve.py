@@ -15,6 +15,7 @@ from torchkiln import config_sources as sources_
 from torchkiln.config import CompileConfig
 from torchkiln.config_validation import validate
 from torchkiln.errors import ConfigError, ConfigProblem, PluginError
+from torchkiln.option_safety import unnamed_file_problems
 from torchkiln.plugin_manager import PluginManager, get_plugin_manager
 
 ConfigArg: TypeAlias = CompileConfig | Mapping[str, Any] | str | os.PathLike[str] | None
@@ -57,6 +58,13 @@ def resolve_config(
         layers.append(sources_.Layer("argument", options))
     values, explicit = sources_.merge_layers(layers)
     all_sources = sources_.all_sources(explicit)
+    if (
+        file is not None
+        and not isinstance(config, str | os.PathLike)
+        and not env.get("TORCHKILN_CONFIG")
+    ):
+        # ./torchkiln.yaml found in the working directory: nobody chose it.
+        problems = [*problems, *unnamed_file_problems(values, explicit, f"file:{file}")]
     # explicit also holds the sources of unknown keys, which error messages name.
     resolved = validate(values, {**explicit, **all_sources}, pm, problems)
     resolved, all_sources = _apply_plugins(resolved, all_sources, layers, pm)

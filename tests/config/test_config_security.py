@@ -276,3 +276,45 @@ def test_the_fake_compiler_does_run_when_chosen_from_python(
     with pytest.raises(torchkiln.RegionCompileError, match=r"fake-cxx\.sh"):
         model(torch.randn(2, 8))
     assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("cache_dir: ./crafted-cache\n", "$.cache_dir"),
+        ("artifacts: ./crafted-artifacts\n", "$.artifacts"),
+        ("distributed:\n  deepspeed:\n    config: ds.json\n", "$.distributed.deepspeed.config"),
+    ],
+    ids=["cache_dir", "artifacts", "deepspeed-json"],
+)
+def test_a_found_file_may_not_name_where_code_is_loaded_from(
+    text: str, path: str, tmp_path: Path, pm: torchkiln.PluginManager
+) -> None:
+    """A cloned repository can ship ./torchkiln.yaml next to a crafted cache: that file is the
+    one source nobody chose. The same file named, or the environment, is an explicit choice."""
+    found = tmp_path / "torchkiln.yaml"
+    found.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as raised:
+        resolve_config(plugins=pm, env={}, cwd=tmp_path)
+    problem = only_problem(raised)
+    assert (problem.path, problem.source) == (path, f"file:{found}")
+    assert "a torchkiln.yaml found in the working directory (nobody named it)" in problem.message
+    named = resolve_config(found, plugins=pm, env={}, cwd=tmp_path)
+    assert named.sources[path[2:]] == f"file:{found}"
+    via_env = resolve_config(plugins=pm, env={"TORCHKILN_CONFIG": str(found)}, cwd=tmp_path)
+    assert via_env.config == named.config
+
+
+def test_a_found_file_may_still_set_everything_else(
+    tmp_path: Path, pm: torchkiln.PluginManager
+) -> None:
+    (tmp_path / "torchkiln.yaml").write_text(
+        "backend: eager\ncache_dir: null\ndistributed:\n  deepspeed:\n    config: {}\n",
+        encoding="utf-8",
+    )
+    config = resolve_config(plugins=pm, env={}, cwd=tmp_path).config
+    assert (config.backend, config.cache_dir) == ("eager", None)
+    overridden = resolve_config(
+        plugins=pm, env={"TORCHKILN_CACHE_DIR": str(tmp_path / "c")}, cwd=tmp_path
+    )
+    assert overridden.sources["cache_dir"] == "env:TORCHKILN_CACHE_DIR"
