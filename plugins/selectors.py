@@ -453,6 +453,7 @@ def eager_parts(
     if "" in taken:
         return []
     parts: list[EagerPart] = []
+    outside = f"outside the selected regions (regions.rest={config.regions.rest})"
 
     def visit(module: nn.Module, prefix: str) -> None:
         for name, child in module.named_children():
@@ -462,15 +463,21 @@ def eager_parts(
             if any(t.startswith(path + ".") for t in taken):
                 visit(child, path + ".")
             elif _has_parameters(child) or any(True for _ in child.children()):
-                excluded = is_excluded(path, config.regions.exclude)
-                parts.append(
-                    EagerPart(
-                        path,
-                        "excluded (regions.exclude)"
-                        if excluded
-                        else f"outside the selected regions (regions.rest={config.regions.rest})",
-                    )
-                )
+                if is_excluded(path, config.regions.exclude):
+                    parts.append(EagerPart(path, "excluded (regions.exclude)"))
+                else:
+                    parts.append(EagerPart(path, _own_shape(child, groups) + outside))
 
     visit(model, "")
     return parts
+
+
+def _own_shape(module: nn.Module, groups: list[RegionGroup]) -> str:
+    """For a module of a chosen block class whose shape is not repeated (ResNet's first
+    bottleneck of a stage, say): why it is not in that class's group, else ``""``."""
+    for group in groups:
+        if group.module_class is type(module):
+            why = difference_kind(module, group.regions[0].module)
+            if why is not None:
+                return f"a shape of its own, not repeated (unlike group {group.name}: {why}); "
+    return ""
