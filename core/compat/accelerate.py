@@ -20,7 +20,9 @@ flags. Changed, because Accelerate's behaviour is a defect there (see
 * unwrapping never modifies the prepared model;
 * a false ``ACCELERATE_DYNAMO_USE_DYNAMIC`` leaves ``dynamic=None``.
 
-Accelerate is never imported.
+``install()`` makes an unmodified ``Accelerator`` use these (see
+:mod:`torchkiln.compat.accelerate_install`); it is the one function here that imports
+Accelerate.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln.compat.accelerate_install import Installation, install, is_installed, uninstall
 from torchkiln.compat.accelerate_settings import (
     BACKEND_MAP,
     ENV_BACKEND,
@@ -61,13 +64,17 @@ from torchkiln.region_compiler import CompileState, state_of
 
 __all__ = [
     "DynamoBackend",
+    "Installation",
     "TorchDynamoPlugin",
     "compile_regions",
     "compile_regions_deepspeed",
     "compile_regions_fsdp2",
     "extract_model_from_parallel",
     "has_compiled_regions",
+    "install",
     "is_compiled_module",
+    "is_installed",
+    "uninstall",
 ]
 
 TORCH_COMPILE_DEFAULTS: Mapping[str, Any] = {

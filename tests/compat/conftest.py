@@ -29,3 +29,13 @@ def reset_dynamo() -> None:
 
     torch._dynamo.reset()
     counters.clear()  # reset() keeps the counters
+
+
+@pytest.fixture
+def fresh_accelerate() -> Iterator[None]:
+    """Accelerate keeps one process-wide ``AcceleratorState`` (the first ``Accelerator``'s
+    dynamo plugin wins): reset it so each test's ``Accelerator`` is built from its settings."""
+    state = pytest.importorskip("accelerate.state")
+    state.AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    state.AcceleratorState._reset_state(reset_partial_state=True)
