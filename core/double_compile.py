@@ -5,12 +5,13 @@ configured) on a model torchkiln compiled makes Dynamo trace the whole model aga
 torchkiln's regions into one big graph: the regional cold start is lost, and checkpoints of the
 returned ``OptimizedModule`` gain ``_orig_mod.`` keys. Nothing in torch warns about it.
 
-How it is detected, without patching torch: the function torchkiln compiles for each region
-group starts with ``comptime(check)``. ``comptime`` runs ``check`` only while Dynamo *traces*
-the function (at run time it is a no-op call, and compiled code does not contain it at all).
-When torchkiln's own compile traces the function it is Dynamo's top frame; when another
-compile traces the model, Dynamo inlines the region's function into the outer frame, which
-``check`` sees as a parent frame. It then warns (:class:`DoubleCompileWarning`, naming the fix)
+How it is detected, without patching torch: this module is also the built-in plugin
+``torchkiln.double_compile`` (``TORCHKILN_DISABLED_PLUGINS=torchkiln.double_compile`` turns the
+detection off). Its ``prepare_group`` wraps every region group's traced function (``prepare_group`` -> ``wrap_traced``) so that it
+starts with ``comptime(check)``. ``comptime`` runs ``check`` only while Dynamo *traces* the
+function; compiled code does not contain it. When torchkiln compiles a region, the group's
+function is Dynamo's top frame; when another compile traces the model, Dynamo inlines the
+region's function into the outer frame, which ``check`` sees above the group function. It then warns (:class:`DoubleCompileWarning`, naming the fix)
 or, with ``TORCHKILN_ON_DOUBLE_COMPILE=raise``, raises :class:`DoubleCompileError` (which
 Dynamo reports inside its ``InternalTorchDynamoError``).
 
@@ -26,6 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 from torchkiln.errors import ConfigError, ConfigProblem, TorchkilnError
+from torchkiln.group_preparation import GroupPreparation
+from torchkiln.hooks import hookimpl
+from torchkiln.region_plan import RegionGroup
 
 ENV_POLICY = "TORCHKILN_ON_DOUBLE_COMPILE"
 POLICIES = ("warn", "raise")
@@ -80,23 +84,61 @@ def report(what: str, stacklevel: int = 2) -> None:
     )
 
 
-def outer_trace_check(group: str) -> Callable[[Any], None]:
-    """The ``comptime`` callback for one region group's compiled function (see the module
-    docstring). Uses only ``ComptimeContext``'s public methods: ``parent()`` of Dynamo's top
-    frame has no graph."""
+@hookimpl
+def prepare_group(group: RegionGroup) -> GroupPreparation:
+    """Every region group's traced function starts with the double-compile check."""
+    return GroupPreparation(wrap_traced=traced_check(group.name))
 
+
+def traced_check(group: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A ``GroupPreparation.wrap_traced`` for region group ``group``: the wrapped function
+    first runs ``comptime(check)``, which only does anything while Dynamo traces it (compiled
+    code does not contain it; see the module docstring)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        from torch._dynamo.comptime import comptime  # with Dynamo, never with torchkiln
+
+        check = _comptime_check(group)
+
+        def checked(module: Any, *args: Any, **kwargs: Any) -> Any:
+            comptime(check)
+            return fn(module, *args, **kwargs)
+
+        return checked
+
+    return wrap
+
+
+def _comptime_check(group: str) -> Callable[[Any], None]:
     def check(ctx: Any) -> None:
-        try:
-            ctx.parent().graph()
-        except AttributeError:  # top frame: torchkiln's own compile of this region
-            return
-        report(
-            f"another torch.compile (torch.compile(model), model.compile() or Accelerate's "
-            f"dynamo backend) tracing into torchkiln's compiled region group {group!r}",
-            stacklevel=2,
-        )
+        if inlined_into_another_frame(ctx):
+            report(
+                "another torch.compile (torch.compile(model), model.compile() or Accelerate's "
+                f"dynamo backend) tracing into torchkiln's compiled region group {group!r}",
+                stacklevel=2,
+            )
 
     return check
+
+
+def inlined_into_another_frame(ctx: Any) -> bool:
+    """Whether the region's group function (the outermost frame of torchkiln's region compiler
+    in Dynamo's frame chain) has a frame above it: then Dynamo is tracing something else that
+    calls the region, not compiling the region itself.
+
+    ``ComptimeContext`` has no public way to read a frame's code, so this reads its translator;
+    if a future torch renames it, the check stays silent rather than break compiling.
+    """
+    from torchkiln import region_compiler
+
+    tx = getattr(ctx, "_ComptimeContext__tx", None)
+    group_frame = None
+    while tx is not None:
+        code = getattr(tx, "f_code", None)
+        if code is not None and code.co_filename == region_compiler.__file__:
+            group_frame = tx
+        tx = getattr(tx, "parent", None)
+    return group_frame is not None and getattr(group_frame, "parent", None) is not None
 
 
 __all__ = [
@@ -104,7 +146,9 @@ __all__ = [
     "POLICIES",
     "DoubleCompileError",
     "DoubleCompileWarning",
-    "outer_trace_check",
+    "inlined_into_another_frame",
     "policy",
+    "prepare_group",
     "report",
+    "traced_check",
 ]
