@@ -1,44 +1,51 @@
 """Detect a second compile of a model torchkiln already compiled.
 
 ``torch.compile(model)``, ``model.compile()`` or Accelerate's ``prepare`` (with a dynamo backend
-configured) on a model torchkiln compiled makes Dynamo trace the whole model again, inlining
-torchkiln's regions into one big graph: the regional cold start is lost, and checkpoints of the
-returned ``OptimizedModule`` gain ``_orig_mod.`` keys. Nothing in torch warns about it.
+configured) on a model torchkiln compiled makes Dynamo trace the model again: it inlines
+torchkiln's regions into its own graphs (the regional cold start is lost) and the returned
+``OptimizedModule`` (or Accelerate's copy) puts ``_orig_mod.`` into checkpoint keys. torch says
+nothing about it.
 
-How it is detected, without patching torch: this module is also the built-in plugin
-``torchkiln.double_compile`` (``TORCHKILN_DISABLED_PLUGINS=torchkiln.double_compile`` turns the
-detection off). Its ``prepare_group`` wraps every region group's traced function (``prepare_group`` -> ``wrap_traced``) so that it
-starts with ``comptime(check)``. ``comptime`` runs ``check`` only while Dynamo *traces* the
-function; compiled code does not contain it. When torchkiln compiles a region, the group's
-function is Dynamo's top frame; when another compile traces the model, Dynamo inlines the
-region's function into the outer frame, which ``check`` sees above the group function. It then warns (:class:`DoubleCompileWarning`, naming the fix)
-or, with ``TORCHKILN_ON_DOUBLE_COMPILE=raise``, raises :class:`DoubleCompileError` (which
-Dynamo reports inside its ``InternalTorchDynamoError``).
+How it is detected, without patching torch and with nothing on the forward path: the two
+functions of torchkiln's that an outer compile can trace start with ``comptime(check)``.
+``comptime`` calls ``check`` only while Dynamo *traces* the function; compiled code does not
+contain it.
 
-:func:`torchkiln.compat.accelerate.install` checks the same thing earlier, when Accelerate
-asks to compile a model torchkiln already compiled, with the same policy.
+- Each region group's function (the one torchkiln compiles): when torchkiln compiles it, it is
+  Dynamo's top frame; when another compile traces the model, Dynamo inlines it into its own
+  frames, so it has a parent frame.
+- Each region's first-call shim (which runs the region's first, compiling call, eagerly): no
+  compile of torchkiln's ever traces it, so any trace of it is another compile's, before the
+  region's first call.
+
+It then warns (:class:`DoubleCompileWarning`, naming the fix), raises
+(:class:`DoubleCompileError`, which Dynamo reports inside its ``InternalTorchDynamoError``) or
+stays silent, by ``TORCHKILN_ON_DOUBLE_COMPILE`` (``warn``, ``raise``, ``off``).
+:func:`torchkiln.compat.accelerate.install` checks the same thing before Accelerate compiles a
+model torchkiln already compiled, with the same setting.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchkiln.errors import ConfigError, ConfigProblem, TorchkilnError
-from torchkiln.group_preparation import GroupPreparation
-from torchkiln.hooks import hookimpl
-from torchkiln.region_plan import RegionGroup
 
 ENV_POLICY = "TORCHKILN_ON_DOUBLE_COMPILE"
-POLICIES = ("warn", "raise")
+POLICIES = ("warn", "raise", "off")
 
 FIX = (
     "Compile once: drop the outer compile (torch.compile(model) / model.compile()), or, under "
     "Accelerate, pass Accelerator(dynamo_backend='no') or call "
     "torchkiln.compat.accelerate.install() so that Accelerate's regional compile is torchkiln's "
     "(or call torchkiln.decompile(model) first to let the other compile have it)."
+)
+
+OUTER_COMPILE = (
+    "another torch.compile (torch.compile(model), model.compile() or Accelerate's dynamo backend)"
 )
 
 
@@ -50,8 +57,8 @@ class DoubleCompileError(TorchkilnError):
     """A model torchkiln compiled is being compiled a second time (policy ``raise``)."""
 
 
-def policy(env: Any = None) -> str:
-    """``warn`` (the default) or ``raise``, from ``TORCHKILN_ON_DOUBLE_COMPILE``.
+def policy(env: Mapping[str, str] | None = None) -> str:
+    """``warn`` (the default), ``raise`` or ``off``, from ``TORCHKILN_ON_DOUBLE_COMPILE``.
 
     :raises ConfigError: for any other value, naming the variable and the allowed values.
     """
@@ -73,72 +80,53 @@ def policy(env: Any = None) -> str:
 
 
 def report(what: str, stacklevel: int = 2) -> None:
-    """Warn or raise (by :func:`policy`) that ``what`` compiles a torchkiln-compiled model."""
+    """Warn, raise or do nothing (by :func:`policy`): ``what`` compiles a torchkiln-compiled
+    model a second time."""
+    chosen = policy()
+    if chosen == "off":
+        return
     message = f"{what} is compiling a model torchkiln already compiled (a double compile). {FIX}"
-    if policy() == "raise":
+    if chosen == "raise":
         raise DoubleCompileError(f"{message} ({ENV_POLICY}=raise)")
     warnings.warn(
-        f"{message} Set {ENV_POLICY}=raise to make this an error.",
+        f"{message} Set {ENV_POLICY}=raise to make this an error, or =off to allow it.",
         DoubleCompileWarning,
         stacklevel=stacklevel + 1,
     )
 
 
-@hookimpl
-def prepare_group(group: RegionGroup) -> GroupPreparation:
-    """Every region group's traced function starts with the double-compile check."""
-    return GroupPreparation(wrap_traced=traced_check(group.name))
+def group_function_check(group: str) -> Callable[[Any], None]:
+    """The ``comptime`` callback at the top of region group ``group``'s compiled function:
+    reports when the function is not Dynamo's top frame (another compile inlined it)."""
 
-
-def traced_check(group: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A ``GroupPreparation.wrap_traced`` for region group ``group``: the wrapped function
-    first runs ``comptime(check)``, which only does anything while Dynamo traces it (compiled
-    code does not contain it; see the module docstring)."""
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        from torch._dynamo.comptime import comptime  # with Dynamo, never with torchkiln
-
-        check = _comptime_check(group)
-
-        def checked(module: Any, *args: Any, **kwargs: Any) -> Any:
-            comptime(check)
-            return fn(module, *args, **kwargs)
-
-        return checked
-
-    return wrap
-
-
-def _comptime_check(group: str) -> Callable[[Any], None]:
     def check(ctx: Any) -> None:
-        if inlined_into_another_frame(ctx):
-            report(
-                "another torch.compile (torch.compile(model), model.compile() or Accelerate's "
-                f"dynamo backend) tracing into torchkiln's compiled region group {group!r}",
-                stacklevel=2,
-            )
+        if has_parent_frame(ctx):
+            report(f"{OUTER_COMPILE} tracing into torchkiln's compiled region group {group!r}")
 
     return check
 
 
-def inlined_into_another_frame(ctx: Any) -> bool:
-    """Whether the region's group function (the outermost frame of torchkiln's region compiler
-    in Dynamo's frame chain) has a frame above it: then Dynamo is tracing something else that
-    calls the region, not compiling the region itself.
+def first_call_check(group: str) -> Callable[[Any], None]:
+    """The ``comptime`` callback at the top of a region's first-call shim: any trace of it is
+    another compile's (torchkiln runs the shim eagerly)."""
 
-    ``ComptimeContext`` has no public way to read a frame's code, so this reads its translator;
-    if a future torch renames it, the check stays silent rather than break compiling.
-    """
-    from torchkiln import region_compiler
+    def check(ctx: Any) -> None:
+        report(
+            f"{OUTER_COMPILE} tracing into torchkiln's region group {group!r} before its first call"
+        )
 
-    tx = getattr(ctx, "_ComptimeContext__tx", None)
-    group_frame = None
-    while tx is not None:
-        code = getattr(tx, "f_code", None)
-        if code is not None and code.co_filename == region_compiler.__file__:
-            group_frame = tx
-        tx = getattr(tx, "parent", None)
-    return group_frame is not None and getattr(group_frame, "parent", None) is not None
+    return check
+
+
+def has_parent_frame(ctx: Any) -> bool:
+    """Whether the frame ``comptime`` runs in was inlined into another one. Public
+    ``ComptimeContext`` methods only: Dynamo's top frame has no parent, whose graph cannot be
+    read."""
+    try:
+        ctx.parent().graph()
+    except AttributeError:
+        return False
+    return True
 
 
 __all__ = [
@@ -146,9 +134,9 @@ __all__ = [
     "POLICIES",
     "DoubleCompileError",
     "DoubleCompileWarning",
-    "inlined_into_another_frame",
+    "first_call_check",
+    "group_function_check",
+    "has_parent_frame",
     "policy",
-    "prepare_group",
     "report",
-    "traced_check",
 ]

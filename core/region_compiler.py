@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from torchkiln.config import CompileConfig
+from torchkiln.double_compile import first_call_check, group_function_check
 from torchkiln.dynamo_metrics import CompileRecord, Window
 from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.group_preparation import GroupPreparation, RegionFunction
@@ -163,16 +164,25 @@ def group_function(
     For a group of several regions, module int attributes (``layer_idx``) are traced as
     symbolic (see :func:`first_call_dynamo_settings`): a shape change after the first calls
     recompiles once, not once per block up to the recompile limit.
+
+    ``comptime(check)`` does something only while Dynamo traces the function (compiled code
+    does not contain it): it reports another compile inlining this region, a double compile
+    (:mod:`torchkiln.double_compile`).
     """
+    from torch._dynamo.comptime import comptime  # imported with Dynamo, not with torchkiln
+
+    check = group_function_check(group.name)
     if len(group.regions) > 1 and traceable_int_patch():
 
         def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            comptime(check)
             with torch._dynamo.patch_dynamo_config(allow_unspec_int_on_nn_module=True):
                 return forward(module, *args, **kwargs)
 
     else:
 
         def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            comptime(check)
             return forward(module, *args, **kwargs)
 
     # Unique in the process, not just in the model: the report recognises its group's compile
@@ -186,16 +196,22 @@ def group_function(
 
 
 def instance_forward_function(
-    previous: Callable[..., Any], preparations: list[GroupPreparation] | None = None
+    previous: Callable[..., Any],
+    preparations: list[GroupPreparation] | None = None,
+    group_name: str = "",
 ) -> Callable[..., Any]:
     """For a module whose ``forward`` was already replaced on the instance (autocast wrappers)."""
 
     def previous_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return previous(*args, **kwargs)
 
+    from torch._dynamo.comptime import comptime
+
     traced = _wrap_traced(previous_forward, preparations or [])
+    check = group_function_check(group_name)
 
     def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        comptime(check)  # see group_function
         return traced(module, *args, **kwargs)
 
     return region_forward
@@ -318,7 +334,9 @@ class Compiler:
             compiled, wrapper_code = compiled_shared, shared.__code__.co_name
             if region_state.previous_forward is not _MISSING:
                 # A per-instance forward (an autocast wrapper, say) is compiled on its own.
-                own = instance_forward_function(region_state.previous_forward, preparations)
+                own = instance_forward_function(
+                    region_state.previous_forward, preparations, group.name
+                )
                 compiled, _ = self._compile(own, group, preparations)
                 wrapper_code = own.__code__.co_name
             module.__dict__["forward"] = types.MethodType(
@@ -379,8 +397,12 @@ class Compiler:
         progress = self.progress
         policy = self.config.on_region_error
         shared_by = len(self.plan.groups[group_index].regions)
+        from torch._dynamo.comptime import comptime
+
+        check = first_call_check(self.plan.groups[group_index].name)
 
         def first_call(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+            comptime(check)  # only another compile ever traces this shim: a double compile
             region_state: RegionState = module.__dict__[REGION_ATTR]
             state = region_state.owner
             compiled = types.MethodType(compiled_function, module)

@@ -18,5 +18,4 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "torchkiln.plugins.tensorrt",
     "torchkiln.plugins.tvm",
     "torchkiln.plugins.accelerate_config",
-    "torchkiln.double_compile",  # an engine diagnostic, so it lives in core
 )
