@@ -191,17 +191,15 @@ def _structure_without(
     pruned = dict(values)
     for path in bad_paths:
         parts = path.split("[", 1)[0].removeprefix("$").removeprefix(".").split(".")
-        node: dict[Any, Any] | None = pruned
+        node: dict[Any, Any] = pruned
         for part in parts[:-1]:
-            child = node.get(part) if node is not None else None
+            child = node.get(part)
             if not isinstance(child, Mapping):
-                node = None
                 break
-            copied = dict(child)
-            node[part] = copied
-            node = copied
-        if node is not None and parts[-1]:
-            node.pop(parts[-1], None)
+            node[part] = node = dict(child)  # the parent now holds the copy being pruned
+        else:
+            if parts[-1]:
+                node.pop(parts[-1], None)
     try:
         return CONVERTER.structure(without_unknown_keys(pruned), CompileConfig)
     except Exception:
