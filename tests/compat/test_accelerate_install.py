@@ -209,3 +209,28 @@ def test_install_rejects_a_bad_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         kiln.install()
     assert not kiln.is_installed()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fresh_accelerate")
+def test_mixed_precision_prepare_runs_the_compiled_regions_under_autocast() -> None:
+    """``mixed_precision="bf16"``: prepare wraps forward in autocast, then compiles; the
+    regions run under autocast, and unwrapping without the wrapper leaves the model as is."""
+    from accelerate import Accelerator
+    from accelerate.utils import TorchDynamoPlugin
+
+    model = llama_model()
+    seen: list[torch.dtype] = []
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    plugin = TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
+    with kiln.install():
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16", dynamo_plugin=plugin)
+        prepared = accelerator.prepare(model)
+        logits = prepared(token_ids()).logits
+        plain = accelerator.unwrap_model(prepared, keep_fp32_wrapper=False)
+    assert seen == [torch.bfloat16] and logits.dtype == torch.float32  # Accelerate's fp32 output
+    assert compiled_graphs() >= 4  # the block graph and the three leaves: the regions ran
+    statuses = [r["status"] for r in torchkiln.report(model).to_dict()["regions"]]
+    assert statuses == ["compiled"] * 5
+    assert plain is not model and "_original_forward" in model.__dict__  # still mixed precision
+    assert "_original_forward" not in plain.__dict__
