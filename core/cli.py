@@ -62,7 +62,7 @@ def _add_extra(subparsers: Any, module: str, function: str) -> None:
 def _add_plugins(commands: Any) -> None:
     p = commands.add_parser(
         "plugins",
-        help="list plugins, backends, region and distributed strategies",
+        help="list plugins, backends, selectors and distributed strategies",
         description="List every plugin and what it declares, with availability.",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -80,6 +80,7 @@ def plugins_listing() -> dict[str, Any]:
 
     return {
         "plugins": [attrs.asdict(info) for info in pm.plugin_infos()],
+        "disabled": sorted(name for name, plugin in pm.list_name_plugin() if plugin is None),
         "failed": [attrs.asdict(f) for f in pm.failed],
         "backends": [
             {
@@ -89,13 +90,19 @@ def plugins_listing() -> dict[str, Any]:
                 "description": d.spec.description,
                 "training": d.spec.training,
                 "modes": d.spec.modes,
+                "options": d.spec.options,
                 "devices": d.spec.devices,
                 **availability(d.spec),
             }
             for name, d in sorted(pm.backends().items())
         ],
         "selectors": [
-            {"name": n, "plugin": d.plugin, "description": d.spec.description}
+            {
+                "name": n,
+                "plugin": d.plugin,
+                "description": d.spec.description,
+                "options": d.spec.options,
+            }
             for n, d in sorted(pm.selectors().items())
         ],
         "distributed": [
@@ -122,7 +129,7 @@ def _plugins(args: argparse.Namespace) -> int:
             [
                 [
                     p["name"],
-                    "built-in" if p["builtin"] else "external",
+                    p["kind"],
                     f"{p['distribution']} {p['version']}" if p["distribution"] else "",
                     ", ".join(p["hooks"]),
                 ]
@@ -132,19 +139,22 @@ def _plugins(args: argparse.Namespace) -> int:
     )
     for failure in listing["failed"]:
         print(
-            f"  FAILED {failure['entry_point']} ({failure['distribution']} {failure['version']}): {failure['error']}"
+            f"  FAILED {failure['name']} ({failure['distribution']} {failure['version']}): {failure['error']}"
         )
+    if listing["disabled"]:
+        print(f"  disabled (TORCHKILN_DISABLED_PLUGINS): {', '.join(listing['disabled'])}")
     print(
         _table(
             "backends",
-            ["name", "from", "available", "training", "why not"],
+            ["name", "from", "available", "training", "options", "description / why not"],
             [
                 [
                     b["name"],
                     b["plugin"],
                     "yes" if b["available"] else "no",
                     "yes" if b["training"] else "inference only",
-                    b["reason"],
+                    _options_text(b["options"]),
+                    b["reason"] or b["description"],
                 ]
                 for b in listing["backends"]
             ],
@@ -153,8 +163,11 @@ def _plugins(args: argparse.Namespace) -> int:
     print(
         _table(
             "selectors",
-            ["name", "plugin", "description"],
-            [[s["name"], s["plugin"], s["description"]] for s in listing["selectors"]],
+            ["name", "plugin", "options", "description"],
+            [
+                [s["name"], s["plugin"], _options_text(s["options"]), s["description"]]
+                for s in listing["selectors"]
+            ],
         )
     )
     print(
@@ -168,6 +181,13 @@ def _plugins(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _options_text(options: Sequence[str] | None) -> str:
+    """``None`` (any key accepted) shows as ``any``; no accepted key as ``-``."""
+    if options is None:
+        return "any"
+    return ", ".join(options) or "-"
 
 
 def _table(title: str, header: list[str], rows: list[list[str]]) -> str:

@@ -234,13 +234,41 @@ def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:
     return message
 
 
-def _choice(config_value: Any, allowed: typing.Iterable[str], what: str) -> str | None:
+def _choice(
+    config_value: Any, allowed: typing.Iterable[str], what: str, missing_hint: str = ""
+) -> str | None:
     allowed = sorted(allowed)
     if config_value in allowed:
         return None
     close = difflib.get_close_matches(str(config_value), allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"{describe(config_value)} is not {what}{hint}; allowed: {', '.join(allowed)}"
+    return (
+        f"{describe(config_value)} is not {what}{hint}; allowed: {', '.join(allowed)}{missing_hint}"
+    )
+
+
+def _unknown_option(owner: str, key: str, accepted: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(key, list(accepted), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{owner} does not accept option {describe(key)}{hint}; allowed: {', '.join(accepted) or 'none'}"
+
+
+def _selector_option_problems(
+    config: CompileConfig, sources: Mapping[str, str], plugins: Any
+) -> list[ConfigProblem]:
+    declared = plugins.selectors().get(config.regions.strategy)
+    if declared is None or declared.spec.options is None:
+        return []
+    accepted = declared.spec.options
+    return [
+        ConfigProblem(
+            f"$.regions.options.{key}",
+            _unknown_option(f"selector {config.regions.strategy!r}", key, accepted),
+            sources.get("regions.options", ""),
+        )
+        for key in config.regions.options
+        if key not in accepted
+    ]
 
 
 def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> None:
@@ -272,9 +300,10 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
             "distributed.fsdp2.replicate_degree",
             f"{config.distributed.fsdp2.replicate_degree} must be at least 1",
         )
+    missing_hint = plugins.missing_hint()
     add(
         "regions.strategy",
-        _choice(config.regions.strategy, plugins.selectors(), "a declared selector"),
+        _choice(config.regions.strategy, plugins.selectors(), "a declared selector", missing_hint),
     )
     add(
         "distributed.strategy",
@@ -282,8 +311,10 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
             config.distributed.strategy,
             plugins.distributed_strategies(),
             "a declared distributed strategy",
+            missing_hint,
         ),
     )
+    problems.extend(_selector_option_problems(config, sources, plugins))
     if config.regions.strategy == "classes" and not config.regions.classes:
         add(
             "regions.classes",
@@ -334,6 +365,7 @@ def _backend_problems(
                 (
                     f"{describe(config.backend)} is not a registered backend{hint}; registered by plugins: "
                     f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
+                    f"{plugins.missing_hint()}"
                 ),
                 source,
             )
@@ -366,10 +398,7 @@ def _backend_problems(
                 problems.append(
                     ConfigProblem(
                         f"$.options.{key}",
-                        (
-                            f"backend {config.backend!r} does not accept option {describe(key)}; allowed: "
-                            f"{', '.join(spec.options) or 'none'}"
-                        ),
+                        _unknown_option(f"backend {config.backend!r}", key, spec.options),
                         sources.get("options", ""),
                     )
                 )

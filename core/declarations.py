@@ -55,7 +55,8 @@ class BackendSpec:
     modes: tuple[str, ...] | None = None
     """Accepted ``mode`` values, or ``None`` for any. ``None`` as a mode is always accepted."""
     options: tuple[str, ...] | None = None
-    """Accepted keys of ``options``, or ``None`` for any."""
+    """Accepted keys of ``options``, or ``None`` for any. Any other key is refused before
+    anything is compiled, with the closest accepted key."""
     devices: tuple[str, ...] = ()
     """Device types the backend compiles for (``cpu``, ``cuda``, ``xla``, ``hpu``, ...); empty
     means whatever device the model is on."""
@@ -76,6 +77,10 @@ class SelectorSpec:
 
     name: str = attrs.field(converter=_lower_name)
     description: str = ""
+    options: tuple[str, ...] | None = None
+    """Accepted keys of ``regions.options``, or ``None`` for any (a selector declared before
+    selectors could declare options). Any other key is refused before anything is compiled,
+    with the closest accepted key."""
 
 
 @attrs.frozen

@@ -53,10 +53,12 @@ def declare_backends() -> Sequence[BackendSpec]:
 
     Combination: every implementation is called and the lists are concatenated. Two plugins
     declaring the same name is reported (a warning naming both plugins and the name); the
-    plugin called first wins, which is the most recently registered one (external plugins
-    override built-ins), or the one marked ``tryfirst``.
+    plugin called first wins: registered plugins over installed (entry-point) ones over
+    built-ins, whatever the order of registration; ``tryfirst``/``trylast`` move a plugin
+    within that order.
 
-    The plugin that declares a backend must also implement :func:`compile_region` for it.
+    The plugin that declares a backend must also implement :func:`compile_region`: a plugin
+    that declares backends without it is refused when it is registered or loaded.
     """
 
 
@@ -109,49 +111,48 @@ def resolve_compile_config(
     """
 
 
-@hookspec(firstresult=True)
-def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan | None:
+@hookspec
+def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan:
     """Decide which submodules of ``model`` are compiled, grouped by shared compiled code.
 
     :param model: the root module, not yet wrapped by any distributed engine.
     :param config: the resolved configuration (``config.regions`` holds the selector options).
-    :param selector: the requested selector name (``config.regions.strategy``, lower case).
-    :return: a :class:`~torchkiln.plugin.RegionPlan`, or ``None`` when ``selector`` is not one
-        this plugin declared.
+    :param selector: the requested selector name (``config.regions.strategy``, lower case):
+        always one this plugin declared.
+    :return: a :class:`~torchkiln.plugin.RegionPlan`.
 
     Fires: once per :func:`torchkiln.compile` / :func:`torchkiln.plan`, after configuration.
 
-    Combination: ``firstresult``; the first non-``None`` plan is used. A selector must not
+    Dispatch: only the implementation of the plugin that declared ``selector`` is called, so an
+    implementation needs no ``if selector != ...: return None``. A selector must not
     fall back to another selector silently: a plan whose ``selector`` differs from the request
     says why in ``reason`` (torchkiln logs it).
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def wrap_distributed(
     model: nn.Module,
     config: CompileConfig,
     plan: RegionPlan,
     strategy: str,
     compile_regions: Callable[[nn.Module], None],
-) -> DistributedResult | None:
+) -> DistributedResult:
     """Wrap ``model`` for a distributed engine, compiling its regions at the right moment.
 
     :param model: the root module.
     :param config: the resolved configuration (``config.distributed`` holds the options).
     :param plan: the region plan for ``model``.
-    :param strategy: the requested strategy name (``none``, ``ddp``, ``fsdp2``,
-        ``deepspeed``, or one a plugin declared).
+    :param strategy: the requested strategy name: always one this plugin declared.
     :param compile_regions: call exactly once with the module that holds the plan's regions
         (``model`` itself, or the engine's module). It compiles every region in place, through
         :func:`compile_region`. DDP calls it before wrapping; FSDP2 after activation
         checkpointing and before ``fully_shard``; DeepSpeed after ``deepspeed.initialize``.
-    :return: a :class:`~torchkiln.plugin.DistributedResult`, or ``None`` when
-        ``strategy`` is not this plugin's.
+    :return: a :class:`~torchkiln.plugin.DistributedResult`.
 
     Fires: once per :func:`torchkiln.compile`, after :func:`select_regions`.
 
-    Combination: ``firstresult``. torchkiln raises if the winning implementation did not call
+    Dispatch: only the declaring plugin's implementation is called. torchkiln raises if it did not call
     ``compile_regions`` exactly once, or if ``model`` is already wrapped by an engine.
     """
 
@@ -180,10 +181,10 @@ def prepare_group(
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def compile_region(
     fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any] | None:
+) -> Callable[..., Any]:
     """Compile the shared forward function of one region group.
 
     :param fn: ``fn(module, *args, **kwargs)`` runs one region's original ``forward`` (inside
@@ -193,15 +194,16 @@ def compile_region(
     :param group: the regions that will call the result (``group.regions[i].module``).
     :param config: the resolved configuration (``mode``, ``fullgraph``, ``dynamic``,
         ``options``).
-    :param backend: the configured backend name, lower case.
-    :return: a callable with ``fn``'s signature (typically ``torch.compile(fn, backend=...)``),
-        or ``None`` when ``backend`` is not this plugin's.
+    :param backend: the configured backend name, lower case: always one this plugin declared.
+    :return: a callable with ``fn``'s signature (typically
+        ``torchkiln.plugin.compile_with_torch(fn, config, backend=...)``).
 
     Fires: once per group (not per region: every region of the group shares the result),
     inside ``compile_regions`` (see :func:`wrap_distributed`), after :func:`prepare_group`.
     Compilation itself is lazy: the returned callable compiles on a region's first call.
 
-    Combination: ``firstresult``. If no plugin answers and torch knows the backend name
-    (``torch._dynamo.list_backends()``), torchkiln compiles with ``torch.compile`` itself.
+    Dispatch: only the declaring plugin's implementation is called. For a name no plugin
+    declares but torch knows (``torch._dynamo.list_backends()``), torchkiln compiles with
+    ``torch.compile`` itself.
     An exception raised here is handled by the region error policy (``on_region_error``).
     """

@@ -12,7 +12,7 @@ from torchkiln.cache import apply_cache_dir
 from torchkiln.compile_report import CompileReport, build_report
 from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
-from torchkiln.plugin_manager import PluginManager, get_plugin_manager
+from torchkiln.plugin_manager import PluginManager, PluginsArg, as_plugin_manager
 from torchkiln.progress import make_progress
 from torchkiln.region_compiler import STATE_ATTR, Compiler, CompileState, add_undo, state_of
 from torchkiln.region_compiler import decompile as _decompile_inplace
@@ -28,9 +28,7 @@ def _plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> Regi
     config = resolved.config
     selector = config.regions.strategy
     with planning_with(pm):
-        plan = pm.hook.select_regions(model=model, config=config, selector=selector)
-    if plan is None:
-        raise PluginError(f"no plugin answered select_regions for strategy {selector!r}")
+        plan = pm.select_regions(model=model, config=config, selector=selector)
     declared = pm.selectors().get(selector)
     check_plan(plan, model, plugin=declared.plugin if declared is not None else "")
     # A fallback to the whole model, or a plan that compiles nothing, is never silent.
@@ -44,17 +42,18 @@ def plan(
     model: nn.Module,
     config: ConfigArg = None,
     *,
-    plugins: PluginManager | None = None,
+    plugins: PluginsArg = None,
     **options: Any,
 ) -> RegionPlan:
     """The region plan for ``model``, without compiling anything.
 
     :param model: the root module.
     :param config: see :func:`torchkiln.compile`.
+    :param plugins: see :func:`torchkiln.compile`.
     :param options: ``CompileConfig`` fields.
     :return: each region's path and group, what stays eager and why.
     """
-    pm = plugins or get_plugin_manager()
+    pm = as_plugin_manager(plugins).ensure_loaded()
     return _plan(model, resolve_config(config, plugins=pm, **options), pm)
 
 
@@ -83,7 +82,7 @@ def compile(
     model: nn.Module,
     config: ConfigArg = None,
     *,
-    plugins: PluginManager | None = None,
+    plugins: PluginsArg = None,
     **options: Any,
 ) -> Any:
     """Compile ``model`` region by region, in place.
@@ -91,7 +90,8 @@ def compile(
     :param model: the root module (not yet wrapped by DDP, FSDP or DeepSpeed).
     :param config: a YAML path, a mapping in the YAML shape, or a ``CompileConfig``. By default
         ``$TORCHKILN_CONFIG`` or ``./torchkiln.yaml`` is read when present.
-    :param plugins: a :class:`~torchkiln.PluginManager` (default: the process one).
+    :param plugins: a :class:`~torchkiln.PluginManager` (default: the process one), or a list
+        of plugin objects/modules (a fresh manager with the built-ins and them).
     :param options: ``CompileConfig`` fields (``backend="eager"``, ``regions="whole"``, ...),
         the highest-precedence source.
     :return: ``model`` itself, compiled in place; or, with a distributed strategy, what that
@@ -99,7 +99,7 @@ def compile(
     :raises ConfigError: bad configuration, before anything is touched.
     """
     _check_not_wrapped(model)
-    pm = (plugins or get_plugin_manager()).ensure_loaded()
+    pm = as_plugin_manager(plugins).ensure_loaded()
     resolved = resolve_config(config, plugins=pm, **options)
     cfg = resolved.config
     if not cfg.enabled:
@@ -119,17 +119,13 @@ def compile(
 
         compiler.group_hooks.append(artifact_hook(cfg, pm))
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
-    result = pm.hook.wrap_distributed(
+    result = pm.wrap_distributed(
         model=model,
         config=cfg,
         plan=region_plan,
         strategy=cfg.distributed.strategy,
         compile_regions=compile_regions,
     )
-    if result is None:
-        raise PluginError(
-            f"no plugin answered wrap_distributed for strategy {cfg.distributed.strategy!r}"
-        )
     if compiler.calls != 1:
         raise PluginError(
             f"the {cfg.distributed.strategy!r} strategy called compile_regions {compiler.calls} "

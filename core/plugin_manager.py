@@ -10,6 +10,17 @@ Environment variables (read when a manager is created):
 ``TORCHKILN_DISABLED_PLUGINS=x,y``
     block these: entry-point names of external plugins, or registered names of built-ins
     (``torchkiln.tensorrt``).
+
+Names in both lists are matched case-insensitively (``TorchKiln.TensorRT`` blocks
+``torchkiln.tensorrt``). A name that matches no built-in and no installed entry point is
+reported with a ``RuntimeWarning`` (with the closest known name) when plugins load.
+
+Precedence does not depend on when plugins are registered: built-ins first, then installed
+(entry-point) plugins, then plugins registered with :meth:`PluginManager.register`, each later
+one called before (and overriding the declarations of) the earlier ones; ``tryfirst`` /
+``trylast`` on a ``hookimpl`` move it within that order. (``register`` loads the entry points
+first if they are due, so a framework that registers its plugin before the first compile gets
+the same order as one that registers after.)
 ``TORCHKILN_STRICT_PLUGINS=1``
     a plugin that fails to import or to validate raises :class:`~torchkiln.PluginError`
     instead of being skipped with a warning.
@@ -23,22 +34,26 @@ import difflib
 import importlib
 import os
 import sys
+import types
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Union
 
 import attrs
 import pluggy
+from pluggy import HookImpl
 
 from torchkiln import hooks
 from torchkiln.declarations import BackendSpec, DistributedSpec, SelectorSpec
 from torchkiln.errors import PluginError
 from torchkiln.plugins import BUILTIN_PLUGINS
-from torchkiln.torch_backends import torch_backend_names
+from torchkiln.torch_backends import compile_with_torch, torch_backend_names
 
 ENTRY_POINT_GROUP = "torchkiln"
 _TRUE = frozenset({"1", "true", "yes", "on"})
+
+_BUILTIN_NAMES = frozenset("torchkiln." + m.rsplit(".", 1)[-1] for m in BUILTIN_PLUGINS)
 
 SpecT = TypeVar("SpecT", BackendSpec, SelectorSpec, DistributedSpec)
 
@@ -59,24 +74,56 @@ def builtin_name(module_name: str) -> str:
     return "torchkiln." + module_name.rsplit(".", 1)[-1]
 
 
+def readable_name(plugin: object) -> str:
+    """The name an unnamed registration gets: a module's name, else the object's class path."""
+    if isinstance(plugin, types.ModuleType):
+        return plugin.__name__
+    if isinstance(plugin, type):
+        return f"{plugin.__module__}.{plugin.__qualname__}"
+    cls = type(plugin)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+IMPLEMENTING_HOOK = {
+    "declare_backends": "compile_region",
+    "declare_selectors": "select_regions",
+    "declare_distributed": "wrap_distributed",
+}
+"""A plugin that declares names must implement the hook that serves them."""
+
+
 @attrs.frozen
 class PluginInfo:
-    """What ``torchkiln plugins`` shows about one registered plugin."""
+    """What ``torchkiln plugins`` shows about one registered plugin.
+
+    JSON keys (``torchkiln plugins --json``) are these field names, with one meaning each.
+    """
 
     name: str
-    builtin: bool
+    """The registered name: ``torchkiln.<module>`` for a built-in, the entry-point name for an
+    installed plugin, the given (or :func:`readable_name`) name for a registered one."""
+    kind: str
+    """``builtin``, ``entry-point`` or ``registered``."""
     hooks: tuple[str, ...]
     distribution: str | None = None
     version: str | None = None
-    entry_point: str | None = None
+    target: str | None = None
+    """What the entry point loads (``module:attribute``); ``None`` unless ``kind`` is
+    ``entry-point``."""
+
+    @property
+    def builtin(self) -> bool:
+        return self.kind == "builtin"
 
 
 @attrs.frozen
 class FailedPlugin:
-    """An external plugin that could not be loaded, and why."""
+    """An external plugin that could not be loaded, and why (same keys as :class:`PluginInfo`)."""
 
-    entry_point: str
-    value: str
+    name: str
+    """The entry-point name."""
+    target: str
+    """What the entry point loads (``module:attribute``)."""
     distribution: str | None
     version: str | None
     error: str
@@ -86,7 +133,7 @@ class FailedPlugin:
             f"{self.distribution} {self.version}" if self.distribution else "unknown distribution"
         )
         return (
-            f"torchkiln plugin {self.entry_point!r} = {self.value!r} (from {dist}) failed to "
+            f"torchkiln plugin {self.name!r} = {self.target!r} (from {dist}) failed to "
             f"load and was skipped: {self.error}"
         )
 
@@ -125,8 +172,14 @@ class PluginManager(pluggy.PluginManager):
         self.failed: list[FailedPlugin] = []
         self.external: dict[str, PluginInfo] = {}
         self._declared_cache: dict[str, dict[str, Any]] = {}
+        self.disabled = {
+            n.lower() for n in env_names(self._env, "TORCHKILN_DISABLED_PLUGINS") or ()
+        }
+        """``TORCHKILN_DISABLED_PLUGINS``, lower case."""
         for name in env_names(self._env, "TORCHKILN_DISABLED_PLUGINS") or ():
-            self.set_blocked(name)
+            self.set_blocked(name)  # as spelled; other spellings are blocked when met
+        self._registering_internally = False
+        self._names_checked = False
         if builtins:
             self._register_builtins()
         self.tracing = env_flag(self._env, "TORCHKILN_TRACE_PLUGINS")
@@ -138,13 +191,42 @@ class PluginManager(pluggy.PluginManager):
     def _register_builtins(self) -> None:
         for module_name in BUILTIN_PLUGINS:
             name = builtin_name(module_name)
-            if self.is_blocked(name):
+            if name.lower() in self.disabled:
+                self.set_blocked(name)
                 continue
-            self.register(importlib.import_module(module_name), name=name)
+            self._register_internally(importlib.import_module(module_name), name)
+
+    def _register_internally(self, plugin: object, name: str) -> None:
+        self._registering_internally = True
+        try:
+            self.register(plugin, name=name)
+        finally:
+            self._registering_internally = False
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
+        """Register ``plugin`` (a module or an object with ``@hookimpl`` methods).
+
+        :param name: defaults to :func:`readable_name` (``mypkg.plugin``, ``mypkg.MyPlugin``),
+            with ``#2``, ``#3``... appended when that name is taken.
+        :return: the registered name (``None`` when the name is blocked).
+        :raises PluginError: the plugin implements a hook torchkiln does not define (or, with
+            ``TORCHKILN_STRICT_PLUGINS=1``, declares names without implementing the hook that
+            serves them; otherwise that is a ``RuntimeWarning`` naming the plugin).
+        """
+        if not self._registering_internally:
+            self.ensure_loaded()  # entry points always come before explicit registrations
+        if name is None:
+            name = self._free_name(readable_name(plugin))
+        self._check_plugin(name, plugin)
         self._declared_cache.clear()
         return super().register(plugin, name)
+
+    def _free_name(self, base: str) -> str:
+        name, number = base, 1
+        while self.has_plugin(name):
+            number += 1
+            name = f"{base}#{number}"
+        return name
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
         self._declared_cache.clear()
@@ -154,23 +236,63 @@ class PluginManager(pluggy.PluginManager):
         """Load entry-point plugins now if they are due (once per manager)."""
         if self._entry_points_pending:
             self._entry_points_pending = False
+            self.check_plugin_controls()
             self.load_external()
         return self
 
     def load_external(self) -> None:
         """Load every allowed plugin of the ``torchkiln`` entry-point group, each isolated."""
-        only = env_names(self._env, "TORCHKILN_PLUGINS")
+        only = {n.lower() for n in env_names(self._env, "TORCHKILN_PLUGINS") or ()} or None
         seen: set[str] = set()
         for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if entry_point.name in seen or self.is_blocked(entry_point.name):
+            if entry_point.name in seen:
                 continue
             seen.add(entry_point.name)
-            if only is not None and entry_point.name not in only:
+            if entry_point.name.lower() in self.disabled:
+                self.set_blocked(entry_point.name)
+                continue
+            if only is not None and entry_point.name.lower() not in only:
                 continue
             if self.get_plugin(entry_point.name) is not None:
                 continue
-            self._load_entry_point(entry_point)
+            self._registering_internally = True
+            try:
+                self._load_entry_point(entry_point)
+            finally:
+                self._registering_internally = False
         self._declared_cache.clear()
+
+    def check_plugin_controls(self) -> None:
+        """Warn (once) about names in ``TORCHKILN_PLUGINS`` / ``TORCHKILN_DISABLED_PLUGINS``
+        that match no built-in and no installed entry point, with the closest known name."""
+        if self._names_checked:
+            return
+        self._names_checked = True
+        external = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
+        builtins = [builtin_name(m) for m in BUILTIN_PLUGINS]
+        for variable, known in (
+            ("TORCHKILN_PLUGINS", external),
+            ("TORCHKILN_DISABLED_PLUGINS", [*builtins, *external]),
+        ):
+            lowered = {name.lower(): name for name in known}
+            # "tensorrt" is close to "torchkiln.tensorrt": compare with the short names too.
+            candidates = {**{n.removeprefix("torchkiln."): n for n in lowered}, **lowered}
+            for name in sorted(env_names(self._env, variable) or ()):
+                if name.lower() in lowered:
+                    continue
+                close = difflib.get_close_matches(name.lower(), list(candidates), n=1)
+                hint = f" (did you mean {lowered[candidates[close[0]]]!r}?)" if close else ""
+                what = (
+                    "installed plugin (entry-point name)"
+                    if variable == "TORCHKILN_PLUGINS"
+                    else "plugin"
+                )
+                warnings.warn(
+                    f"{variable}: {name!r} matches no {what}{hint}; names are matched "
+                    f"case-insensitively; known: {', '.join(known) or 'none'}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
     def _load_entry_point(self, entry_point: metadata.EntryPoint) -> None:
         dist = getattr(entry_point, "dist", None)
@@ -200,7 +322,7 @@ class PluginManager(pluggy.PluginManager):
             return
         self.external[entry_point.name] = PluginInfo(
             entry_point.name,
-            False,
+            "entry-point",
             self._hook_names(plugin),
             dist_name,
             version,
@@ -208,9 +330,11 @@ class PluginManager(pluggy.PluginManager):
         )
 
     def _check_plugin(self, name: str, plugin: object) -> None:
-        """Reject hook implementations for hooks torchkiln does not define (typos)."""
+        """Reject hook implementations for hooks torchkiln does not define (typos), and
+        declarations without the hook that serves them."""
         known = self.hook_names()
-        for hook_name in self._hook_names(plugin):
+        implemented = self._hook_names(plugin)
+        for hook_name in implemented:
             if hook_name not in known:
                 close = difflib.get_close_matches(hook_name, known, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -218,6 +342,15 @@ class PluginManager(pluggy.PluginManager):
                     f"plugin {name!r} implements unknown hook {hook_name!r}{hint}; torchkiln "
                     "hooks: " + ", ".join(known)
                 )
+        for declaration, serving in IMPLEMENTING_HOOK.items():
+            if declaration in implemented and serving not in implemented:
+                message = (
+                    f"plugin {name!r} implements {declaration} but not {serving}: using the "
+                    f"names it declares will fail; add a @hookimpl {serving}"
+                )
+                if self.strict:
+                    raise PluginError(message + " (TORCHKILN_STRICT_PLUGINS=1)")
+                warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def hook_names(self) -> list[str]:
         """The hooks torchkiln specifies (not names a plugin implemented without a spec)."""
@@ -247,10 +380,10 @@ class PluginManager(pluggy.PluginManager):
             if name in self.external:
                 infos.append(self.external[name])
             else:
-                infos.append(
-                    PluginInfo(name, name.startswith("torchkiln."), self._hook_names(plugin))
-                )
-        return sorted(infos, key=lambda info: (not info.builtin, info.name))
+                kind = "builtin" if name in _BUILTIN_NAMES else "registered"
+                infos.append(PluginInfo(name, kind, self._hook_names(plugin)))
+        order = {"builtin": 0, "entry-point": 1, "registered": 2}
+        return sorted(infos, key=lambda info: (order[info.kind], info.name))
 
     def call_impl(self, hook_name: str, impl: Any, **kwargs: Any) -> Any:
         """Call one implementation directly (hooks whose results torchkiln combines per
@@ -275,6 +408,95 @@ class PluginManager(pluggy.PluginManager):
                 file=sys.stderr,
             )
         return result
+
+    # --- dispatch: only the declaring plugin serves a name -----------------------------------
+
+    def implementation(self, hook_name: str, plugin_name: str) -> HookImpl | None:
+        """``plugin_name``'s implementation of ``hook_name``, if it has one."""
+        hook = getattr(self.hook, hook_name)
+        return next((i for i in hook.get_hookimpls() if i.plugin_name == plugin_name), None)
+
+    def _serve(self, hook_name: str, declared: Declared[Any], kind: str, **kwargs: Any) -> Any:
+        impl = self.implementation(hook_name, declared.plugin)
+        if impl is None:  # registered before the check existed, or unregistered since
+            raise PluginError(
+                f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but does "
+                f"not implement {hook_name}"
+            )
+        # A pluggy subset caller, so pluggy's tracing and TORCHKILN_TRACE_PLUGINS see the call.
+        others = [
+            p for name, p in self.list_name_plugin() if p is not None and name != impl.plugin_name
+        ]
+        results = self.subset_hook_caller(hook_name, remove_plugins=others)(**kwargs)
+        result = results[0] if results else None
+        if result is None:
+            raise PluginError(
+                f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but its "
+                f"{hook_name} returned None for it"
+            )
+        return result
+
+    def select_regions(self, model: Any, config: Any, selector: str) -> Any:
+        """The plan the plugin that declared ``selector`` makes (its ``select_regions`` only)."""
+        declared = self.selectors().get(selector)
+        if declared is None:
+            raise PluginError(f"no plugin declares the selector {selector!r}{self.missing_hint()}")
+        return self._serve(
+            "select_regions", declared, "selector", model=model, config=config, selector=selector
+        )
+
+    def wrap_distributed(
+        self,
+        model: Any,
+        config: Any,
+        plan: Any,
+        strategy: str,
+        compile_regions: Callable[[Any], None],
+    ) -> Any:
+        """The declaring plugin's ``wrap_distributed`` for ``strategy``."""
+        declared = self.distributed_strategies().get(strategy)
+        if declared is None:
+            raise PluginError(
+                f"no plugin declares the distributed strategy {strategy!r}{self.missing_hint()}"
+            )
+        return self._serve(
+            "wrap_distributed",
+            declared,
+            "distributed strategy",
+            model=model,
+            config=config,
+            plan=plan,
+            strategy=strategy,
+            compile_regions=compile_regions,
+        )
+
+    def compile_region(self, fn: Any, group: Any, config: Any, backend: str) -> Any:
+        """The declaring plugin's ``compile_region`` for ``backend``; for a name only torch
+        knows, ``torch.compile`` with the configured options."""
+        declared = self.backends().get(backend)
+        if declared is None:
+            raise PluginError(f"no plugin declares the backend {backend!r}{self.missing_hint()}")
+        if declared.spec.origin == "torch":
+            return compile_with_torch(fn, config, backend)
+        return self._serve(
+            "compile_region",
+            declared,
+            "backend",
+            fn=fn,
+            group=group,
+            config=config,
+            backend=backend,
+        )
+
+    def missing_hint(self) -> str:
+        """``" (disabled ...; failed to load ...)"``: why a name might be missing, or ``""``."""
+        parts = []
+        blocked = sorted(name for name, plugin in self.list_name_plugin() if plugin is None)
+        if blocked:
+            parts.append("plugins disabled by TORCHKILN_DISABLED_PLUGINS: " + ", ".join(blocked))
+        if self.failed:
+            parts.append("plugins that failed to load: " + ", ".join(f.name for f in self.failed))
+        return f" ({'; '.join(parts)})" if parts else ""
 
     # --- declarations ----------------------------------------------------------------------
 
@@ -356,6 +578,34 @@ def get_plugin_manager() -> PluginManager:
     if _default_manager is None:
         _default_manager = PluginManager()
     return _default_manager
+
+
+PluginsArg = Union["PluginManager", Iterable[object], None]
+"""What a ``plugins=`` argument accepts (see :func:`as_plugin_manager`)."""
+
+
+def as_plugin_manager(plugins: PluginsArg) -> PluginManager:
+    """What every ``plugins=`` argument accepts: ``None`` (the process-wide manager), a
+    :class:`PluginManager`, or plugin objects/modules (a fresh manager with the built-ins and
+    them; no entry points, no environment controls)."""
+    if plugins is None:
+        return get_plugin_manager()
+    if isinstance(plugins, PluginManager):
+        return plugins
+    if isinstance(plugins, pluggy.PluginManager):
+        raise PluginError(
+            "plugins= takes a torchkiln.PluginManager (or a list of plugins), not a plain "
+            "pluggy.PluginManager"
+        )
+    if isinstance(plugins, str | bytes) or not isinstance(plugins, Iterable):
+        raise PluginError(
+            f"plugins= takes a torchkiln.PluginManager or a list of plugin objects, got "
+            f"{type(plugins).__name__}"
+        )
+    manager = PluginManager(entry_points=False, env={})
+    for plugin in plugins:
+        manager.register(plugin)
+    return manager
 
 
 def reset_plugin_manager() -> None:

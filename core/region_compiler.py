@@ -37,7 +37,6 @@ from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.progress import ProgressObserver
 from torchkiln.region_plan import Region, RegionGroup, RegionPlan
-from torchkiln.torch_backends import compile_with_torch
 
 STATE_ATTR = "_torchkiln_compiled"
 REGION_ATTR = "_torchkiln_region"
@@ -352,20 +351,9 @@ class Compiler:
     ) -> tuple[RegionFunction, BaseException | None]:
         in_hook = False
         try:
-            compiled = self.plugins.hook.compile_region(
+            compiled = self.plugins.compile_region(
                 fn=fn, group=group, config=self.config, backend=self.config.backend
             )
-            if compiled is None:
-                declared = self.plugins.backends().get(self.config.backend)
-                if declared is None or declared.spec.origin != "torch":
-                    owner = (
-                        f"plugin {declared.plugin!r} declares" if declared else "nothing declares"
-                    )
-                    raise PluginError(
-                        f"{owner} backend {self.config.backend!r} but no plugin's compile_region "
-                        "answered for it"
-                    )
-                compiled = compile_with_torch(fn, self.config)
             in_hook = True
             for hook in hooks or ():
                 compiled = hook(group, fn, compiled)

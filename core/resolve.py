@@ -16,7 +16,7 @@ from torchkiln.config import CompileConfig
 from torchkiln.config_validation import validate
 from torchkiln.errors import ConfigError, ConfigProblem, PluginError
 from torchkiln.option_safety import unnamed_file_problems
-from torchkiln.plugin_manager import PluginManager, get_plugin_manager
+from torchkiln.plugin_manager import PluginManager, PluginsArg, as_plugin_manager
 
 ConfigArg: TypeAlias = CompileConfig | Mapping[str, Any] | str | os.PathLike[str] | None
 
@@ -35,7 +35,7 @@ class ResolvedConfig:
 def resolve_config(
     config: ConfigArg = None,
     *,
-    plugins: PluginManager | None = None,
+    plugins: PluginsArg = None,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     **options: Any,
@@ -51,7 +51,7 @@ def resolve_config(
     :param options: ``CompileConfig`` fields, highest precedence.
     :raises ConfigError: listing every bad value with its path, source and allowed values.
     """
-    pm = (plugins or get_plugin_manager()).ensure_loaded()
+    pm = as_plugin_manager(plugins).ensure_loaded()
     env = dict(os.environ if env is None else env)
     layers, problems, file = _layers(config, env, Path(cwd or os.getcwd()))
     if options:

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from torchkiln.errors import PluginError
-
 if TYPE_CHECKING:
     from torchkiln.config import CompileConfig
     from torchkiln.plugin_manager import PluginManager
@@ -40,16 +38,11 @@ def planning_with(pm: PluginManager) -> Iterator[None]:
 def select_with(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan:
     """The plan selector ``selector`` makes for ``model``, through the active plugin manager.
 
-    :raises PluginError: no plugin provides ``selector`` (or its plugin is disabled).
+    :raises PluginError: no plugin declares ``selector`` (the message says which plugins are
+        disabled or failed to load).
     """
     from torchkiln.plugin_manager import get_plugin_manager
 
     pm = _PLANNING_WITH.get() or get_plugin_manager()
-    name = selector.lower()
-    plan = pm.hook.select_regions(model=model, config=config, selector=name)
-    if plan is None:
-        raise PluginError(
-            f"no plugin provides the selector {name!r} (is the plugin that declares it "
-            "disabled or not installed? see `torchkiln plugins`)"
-        )
+    plan: RegionPlan = pm.select_regions(model=model, config=config, selector=selector.lower())
     return plan

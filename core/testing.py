@@ -185,13 +185,9 @@ class BackendCheck:
 
 
 def _manager_for(plugins: PluginManager | Iterable[object] | None) -> PluginManager:
-    from torchkiln.plugin_manager import PluginManager, get_plugin_manager
+    from torchkiln.plugin_manager import as_plugin_manager
 
-    if plugins is None:
-        return get_plugin_manager()
-    if isinstance(plugins, PluginManager):
-        return plugins
-    return isolated_plugin_manager(*plugins)
+    return as_plugin_manager(plugins)
 
 
 def output_tensors(value: Any) -> list[torch.Tensor]:

@@ -61,7 +61,5 @@ def declare_backends() -> list[BackendSpec]:
 @hookimpl
 def compile_region(
     fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any] | None:
-    if backend not in _NAMES or backend == "no":
-        return None
+) -> Callable[..., Any]:
     return compile_with_torch(fn, config)

@@ -75,9 +75,7 @@ def wrap_distributed(
     plan: RegionPlan,
     strategy: str,
     compile_regions: Callable[[nn.Module], None],
-) -> DistributedResult | None:
-    if strategy != STRATEGY:
-        return None
+) -> DistributedResult:
     from torch.nn.parallel import DistributedDataParallel
 
     require_process_group(STRATEGY)

@@ -118,9 +118,7 @@ def wrap_distributed(
     plan: RegionPlan,
     strategy: str,
     compile_regions: Callable[[nn.Module], None],
-) -> DistributedResult | None:
-    if strategy != STRATEGY:
-        return None
+) -> DistributedResult:
     if not (availability := probe()).available:
         raise DistributedError(availability.reason)
     require_launch()

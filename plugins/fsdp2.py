@@ -162,9 +162,7 @@ def wrap_distributed(
     plan: RegionPlan,
     strategy: str,
     compile_regions: Callable[[nn.Module], None],
-) -> DistributedResult | None:
-    if strategy != STRATEGY:
-        return None
+) -> DistributedResult:
     require_process_group(STRATEGY)
     check_not_wrapped(model, STRATEGY)
     settings = config.distributed.fsdp2

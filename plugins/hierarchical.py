@@ -61,14 +61,13 @@ def declare_selectors() -> list[SelectorSpec]:
             NAME,
             "the whole model as one graph, each repeated block marked with "
             "torch.compiler.nested_compile_region (compiled once, stamped out N times)",
+            options=(),
         )
     ]
 
 
 @hookimpl
-def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan | None:
-    if selector != NAME:
-        return None
+def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan:
     missing = missing_api_reason()
     if missing is not None:
         return _regional_fallback(model, config, missing)

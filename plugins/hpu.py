@@ -82,8 +82,6 @@ def declare_backends() -> Sequence[BackendSpec]:
 @hookimpl
 def compile_region(
     fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any] | None:
-    if backend != "hpu":
-        return None
+) -> Callable[..., Any]:
     __import__(CORE)  # registers hpu_backend with torch._dynamo
     return compile_with_torch(fn, config, TORCH_BACKEND)

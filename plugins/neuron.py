@@ -78,7 +78,5 @@ def resolve_compile_config(
 @hookimpl
 def compile_region(
     fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any] | None:
-    if backend != NAME:
-        return None
+) -> Callable[..., Any]:
     return compile_with_torch(fn, config, NAME)

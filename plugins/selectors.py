@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 from torch import nn
@@ -49,41 +49,54 @@ CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 @hookimpl
 def declare_selectors() -> list[SelectorSpec]:
     return [
-        SelectorSpec("auto", "repeated blocks when the model has them, else the whole model"),
         SelectorSpec(
-            "repeated", "the largest repeated blocks, one compiled function per block shape"
+            "auto", "repeated blocks when the model has them, else the whole model", options=()
         ),
-        SelectorSpec("whole", "the whole model as one region"),
-        SelectorSpec("classes", "modules whose class name matches regions.classes globs"),
-        SelectorSpec("paths", "modules whose dotted path matches regions.paths globs"),
+        SelectorSpec(
+            "repeated",
+            "the largest repeated blocks, one compiled function per block shape",
+            options=(),
+        ),
+        SelectorSpec("whole", "the whole model as one region", options=()),
+        SelectorSpec(
+            "classes", "modules whose class name matches regions.classes globs", options=()
+        ),
+        SelectorSpec("paths", "modules whose dotted path matches regions.paths globs", options=()),
     ]
 
 
 @hookimpl
-def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan | None:
-    if selector == "auto":
-        return _auto(model, config)
-    if selector == "repeated":
-        return _repeated_plan(model, config, requested="repeated")
-    if selector == "whole":
-        return whole_plan(model, "whole model, as configured (regions.strategy=whole)")
-    if selector == "classes":
-        return _plan_from(
-            model,
-            config,
-            "classes",
-            _by_class(model, config.regions.classes),
-            f"modules whose class matches {', '.join(config.regions.classes)}",
-        )
-    if selector == "paths":
-        return _plan_from(
-            model,
-            config,
-            "paths",
-            _by_path(model, config.regions.paths),
-            f"modules whose path matches {', '.join(config.regions.paths)}",
-        )
-    return None
+def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan:
+    # torchkiln calls this only for the names declared above.
+    return SELECTORS[selector](model, config)
+
+
+def _whole(model: nn.Module, config: CompileConfig) -> RegionPlan:
+    return whole_plan(model, "whole model, as configured (regions.strategy=whole)")
+
+
+def _classes(model: nn.Module, config: CompileConfig) -> RegionPlan:
+    return _plan_from(
+        model,
+        config,
+        "classes",
+        _by_class(model, config.regions.classes),
+        f"modules whose class matches {', '.join(config.regions.classes)}",
+    )
+
+
+def _paths(model: nn.Module, config: CompileConfig) -> RegionPlan:
+    return _plan_from(
+        model,
+        config,
+        "paths",
+        _by_path(model, config.regions.paths),
+        f"modules whose path matches {', '.join(config.regions.paths)}",
+    )
+
+
+def _repeated(model: nn.Module, config: CompileConfig) -> RegionPlan:
+    return _repeated_plan(model, config, requested="repeated")
 
 
 # --- strategies ------------------------------------------------------------------------------
@@ -481,3 +494,12 @@ def _own_shape(module: nn.Module, groups: list[RegionGroup]) -> str:
             if why is not None:
                 return f"a shape of its own, not repeated (unlike group {group.name}: {why}); "
     return ""
+
+
+SELECTORS: dict[str, Callable[[nn.Module, CompileConfig], RegionPlan]] = {
+    "auto": _auto,
+    "repeated": _repeated,
+    "whole": _whole,
+    "classes": _classes,
+    "paths": _paths,
+}

@@ -20,15 +20,13 @@ def declare_distributed() -> list[DistributedSpec]:
     return [DistributedSpec("none", "no distributed engine: compile the model in place")]
 
 
-@hookimpl(trylast=True)
+@hookimpl
 def wrap_distributed(
     model: nn.Module,
     config: CompileConfig,
     plan: RegionPlan,
     strategy: str,
     compile_regions: Callable[[nn.Module], None],
-) -> DistributedResult | None:
-    if strategy != "none":
-        return None
+) -> DistributedResult:
     compile_regions(model)
     return DistributedResult(wrapped=model, module=model, strategy="none")

@@ -101,8 +101,6 @@ def declare_backends() -> Sequence[BackendSpec]:
 @hookimpl
 def compile_region(
     fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any] | None:
-    if backend != NAME:
-        return None
+) -> Callable[..., Any]:
     __import__("torch_tensorrt")  # registers the backend with torch._dynamo
     return compile_with_torch(fn, config, registered_name())

@@ -55,7 +55,5 @@ def declare_backends() -> Sequence[BackendSpec]:
 @hookimpl
 def compile_region(
     fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any] | None:
-    if backend != NAME:
-        return None
+) -> Callable[..., Any]:
     return compile_with_torch(fn, config, NAME)

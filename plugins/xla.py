@@ -56,9 +56,7 @@ def declare_backends() -> Sequence[BackendSpec]:
 @hookimpl
 def compile_region(
     fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any] | None:
-    torch_backend = TORCH_BACKENDS.get(backend)
-    if torch_backend is None:
-        return None
+) -> Callable[..., Any]:
+    torch_backend = TORCH_BACKENDS[backend]
     __import__(BRIDGE)  # fail now, naming torch_xla, rather than on the first forward call
     return compile_with_torch(fn, config, torch_backend)

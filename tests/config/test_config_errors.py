@@ -35,6 +35,10 @@ class Restricted:
     def declare_backends(self) -> list[BackendSpec]:
         return [BackendSpec("restricted", modes=(), options=("alpha", "beta"))]
 
+    @hookimpl
+    def compile_region(self, fn: Any) -> Any:
+        return fn
+
 
 @pytest.fixture
 def plugins() -> torchkiln.PluginManager:

@@ -11,6 +11,7 @@ import pytest
 
 import torchkiln
 from torchkiln.config_sources import env_name, leaf_fields
+from torchkiln.plugin import RegionPlan, SelectorSpec
 from torchkiln.resolve import resolve_config
 
 
@@ -336,6 +337,18 @@ def test_the_env_table_covers_every_field() -> None:
     assert set(ENV_VALUES) == {path for path, _ in leaf_fields()}
 
 
+class SelectorWithOptions:
+    """Declares the selector ``sized``, which takes ``regions.options.min_params``."""
+
+    @torchkiln.hookimpl
+    def declare_selectors(self) -> list[SelectorSpec]:
+        return [SelectorSpec("sized", options=("min_params",))]
+
+    @torchkiln.hookimpl
+    def select_regions(self, model: Any) -> RegionPlan:
+        return RegionPlan("sized", ())
+
+
 @pytest.mark.parametrize("path", sorted(ENV_VALUES))
 def test_every_field_has_a_working_env_variable(pm: torchkiln.PluginManager, path: str) -> None:
     raw, expected = ENV_VALUES[path]
@@ -343,6 +356,9 @@ def test_every_field_has_a_working_env_variable(pm: torchkiln.PluginManager, pat
     env = {name: raw}
     if path == "regions.strategy":
         env["TORCHKILN_REGIONS_PATHS"] = "x"  # 'paths' needs globs
+    if path == "regions.options":  # only a selector that declares the key accepts it
+        pm.register(SelectorWithOptions())
+        env["TORCHKILN_REGIONS"] = "sized"
     resolved = resolve_config(plugins=pm, env=env)
     value: Any = resolved.config
     for part in path.split("."):

@@ -40,8 +40,6 @@ class GraphCapture:
 
     @torchkiln.hookimpl
     def compile_region(self, fn: Callable[..., Any], backend: str) -> Callable[..., Any] | None:
-        if backend != "capture":
-            return None
 
         def keep(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
             self.graphs.append(gm)

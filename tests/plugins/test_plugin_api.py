@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import sys
 import textwrap
 import warnings
@@ -262,16 +263,22 @@ def test_hierarchical_respects_a_disabled_selectors_plugin(monkeypatch: pytest.M
     pm = torchkiln.PluginManager(
         entry_points=False, env={"TORCHKILN_DISABLED_PLUGINS": "torchkiln.selectors"}
     )
-    with pytest.raises(PluginError, match="no plugin provides the selector 'repeated'"):
+    with pytest.raises(
+        PluginError,
+        match=r"no plugin declares the selector 'repeated' \(plugins disabled by "
+        r"TORCHKILN_DISABLED_PLUGINS: torchkiln\.selectors\)",
+    ):
         torchkiln.plan(Stack(), regions="hierarchical", plugins=pm)
 
 
 def test_hierarchical_uses_the_repeated_selector_a_plugin_overrides() -> None:
     class FirstOnly:
-        @torchkiln.hookimpl(tryfirst=True)
-        def select_regions(self, model: nn.Module, selector: str) -> Any:
-            if selector != "repeated":
-                return None
+        @torchkiln.hookimpl
+        def declare_selectors(self) -> list[torchkiln.plugin.SelectorSpec]:
+            return [torchkiln.plugin.SelectorSpec("repeated", "the first block only")]
+
+        @torchkiln.hookimpl
+        def select_regions(self, model: nn.Module) -> Any:
             block = model.blocks[0]
             group = torchkiln.plugin.RegionGroup(
                 "Block", (torchkiln.plugin.Region("blocks.0", block, "Block"),)
@@ -279,5 +286,100 @@ def test_hierarchical_uses_the_repeated_selector_a_plugin_overrides() -> None:
             return torchkiln.plugin.RegionPlan("repeated", (group,))
 
     pm = isolated_plugin_manager(FirstOnly())
-    plan = torchkiln.plan(Stack(), regions="hierarchical", plugins=pm)
+    with pytest.warns(RuntimeWarning, match="selector 'repeated' is declared by both"):
+        plan = torchkiln.plan(Stack(), regions="hierarchical", plugins=pm)
     assert [r.path for g in plan.nested for r in g.regions] == ["blocks.0"]
+
+
+# --- names, plugins= arguments, dispatch -------------------------------------------------------
+
+
+class Unnamed:
+    @torchkiln.hookimpl
+    def resolve_compile_config(self) -> None:
+        return None
+
+
+def test_unnamed_registrations_get_a_readable_name() -> None:
+    pm = isolated_plugin_manager()
+    first, second = pm.register(Unnamed()), pm.register(Unnamed())
+    assert first == f"{__name__}.Unnamed"
+    assert second == f"{__name__}.Unnamed#2"
+    assert {info.name: info.kind for info in pm.plugin_infos()}[first] == "registered"
+
+
+@pytest.mark.parametrize("entry", ["compile", "plan"])
+def test_plugins_accepts_a_list_of_plugin_objects(entry: str) -> None:
+    calls: list[str] = []
+
+    class Recorder:
+        @torchkiln.hookimpl
+        def resolve_compile_config(self) -> None:
+            calls.append("resolve")
+
+    model = Stack()
+    getattr(torchkiln, entry)(model, backend="eager", plugins=[Recorder()])
+    assert calls == ["resolve"]
+
+
+def test_plugins_refuses_something_else_saying_what_it_takes() -> None:
+    with pytest.raises(PluginError, match=r"plugins= takes a torchkiln\.PluginManager or a list"):
+        torchkiln.plan(Stack(), plugins="torchkiln.backends")
+
+
+NAME_GUARD = re.compile(r"if (backend|selector|strategy) (!=|not in|==)")
+
+
+@pytest.mark.parametrize("path", PLUGIN_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_implementation_checks_the_name_it_serves(path: Path) -> None:
+    assert NAME_GUARD.findall(path.read_text()) == []
+
+
+class OptionSelector:
+    @torchkiln.hookimpl
+    def declare_selectors(self) -> list[torchkiln.plugin.SelectorSpec]:
+        return [torchkiln.plugin.SelectorSpec("sized", "by size", options=("min_params",))]
+
+    @torchkiln.hookimpl
+    def select_regions(self, model: nn.Module) -> torchkiln.plugin.RegionPlan:
+        return torchkiln.plugin.RegionPlan("sized", ())
+
+
+def test_a_selector_option_typo_is_refused_with_the_closest_key() -> None:
+    pm = isolated_plugin_manager(OptionSelector())
+    with pytest.raises(torchkiln.ConfigError) as raised:
+        torchkiln.plan(
+            Stack(), plugins=pm, regions={"strategy": "sized", "options": {"min_param": 1}}
+        )
+    assert (
+        "$.regions.options.min_param (from argument): selector 'sized' does not accept option "
+        "'min_param' (did you mean 'min_params'?); allowed: min_params" in str(raised.value)
+    )
+    plan = torchkiln.plan(
+        Stack(), plugins=pm, regions={"strategy": "sized", "options": {"min_params": 1}}
+    )
+    assert plan.selector == "sized"
+
+
+def test_builtin_selectors_take_no_options() -> None:
+    with pytest.raises(torchkiln.ConfigError, match="selector 'auto' does not accept option 'x'"):
+        torchkiln.plan(Stack(), plugins=isolated_plugin_manager(), regions={"options": {"x": 1}})
+
+
+def test_plugins_listing_shows_options_and_descriptions(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchkiln import cli
+
+    monkeypatch.setenv("TORCHKILN_DISABLE_PLUGIN_AUTOLOAD", "1")
+    assert cli.main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    tvm_row = next(line for line in out.splitlines() if line.strip().startswith("tvm "))
+    assert "scheduler, trials, opt_level" in tvm_row
+    auto_row = next(line for line in out.splitlines() if line.strip().startswith("auto "))
+    assert "repeated blocks when the model has them" in auto_row
+    listing = cli.plugins_listing()
+    selectors = {s["name"]: s for s in listing["selectors"]}
+    assert selectors["auto"]["options"] == ()
+    backends = {b["name"]: b for b in listing["backends"]}
+    assert backends["tvm"]["options"] == ("scheduler", "trials", "opt_level")

@@ -47,10 +47,7 @@ DISTRIBUTIONS = {
             return [BackendSpec("tinyback", "counts calls, runs eagerly", modes=())]
 
         @hookimpl
-        def compile_region(fn, group, backend):
-            if backend != "tinyback":
-                return None
-
+        def compile_region(fn, group):
             def compiled(module, *args, **kwargs):
                 CALLS.append(group.name)
                 return fn(module, *args, **kwargs)
@@ -153,14 +150,16 @@ def test_plugins_json_lists_the_installed_plugin_and_skips_broken_ones(plugin_si
     plugins = {p["name"]: p for p in listing["plugins"]}
     assert plugins["tinyplug"] == {
         "name": "tinyplug",
-        "builtin": False,
+        "kind": "entry-point",
         "hooks": ["compile_region", "declare_backends"],
         "distribution": "tinyplug-dist",
         "version": "0.3.1",
-        "entry_point": "tinyplug",
+        "target": "tinyplug",
     }
     assert {"torchkiln.backends", "torchkiln.selectors", "torchkiln.single_process"} <= set(plugins)
-    assert all(plugins[name]["builtin"] for name in plugins if name.startswith("torchkiln."))
+    assert all(
+        plugins[name]["kind"] == "builtin" for name in plugins if name.startswith("torchkiln.")
+    )
     assert "brokenplug" not in plugins and "typoplug" not in plugins
 
     backends = {b["name"]: b for b in listing["backends"]}
@@ -169,10 +168,10 @@ def test_plugins_json_lists_the_installed_plugin_and_skips_broken_ones(plugin_si
     assert backends["tinyback"]["description"] == "counts calls, runs eagerly"
     assert backends["eager"]["plugin"] == "torchkiln.backends"
 
-    failed = {f["entry_point"]: f for f in listing["failed"]}
+    failed = {f["name"]: f for f in listing["failed"]}
     assert failed["brokenplug"] == {
-        "entry_point": "brokenplug",
-        "value": "brokenplug",
+        "name": "brokenplug",
+        "target": "brokenplug",
         "distribution": "brokenplug-dist",
         "version": "1.2.0",
         "error": "RuntimeError: brokenplug cannot find its SDK",
@@ -237,7 +236,7 @@ def external_from(pm: torchkiln.PluginManager) -> set[str]:
 
 
 def failed_from(pm: torchkiln.PluginManager) -> dict[str, Any]:
-    return {f.entry_point: f for f in pm.failed if f.entry_point in DISTRIBUTIONS}
+    return {f.name: f for f in pm.failed if f.name in DISTRIBUTIONS}
 
 
 def test_by_default_every_entry_point_loads_and_failures_warn(on_path: Path) -> None:
@@ -374,5 +373,94 @@ def test_trace_plugins_in_process_shows_pipeline_hooks(
         line for line in err.splitlines() if line.startswith("torchkiln: hook compile_region(")
     )
     assert "backend='tinyback'" in compile_line
-    # External plugins register after the built-ins, so pluggy calls them first.
-    assert compile_line.split(" -> plugins [")[1].startswith("tinyplug, ")
+    # Only the plugin that declared the backend is called.
+    assert compile_line.split(" -> plugins [")[1] == "tinyplug]"
+
+
+# --- precedence, names, plugin controls --------------------------------------------------------------
+
+
+class TinybackOverride:
+    """Declares ``tinyback`` too, compiled by plain aot_eager."""
+
+    @torchkiln.hookimpl
+    def declare_backends(self) -> list[Any]:
+        from torchkiln.plugin import BackendSpec
+
+        return [BackendSpec("tinyback", "the embedding framework's own")]
+
+    @torchkiln.hookimpl
+    def compile_region(self, fn: Any) -> Any:
+        return fn
+
+
+@pytest.mark.parametrize("register_first", [True, False], ids=["before-loading", "after-loading"])
+def test_a_registered_plugin_wins_over_entry_points_whenever_it_registers(
+    on_path: Path, register_first: bool
+) -> None:
+    pm = torchkiln.PluginManager(env={"TORCHKILN_PLUGINS": "tinyplug"})
+    if not register_first:
+        pm.ensure_loaded()
+    with pytest.warns(RuntimeWarning, match="'tinyback' is declared by both"):
+        pm.register(TinybackOverride(), name="framework")
+        declared = pm.backends()["tinyback"]
+    assert declared.plugin == "framework"
+    names = [name for name, _ in pm.list_name_plugin()]
+    assert names.index("tinyplug") < names.index("framework")
+
+
+def test_plugin_controls_match_case_insensitively(on_path: Path) -> None:
+    pm = torchkiln.PluginManager(
+        env={"TORCHKILN_PLUGINS": "TinyPlug", "TORCHKILN_DISABLED_PLUGINS": "TorchKiln.TensorRT"}
+    )
+    assert external_from(pm) == {"tinyplug"}
+    assert "tensorrt" not in pm.backends(include_torch=False)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (
+            "TORCHKILN_DISABLED_PLUGINS",
+            "tensorrt",
+            "TORCHKILN_DISABLED_PLUGINS: 'tensorrt' matches no plugin (did you mean "
+            "'torchkiln.tensorrt'?); names are matched case-insensitively",
+        ),
+        (
+            "TORCHKILN_DISABLED_PLUGINS",
+            "acm",
+            "TORCHKILN_DISABLED_PLUGINS: 'acm' matches no plugin; names are matched "
+            "case-insensitively; known: torchkiln.backends, torchkiln.selectors",
+        ),
+        (
+            "TORCHKILN_PLUGINS",
+            "acm",
+            "TORCHKILN_PLUGINS: 'acm' matches no installed plugin (entry-point name); names are "
+            "matched case-insensitively; known: brokenplug, tinyplug, typoplug",
+        ),
+        (
+            "TORCHKILN_PLUGINS",
+            "tinyplg",
+            "TORCHKILN_PLUGINS: 'tinyplg' matches no installed plugin (entry-point name) (did you "
+            "mean 'tinyplug'?); names are matched case-insensitively",
+        ),
+    ],
+)
+def test_unknown_names_in_plugin_controls_warn_with_the_closest_name(
+    on_path: Path, variable: str, value: str, message: str
+) -> None:
+    pm = torchkiln.PluginManager(env={variable: value})
+    with pytest.warns(RuntimeWarning) as caught:
+        pm.ensure_loaded()
+    assert any(str(w.message).startswith(message) for w in caught), [str(w.message) for w in caught]
+
+
+def test_an_unknown_backend_error_names_disabled_and_failed_plugins(on_path: Path) -> None:
+    with pytest.warns(RuntimeWarning, match="typoplug"):
+        pm = torchkiln.PluginManager(env={"TORCHKILN_DISABLED_PLUGINS": "tinyplug"})
+        with pytest.raises(torchkiln.ConfigError) as raised:
+            torchkiln.plan(Stack(), backend="tinyback", plugins=pm)
+    assert (
+        "(plugins disabled by TORCHKILN_DISABLED_PLUGINS: tinyplug; plugins that failed to "
+        "load: brokenplug, typoplug)" in str(raised.value)
+    )

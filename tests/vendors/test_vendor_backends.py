@@ -17,9 +17,14 @@ from torch._dynamo.backends import registry
 
 import torchkiln
 from torchkiln import ConfigError
-from torchkiln.config import CompileConfig
+from torchkiln.plugin import hookimpl
 from torchkiln.plugins import hpu, neuron, tensorrt, tvm, xla
-from torchkiln.testing import assert_backend_matches_eager, isolated_plugin_manager, small_model
+from torchkiln.testing import (
+    assert_backend_matches_eager,
+    isolated_plugin_manager,
+    small_inputs,
+    small_model,
+)
 
 STANDINS = Path(__file__).parent / "standins"
 VENDOR_PACKAGES = ("torch_xla", "habana_frameworks", "torch_neuronx", "torch_tensorrt", "tvm")
@@ -104,12 +109,19 @@ def test_importing_and_listing_imports_no_vendor_library():
 
 
 @pytest.mark.parametrize("plugin", VENDOR_PLUGINS, ids=lambda p: p.__name__.rsplit(".", 1)[-1])
-def test_compile_region_answers_only_for_its_own_backends(plugin):
-    config = CompileConfig(backend="inductor")
-    assert (
-        plugin.compile_region(fn=lambda m, x: x, group=None, config=config, backend="inductor")
-        is None
-    )
+def test_compile_region_is_called_only_for_its_own_backends(plugin, monkeypatch):
+    called = []
+
+    @hookimpl
+    def compile_region(backend):
+        called.append(backend)
+        raise AssertionError("called for a backend this plugin did not declare")
+
+    monkeypatch.setattr(plugin, "compile_region", compile_region)
+    model = small_model()
+    torchkiln.compile(model, backend="eager", plugins=isolated_plugin_manager())
+    model(small_inputs())
+    assert called == []
 
 
 # --- xla ---------------------------------------------------------------------------------------

@@ -12,9 +12,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import torch
 
-from torchkiln.plugin import Availability, BackendSpec, hookimpl
+from torchkiln.plugin import Availability, BackendSpec, compile_with_torch, hookimpl
 
 __version__ = "0.1.0"
 
@@ -76,14 +77,10 @@ def declare_backends() -> Sequence[BackendSpec]:
 @hookimpl
 def compile_region(
     fn: Callable[..., Any], group: Any, config: Any, backend: str
-) -> Callable[..., Any] | None:
-    if backend != NAME:
-        return None
+) -> Callable[..., Any]:
     register_openvino_backend()
     # OpenVINO's direct path (make_fx inside Dynamo's trace) fails on torch 2.13 for any graph
     # with a view ("IndexError: list index out of range" while Dynamo builds shape guards);
     # its AOTAutograd path does not. So that path is the default here, unless set explicitly.
     options = {"aot_autograd": True, **config.options}
-    return torch.compile(
-        fn, backend=NAME, fullgraph=config.fullgraph, dynamic=config.dynamic, options=options
-    )
+    return compile_with_torch(fn, attrs.evolve(config, options=options), NAME)

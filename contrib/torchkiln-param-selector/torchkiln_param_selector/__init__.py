@@ -95,9 +95,15 @@ def plan(model: nn.Module, config: Any) -> RegionPlan:
 
 @hookimpl
 def declare_selectors() -> list[SelectorSpec]:
-    return [SelectorSpec(NAME, f"modules by parameter count, or those setting {ATTRIBUTE} = True")]
+    return [
+        SelectorSpec(
+            NAME,
+            f"modules by parameter count, or those setting {ATTRIBUTE} = True",
+            options=("min_params",),
+        )
+    ]
 
 
 @hookimpl
-def select_regions(model: nn.Module, config: Any, selector: str) -> RegionPlan | None:
-    return plan(model, config) if selector == NAME else None
+def select_regions(model: nn.Module, config: Any) -> RegionPlan:
+    return plan(model, config)  # torchkiln calls it only for the selector declared above
