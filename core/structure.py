@@ -8,7 +8,7 @@ Helpers for region selectors (built-in and third-party):
   devices and ``requires_grad``, and the same plain attributes (ints, floats, bools, strings,
   ``None``, tuples of them, dtypes, functions) on every submodule, since Dynamo specialises
   on those. Integer attributes that number a block (``layer_idx``, ``layer_id``,
-  ``layer_number``, ``block_index``...) are left out: torchkiln traces them as symbolic ints
+  ``layer_number``, ``block_index``..., see :data:`INDEX_ATTRIBUTE`) are left out: torchkiln traces them as symbolic ints
   in a group shared by several regions.
 - :func:`structural_difference`: the first thing that tells two modules apart, in words.
 - :func:`is_excluded` / :func:`drop_excluded`: ``regions.exclude`` globs; a module under an
@@ -35,8 +35,10 @@ from torch import nn
 from torchkiln.errors import PluginError
 from torchkiln.region_plan import Region, RegionGroup, RegionPlan
 
-INDEX_ATTRIBUTE = re.compile(r"(?:^|_)(?:idx|index|id|number)$")
-"""Integer attributes with such names number a block; they are not part of its structure."""
+INDEX_ATTRIBUTE = re.compile(r"^(?:(?:layer|block|stage)_?)?(?:idx|index|id|number|num)$")
+"""Integer attributes with such names (``layer_idx``, ``layer_id``, ``block_index``,
+``stage_idx``, ``layer_number``, ``idx``) number a block; they are not part of its structure.
+Other ints (``padding_idx``, ``shift_size``) are."""
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 """Attributes every ``nn.Module`` instance has (``_parameters``, hook dicts...), ``training``

@@ -106,3 +106,14 @@ def test_group_by_structure_names_later_shapes_of_a_class() -> None:
         ("OtherBlock", ["d"], "1 alike"),
     ]
     assert all(r.group == g.name for g in groups for r in g.regions)
+
+
+def test_only_block_numbers_are_left_out() -> None:
+    from torchkiln.structure import INDEX_ATTRIBUTE
+
+    numbers = ["layer_idx", "layer_id", "layer_number", "block_index", "stage_idx", "idx"]
+    assert all(INDEX_ATTRIBUTE.match(name) for name in numbers)
+    others = ["padding_idx", "pad_token_id", "num_heads", "shift_size", "eos_idx", "conv_idx"]
+    assert not any(INDEX_ATTRIBUTE.match(name) for name in others)
+    a, b = nn.Embedding(10, 4, padding_idx=0), nn.Embedding(10, 4, padding_idx=1)
+    assert difference_kind(a, b) == "int attribute padding_idx"
