@@ -26,7 +26,11 @@ def llama(
     intermediate_size: int = 688,
     vocab_size: int = 4096,
 ) -> nn.Module:
-    """A small Llama-family causal LM (``LlamaForCausalLM``) at ``depth`` decoder layers."""
+    """A small Llama-family causal LM (``LlamaForCausalLM``) at ``depth`` decoder layers.
+
+    Built as users get it: the default config (KV cache on, default attention) with only the
+    sizes changed, random weights.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -37,7 +41,6 @@ def llama(
         num_key_value_heads=kv_heads,
         vocab_size=vocab_size,
         max_position_embeddings=1024,
-        use_cache=False,
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
@@ -46,7 +49,7 @@ def llama(
 def gpt2(
     depth: int = 4, hidden_size: int = 128, heads: int = 4, vocab_size: int = 1024
 ) -> nn.Module:
-    """A small GPT-2 (``GPT2LMHeadModel``) at ``depth`` blocks."""
+    """A small GPT-2 (``GPT2LMHeadModel``) at ``depth`` blocks (default config, sizes changed)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
@@ -55,7 +58,6 @@ def gpt2(
         n_head=heads,
         vocab_size=vocab_size,
         n_positions=512,
-        use_cache=False,
     )
     torch.manual_seed(0)
     return GPT2LMHeadModel(config).eval()

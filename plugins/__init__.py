@@ -18,4 +18,5 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "torchkiln.plugins.tensorrt",
     "torchkiln.plugins.tvm",
     "torchkiln.plugins.accelerate_config",
+    "torchkiln.plugins.transformers_models",
 )

@@ -13,10 +13,12 @@ from torchkiln.bench.runner import run_bench_cells
 from torchkiln.bench.settings import (
     DEFAULT_BATCHES,
     DEFAULT_DEPTHS,
+    DEFAULT_NEW_TOKENS,
     DEFAULT_SEQ,
     QUICK_BATCHES,
     QUICK_DEPTHS,
     STRATEGIES,
+    WORKLOADS,
     make_settings,
 )
 from torchkiln.bench.table import render_all
@@ -59,7 +61,20 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--backend", default="inductor", help="torch.compile backend (default %(default)s)"
     )
     p.add_argument(
-        "--train", action="store_true", help="measure forward+backward (default: forward)"
+        "--train", action="store_true", help="measure forward+backward (--workload train)"
+    )
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=None,
+        help="forward (default), train (forward+backward) or generate (model.generate(): time "
+        "to the first token, then seconds per decoded token)",
+    )
+    p.add_argument(
+        "--new-tokens",
+        type=int,
+        default=DEFAULT_NEW_TOKENS,
+        help="tokens per generate() call, --workload generate (default %(default)s)",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default %(default)s)")
     p.add_argument(
@@ -90,6 +105,7 @@ def run_bench(args: argparse.Namespace) -> int:
         model=args.model, quick=args.quick, depths=args.depths, batch=args.batch, seq=args.seq,
         strategies=args.strategies, backend=args.backend, train=args.train, device=args.device,
         steady_iters=args.steady_iters, warm=args.warm, timeout=args.timeout,
+        workload=args.workload, new_tokens=args.new_tokens,
     )  # fmt: skip
     if args.plot_path:
         from torchkiln.bench.plot import require_matplotlib
@@ -99,7 +115,7 @@ def run_bench(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results = run_bench_cells(settings, cache_root=args.cache_root)
     wall = time.perf_counter() - started
-    targets = check_targets(results)
+    targets = check_targets(results, settings.workload)
     print(render_all(settings.to_dict(), environment, results, targets))
     print(f"\n{len(results)} cells in {wall / 60:.1f} min")
     if args.json_path:

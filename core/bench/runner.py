@@ -132,6 +132,8 @@ def worker_command(
         command += ["--depth", str(depth)]
     if settings.train:
         command.append("--train")
+    if settings.workload == "generate":
+        command += ["--workload", "generate", "--new-tokens", str(settings.new_tokens)]
     return command
 
 

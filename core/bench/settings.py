@@ -31,6 +31,15 @@ DEFAULT_BATCHES = (1, 4)
 QUICK_DEPTHS = (4, 16)
 QUICK_BATCHES = (1,)
 DEFAULT_SEQ = 128
+WORKLOADS = ("forward", "train", "generate")
+WORKLOAD_HELP = {
+    "forward": "one forward call under no_grad",
+    "train": "forward and backward (a training step without the optimizer)",
+    "generate": "model.generate(): prefill plus --new-tokens greedy decode steps with the "
+    "model's default KV cache; first call = time to the first generated token, steady = "
+    "median time per decoded token",
+}
+DEFAULT_NEW_TOKENS = 16
 
 
 class BenchError(TorchkilnError):
@@ -87,7 +96,11 @@ class BenchSettings:
     strategies: tuple[str, ...] = attrs.Factory(default_strategies)
     backend: str = "inductor"
     train: bool = False
-    """Measure forward+backward instead of forward only."""
+    """Measure forward+backward instead of forward only (``workload == "train"``)."""
+    workload: str = "forward"
+    """``forward``, ``train`` or ``generate`` (see :data:`WORKLOADS`)."""
+    new_tokens: int = DEFAULT_NEW_TOKENS
+    """Tokens each ``generate`` call produces (the ``generate`` workload only)."""
     device: str = "cpu"
     steady_iters: int = 30
     """Timed calls for the steady-state median (after warm-up)."""
@@ -180,6 +193,8 @@ def make_settings(
     steady_iters: int = 30,
     warm: bool = True,
     timeout: float = 1800.0,
+    workload: str | None = None,
+    new_tokens: int = DEFAULT_NEW_TOKENS,
 ) -> BenchSettings:
     """Validate command-line style values into :class:`BenchSettings`.
 
@@ -202,6 +217,11 @@ def make_settings(
             f"--strategies includes precompiled, but backend {backend!r} cannot be precompiled "
             "(its BackendSpec does not declare precompile); use inductor or aot_eager"
         )
+    workload = _check_workload(workload, train)
+    if new_tokens < 2:
+        raise BenchError(
+            f"--new-tokens {new_tokens}: must be >= 2 (a first token and a decode step)"
+        )
     return BenchSettings(
         model=model,
         depths=depth_list,
@@ -209,13 +229,26 @@ def make_settings(
         seq=seq,
         strategies=chosen,
         backend=backend.lower(),
-        train=train,
+        train=workload == "train",
+        workload=workload,
+        new_tokens=new_tokens,
         device=device,
         steady_iters=steady_iters,
         warm=warm,
         timeout=timeout,
         preset="quick" if quick else "default",
     )
+
+
+def _check_workload(workload: str | None, train: bool) -> str:
+    if workload is None:
+        return "train" if train else "forward"
+    workload = workload.lower()
+    if workload not in WORKLOADS:
+        raise BenchError(f"--workload {workload!r}: choose {', '.join(WORKLOADS)}")
+    if train and workload != "train":
+        raise BenchError(f"--train with --workload {workload}: --train means --workload train")
+    return workload
 
 
 def _check_device(device: str) -> str:

@@ -94,7 +94,20 @@ def render_targets(targets: Sequence[Target]) -> str:
 
 
 def render_header(settings: dict[str, Any], environment: dict[str, Any]) -> str:
-    mode = "forward+backward" if settings.get("train") else "forward (no_grad)"
+    workload = settings.get("workload") or ("train" if settings.get("train") else "forward")
+    if workload == "generate":
+        return (
+            f"torchkiln bench: model {settings['model']}, prompt {settings['seq']} tokens, "
+            f"generate {settings.get('new_tokens')} tokens (greedy, default KV cache), "
+            f"backend {settings['backend']}, device {environment.get('device_name')}, "
+            f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}\n"
+            "first call = time to the first generated token (strategy applied, prefill "
+            "compiled and run) in a fresh process with an empty inductor cache; warm = the "
+            "same with that cache kept;\nsteady = median time per decoded token after warm-up, "
+            "all strategies of a row group timed in alternating rounds in one process; "
+            "max |diff| = generated tokens that differ from eager"
+        )
+    mode = "forward+backward" if workload == "train" else "forward (no_grad)"
     return (
         f"torchkiln bench: model {settings['model']}, seq {settings['seq']}, "
         f"backend {settings['backend']}, {mode}, device {environment.get('device_name')}, "

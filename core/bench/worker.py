@@ -52,6 +52,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", default="inductor")
     p.add_argument("--device", default="cpu")
     p.add_argument("--train", action="store_true")
+    p.add_argument("--workload", choices=("forward", "train", "generate"), default=None)
+    p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--steady-iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--output", required=True)
@@ -61,7 +63,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="time.time() when the runner started this process (to measure startup)",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.workload is None:
+        args.workload = "train" if args.train else "forward"
+    args.train = args.workload == "train"
+    return args
 
 
 def _first_tensor(output: Any) -> Any:
@@ -229,6 +235,7 @@ def _common(args: argparse.Namespace, torch_import_seconds: float) -> dict[str, 
         "backend": args.backend,
         "device": args.device,
         "train": args.train,
+        "workload": args.workload,
         "startup_seconds": START_WALL - args.spawned_at if args.spawned_at is not None else None,
         "torch_import_seconds": torch_import_seconds,
         "threads": torch.get_num_threads(),
@@ -244,6 +251,8 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
     import torch  # noqa: F401  (timed: the import is part of start-up)
 
     imported = time.perf_counter()
+    if args.workload == "generate":
+        return _common(args, imported - started) | _first_token(args, started)
     model, inputs = _build(args)
     built = time.perf_counter()
     call_target = None
@@ -273,6 +282,42 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _applier(args: argparse.Namespace) -> Callable[[str, Any, str], Any]:
+    """``_apply_strategy`` with this run's artifacts directory (the precompiled strategy)."""
+    return lambda strategy, model, backend: _apply_strategy(
+        strategy, model, backend, args.artifacts
+    )
+
+
+def _first_token(args: argparse.Namespace, started: float) -> dict[str, Any]:
+    from torchkiln.bench.generate import first_token
+
+    result, target = first_token(args, _build, _applier(args))
+    after = _dynamo_counts()
+    return result | {
+        "phase": "first_call",
+        "strategy": args.strategy,
+        # Dynamo's counts after the first generate() (prefill and decode steps), and after the
+        # later calls: the decode steps compile during the first call.
+        "first_call": after,
+        "after_later_calls": after,
+        "torchkiln_report": _torchkiln_report(args.strategy, target),
+        "wall_seconds": time.perf_counter() - START,
+    }
+
+
+def _steady_step(strategy: str, args: argparse.Namespace) -> Callable[[], Any]:
+    """One timed call of ``strategy``'s model: a step, or a generate (seconds per token)."""
+    model, inputs = _build(args)
+    if args.workload == "generate":
+        from torchkiln.bench.generate import generation_target, steady_decode
+
+        target = generation_target(strategy, model, args.backend, _applier(args))
+        return steady_decode(target, inputs, args.new_tokens)
+    target = _apply_strategy(strategy, model, args.backend, args.artifacts)
+    return _step(target, model, inputs, args.train)
+
+
 def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
     """Steady state of every strategy in one process, timed in alternating rounds.
 
@@ -289,9 +334,7 @@ def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
     errors: dict[str, str] = {}
     for strategy in strategies:
         try:
-            model, inputs = _build(args)
-            target = _apply_strategy(strategy, model, args.backend, args.artifacts)
-            steps[strategy] = _step(target, model, inputs, args.train)
+            steps[strategy] = _steady_step(strategy, args)
             for _ in range(1 + args.warmup):
                 _timed(steps[strategy], args.device)
         except Exception as error:  # one strategy failing must not hide the others' numbers
@@ -303,11 +346,14 @@ def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
     rounds = args.steady_iters
     samples: dict[str, list[float]] = {s: [] for s in steps}
     order = list(steps)
+    generate = args.workload == "generate"
     for round_index in range(rounds):
         shift = round_index % max(len(order), 1)
         for strategy in order[shift:] + order[:shift]:  # rotate: nobody always goes first
             for _ in range(per_round):
-                samples[strategy].append(_timed(steps[strategy], args.device)[0])
+                seconds, per_token = _timed(steps[strategy], args.device)
+                # generate: the call's median seconds per decoded token, not the whole call
+                samples[strategy].append(per_token if generate else seconds)
     return _common(args, imported - started) | {
         "phase": "steady",
         "strategies": strategies,

@@ -1,0 +1,108 @@
+"""The ``generate`` workload of ``torchkiln bench``: ``model.generate()`` as users call it.
+
+A greedy ``generate(prompt, max_new_tokens=N)`` with the model's default KV cache
+(``DynamicCache``): a prefill forward over the prompt, then ``N - 1`` decode forwards of one
+token each. A streamer records when each token comes out, which gives
+
+* the time to the first generated token: applying the strategy, compiling what the prefill
+  needs, and the prefill itself (the first-call number of this workload);
+* the time per decoded token: the gaps between later tokens (the steady-state number, the
+  median gap of a call).
+
+Full ``torch.compile`` is applied in place (``model.compile()``): ``torch.compile(model)``
+returns a wrapper whose ``generate`` would run the original, uncompiled forward.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class TokenClock:
+    """A transformers streamer (``put``/``end``) that only notes when tokens arrive.
+
+    ``generate`` calls ``put`` once with the prompt, then once per generated token.
+    """
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def decode_gaps(self) -> list[float]:
+        """Seconds between consecutive generated tokens (the decode steps)."""
+        tokens = self.times[1:]
+        return [later - earlier for earlier, later in itertools.pairwise(tokens)]
+
+
+def generation_target(strategy: str, model: Any, backend: str, apply: Callable[..., Any]) -> Any:
+    """The module whose ``generate`` is timed under ``strategy``."""
+    if strategy == "full":
+        model.compile(backend=backend)
+        return model
+    return apply(strategy, model, backend)
+
+
+def generate_once(target: Any, inputs: Any, new_tokens: int) -> tuple[TokenClock, Any]:
+    """One greedy ``generate`` of exactly ``new_tokens`` tokens."""
+    import torch
+
+    clock = TokenClock()
+    with torch.no_grad():
+        tokens = target.generate(
+            inputs,
+            attention_mask=torch.ones_like(inputs),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            streamer=clock,
+        )
+    return clock, tokens
+
+
+def tokens_differing(tokens: Any, reference: Any) -> int:
+    """Generated ids that differ from eager's (0: identical)."""
+    if tokens.shape != reference.shape:
+        return int(max(tokens.numel(), reference.numel()))
+    return int((tokens != reference).sum().item())
+
+
+def first_token(
+    args: Any, build: Callable[[Any], tuple[Any, Any]], apply: Callable[..., Any]
+) -> tuple[dict[str, Any], Any]:
+    """Apply the strategy and time ``generate`` up to its first token, then the whole call; a
+    few more calls catch later recompiles (the decode steps compile on the first call)."""
+    model, inputs = build(args)
+    started = time.perf_counter()
+    target = generation_target(args.strategy, model, args.backend, apply)
+    clock, tokens = generate_once(target, inputs, args.new_tokens)
+    finished = time.perf_counter()
+    later = [generate_once(target, inputs, args.new_tokens)[0] for _ in range(args.warmup)]
+    reference_model, _ = build(args)  # fresh and eager: same seed, same weights
+    _, reference = generate_once(reference_model, inputs, args.new_tokens)
+    return {
+        "first_call_seconds": clock.times[1] - started,
+        "first_generate_seconds": finished - started,
+        "first_decode_gaps": clock.decode_gaps(),
+        "later_calls_seconds": [statistics.median(c.decode_gaps()) for c in later],
+        "max_abs_diff": float(tokens_differing(tokens, reference)),
+        "new_tokens": args.new_tokens,
+    }, target
+
+
+def steady_decode(target: Any, inputs: Any, new_tokens: int) -> Callable[[], float]:
+    """A call that runs one ``generate`` and returns its median seconds per decoded token."""
+
+    def call() -> float:
+        clock, _ = generate_once(target, inputs, new_tokens)
+        return statistics.median(clock.decode_gaps())
+
+    return call

@@ -1,0 +1,171 @@
+"""The transformers model adapter on a default Llama: one compiled block whatever the depth,
+with the KV cache on, for the forward, a training step, generate() and static-cache generate;
+output capture, padding and varying lengths; caches the adapter cannot split; decompile."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch._dynamo
+from decoder_zoo import BY_NAME, WORKLOADS, eager_regions, run, same, token_ids
+from torch._dynamo.utils import counters
+
+import torchkiln
+import torchkiln.examples
+
+pytest.importorskip("transformers")
+
+LLAMA = BY_NAME["llama"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(reset_dynamo: None, torchkiln_clean_environment: None) -> Iterator[None]:
+    yield
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_default_llama_compiles_the_same_graphs_at_depth_12_and_24(workload: str) -> None:
+    """The issue's acceptance test: same graph count at both depths (at most 8), no eager
+    region, results identical to eager (logits and gradients closely, token ids exactly)."""
+    outcomes = {depth: run(LLAMA, depth, (workload,)) for depth in (12, 24)}
+    for depth, outcome in outcomes.items():
+        assert outcome.eager_regions == (), (depth, outcome.eager_regions)
+        assert outcome.mismatches() == [], depth
+        assert outcome.breaks == 0, depth
+    assert outcomes[12].graphs == outcomes[24].graphs <= 8
+
+
+def test_without_the_adapter_layers_fall_back_to_eager(pm: torchkiln.PluginManager) -> None:
+    """What the adapter fixes: blocked, every layer compiles its own graph until Dynamo's
+    recompile limit, then the rest run eagerly (so the test above can fail)."""
+    pm.set_blocked("torchkiln.transformers_models")
+    model = LLAMA.build(12)
+    torchkiln.compile(model, backend="eager", plugins=pm)
+    WORKLOADS["forward"](model, token_ids())
+    assert eager_regions(model) == tuple(f"model.layers.{i}" for i in range(8, 12))
+
+
+def llama_with(depth: int = 12, **config: object) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sizes = {"num_hidden_layers": depth, "vocab_size": 128, **LLAMA.sizes}
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**sizes, **config)).eval()
+
+
+def compare(model: torch.nn.Module, call: object, max_graphs: int) -> None:
+    """``call(model)`` eagerly and compiled: equal results, few graphs, nothing eager."""
+    compiled = copy.deepcopy(model)
+    expected = call(model)  # type: ignore[operator]
+    torchkiln.compile(compiled, backend="eager")
+    actual = call(compiled)  # type: ignore[operator]
+    assert same(expected, actual, atol=1e-5, rtol=1e-4)
+    assert eager_regions(compiled) == ()
+    assert sum(counters["graph_break"].values()) == 0
+    assert counters["stats"]["unique_graphs"] <= max_graphs
+
+
+def test_output_hidden_states_and_attentions_compile_one_block() -> None:
+    """Capture hooks run inside the block (the attention's); they neither break the graph nor
+    add a graph per layer (their lists would grow per layer)."""
+    ids = token_ids()
+
+    def both(model: torch.nn.Module) -> list[torch.Tensor]:
+        with torch.no_grad():
+            plain = model(ids)
+            out = model(ids, output_hidden_states=True, output_attentions=True)
+        assert len(out.hidden_states) == 13 and len(out.attentions) == 12
+        return [plain.logits, out.logits, *out.hidden_states, *out.attentions]
+
+    compare(llama_with(attn_implementation="eager"), both, max_graphs=4)
+
+
+def test_padding_and_varying_lengths_add_no_graph_per_layer() -> None:
+    ids = token_ids(batch=2, seq=12)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding, as generate() expects
+
+    def calls(model: torch.nn.Module) -> list[torch.Tensor]:
+        with torch.no_grad():
+            logits = [model(ids[:, :length]).logits for length in (12, 7, 9)]
+            padded = model(ids, attention_mask=mask).logits
+            tokens = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        return [*logits, padded, tokens]
+
+    compare(llama_with(), calls, max_graphs=8)
+
+
+def test_a_cache_that_overrides_update_runs_it_outside_the_graph(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """An unknown cache degrades visibly: one graph break per block call, graphs still
+    independent of depth, a message naming the cache and why, results equal to eager."""
+    from transformers import DynamicCache
+
+    class LoggingCache(DynamicCache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    ids = token_ids()
+    graphs = {}
+    for depth in (12, 13):
+        model = llama_with(depth)
+        compiled = copy.deepcopy(model)
+        with torch.no_grad():
+            expected = model(ids, cache=LoggingCache(config=model.config)).logits
+            torch._dynamo.reset()
+            counters.clear()
+            torchkiln.compile(compiled, backend="eager")
+            actual = compiled(ids, cache=LoggingCache(config=model.config)).logits
+        torch.testing.assert_close(actual, expected)
+        assert eager_regions(compiled) == ()
+        graphs[depth] = counters["stats"]["unique_graphs"]
+    assert graphs[12] == graphs[13]
+    assert "LoggingCache overrides Cache.update" in capfd.readouterr().err
+
+
+def test_decompile_removes_the_adapter() -> None:
+    model = llama_with()
+    plain = copy.deepcopy(model)
+    torchkiln.compile(model, backend="eager")
+    WORKLOADS["generate"](model, token_ids())
+    torchkiln.decompile(model)
+    assert all("forward" not in layer.__dict__ for layer in model.model.layers)
+    torch._dynamo.reset()
+    counters.clear()
+    assert same(
+        WORKLOADS["generate"](model, token_ids()),
+        WORKLOADS["generate"](plain, token_ids()),
+        0,
+        0,
+    )
+    assert counters["stats"]["unique_graphs"] == 0
+
+
+def test_models_outside_transformers_are_left_alone() -> None:
+    from torchkiln.plugins.transformers_models import block_adapter
+
+    toy = torchkiln.examples.toy(depth=2)
+    assert block_adapter("TransformerEncoderLayer", list(toy.layers)) is None
+    # A whole-model region (no single layer_idx) is not a decoder layer either.
+    assert block_adapter("LlamaForCausalLM", [llama_with(2)]) is None
+
+
+def test_compiling_a_model_outside_transformers_imports_no_transformers() -> None:
+    """The adapter looks at class module names only: transformers stays unimported."""
+    import subprocess
+
+    code = (
+        "import sys, torch, torchkiln, torchkiln.examples\n"
+        "model = torchkiln.compile(torchkiln.examples.toy(depth=2), backend='eager', progress='off')\n"
+        "model(torch.zeros(1, 4, dtype=torch.long))\n"
+        "print('transformers' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
