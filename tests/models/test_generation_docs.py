@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import re
-import runpy
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,21 @@ def test_the_page_has_its_examples() -> None:
     assert len(BLOCKS) == 2
 
 
-@pytest.mark.parametrize("code", BLOCKS, ids=["generate", "plugin"])
+@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=["generate", "plugin"])
 def test_block_runs(
-    code: str, tmp_path: Path, reset_dynamo: None, torchkiln_clean_environment: None
+    index: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    reset_dynamo: None,
+    torchkiln_clean_environment: None,
 ) -> None:
     pytest.importorskip("transformers")
-    # A file run as __main__, as a reader would run it (Dynamo looks classes up by module).
-    script = tmp_path / "example.py"
-    script.write_text(code)
-    runpy.run_path(str(script), run_name="__main__")
+    # Imported as a module of its own (Dynamo looks a frame's globals up by module name);
+    # never as __main__, which other documentation tests run their examples as.
+    name = f"docs_generation_example_{index}"
+    (tmp_path / f"{name}.py").write_text(BLOCKS[index])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        importlib.import_module(name)
+    finally:
+        sys.modules.pop(name, None)
