@@ -177,7 +177,8 @@ def _dynamo_counts() -> dict[str, Any]:
     aot = counters["aot_autograd"]
     return {
         "graphs": int(counters["stats"]["unique_graphs"]),
-        "frames_compiled": len(metrics),
+        # Records without a frame (loading a precompiled inductor function) are not frames.
+        "frames_compiled": sum(1 for m in metrics if getattr(m, "co_name", None)),
         "recompiles": sum(1 for m in metrics if getattr(m, "recompile_reason", None)),
         "recompile_reasons": [
             m.recompile_reason for m in metrics if getattr(m, "recompile_reason", None)

@@ -48,8 +48,9 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def frames_compiled() -> int:
-    """Frames Dynamo compiled since the last :func:`forget_compiles`."""
-    return len(list(get_compilation_metrics()))
+    """Frames Dynamo traced since the last :func:`forget_compiles` (loading an inductor
+    artifact adds a metrics record without a frame: not counted)."""
+    return len([m for m in get_compilation_metrics() if m.co_name])
 
 
 def forget_compiles() -> None:
@@ -87,7 +88,9 @@ LOADER = textwrap.dedent(
     import torchkiln
     from precompile_models import inputs, stack
 
-    warnings.simplefilter("error")  # any artifact warning fails the run
+    from torchkiln.precompiled import ArtifactWarning
+
+    warnings.simplefilter("error", ArtifactWarning)  # artifacts that do not fit fail the run
     directory, backend = sys.argv[1], sys.argv[2]
     model = torchkiln.compile(stack(), backend=backend, artifacts=directory, progress="off")
     x = inputs()
@@ -97,7 +100,7 @@ LOADER = textwrap.dedent(
     x_grad = x.clone().requires_grad_()
     training = model(x_grad)
     training.sum().backward()
-    frames = len(list(get_compilation_metrics()))
+    frames = len([m for m in get_compilation_metrics() if m.co_name])
     grads = [p.grad.clone() for p in model.parameters()]
     torchkiln.decompile(model)
     model.zero_grad()
@@ -335,3 +338,68 @@ def test_the_artifacts_field_comes_from_the_environment(
         with torch.no_grad():
             torch.testing.assert_close(model(inputs()), stack()(inputs()))
     assert frames_compiled() == 0
+
+
+INDUCTOR_LOADER = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from torch._dynamo.utils import counters, get_compilation_metrics
+    import torchkiln
+    from precompile_models import inputs, stack
+
+    model = torchkiln.compile(stack(), artifacts=sys.argv[1], artifacts_strict=True)
+    with torch.no_grad():
+        out = model(inputs())
+    torchkiln.decompile(model)
+    with torch.no_grad():
+        expected = model(inputs())
+    print(json.dumps({
+        "frames": len([m for m in get_compilation_metrics() if m.co_name]),
+        "fxgraph_misses": counters["inductor"]["fxgraph_cache_miss"],
+        "diff": (out - expected).abs().max().item(),
+    }))
+    """
+)
+
+
+@pytest.mark.slow  # one inductor compile of a small block, then a new process loads it
+def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same compiler in both processes (it is part of inductor's kernel keys): a wrapper
+    # that records every call, then runs the real one.
+    fresh_cache, calls = tmp_path / "fresh-cache", tmp_path / "compiler-calls.txt"
+    compiler = tmp_path / "logged-g++"
+    compiler.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec g++ "$@"\n')
+    compiler.chmod(0o755)
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(compiler)))
+    directory = tmp_path / "artifacts"
+    result = torchkiln.precompile(stack(), inputs(), directory, kinds=["inference"])
+    assert result.skipped == [] and result.manifest.environment["backend"] == "inductor"
+    assert any((directory / "kernels").rglob("*.so"))  # the compiled C++ kernels travel along
+    assert ".cpp" in calls.read_text()  # the precompile did compile C++ through the wrapper
+    calls.unlink()
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        TORCHINDUCTOR_CACHE_DIR=str(fresh_cache),
+        CXX=str(compiler),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", INDUCTOR_LOADER, str(directory)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded["frames"] == 0 and loaded["fxgraph_misses"] == 0
+    assert loaded["diff"] < 1e-5
+    compiled = [c for c in calls.read_text().splitlines() if ".cpp" in c] if calls.exists() else []
+    assert compiled == []  # no C++ compile: the kernels came from the artifacts
+    assert any(fresh_cache.rglob("*.so"))
