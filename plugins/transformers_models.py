@@ -94,7 +94,10 @@ class LayerCache:
         return self._torchkiln_cache.update(key_states, value_states, layer_idx, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for names this class does not define: the whole cache answers.
+        # Only reached for names this class does not define: the whole cache answers. Its own
+        # fields are missing only while unpickling (torch's saved guards): no recursion then.
+        if name.startswith("_torchkiln_"):
+            raise AttributeError(name)
         return getattr(self._torchkiln_cache, name)
 
     def __repr__(self) -> str:
@@ -123,6 +126,8 @@ class OpaqueCacheUpdate:
         )
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_torchkiln_"):  # missing only while unpickling: no recursion
+            raise AttributeError(name)
         return getattr(self._torchkiln_cache, name)
 
     def __repr__(self) -> str:
