@@ -403,3 +403,32 @@ def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
     compiled = [c for c in calls.read_text().splitlines() if ".cpp" in c] if calls.exists() else []
     assert compiled == []  # no C++ compile: the kernels came from the artifacts
     assert any(fresh_cache.rglob("*.so"))
+
+
+def test_a_transformers_decoder_with_its_kv_cache_loads_without_tracing(tmp_path: Path) -> None:
+    """The default Llama config (use_cache on): each layer gets its cache view through the
+    transformers adapter's preparation, and the precompiled function updates it."""
+    pytest.importorskip("transformers")
+    from torchkiln.examples import example_inputs, llama
+
+    ids = example_inputs(llama(depth=2), 1, 16)
+    result = torchkiln.precompile(
+        llama(depth=2), ids, tmp_path, backend="aot_eager", kinds=["inference"]
+    )
+    assert result.skipped == [] and result.entries == 1
+    forget_compiles()
+    model = torchkiln.compile(llama(depth=2), backend="aot_eager", artifacts=str(tmp_path))
+    assert model.config.use_cache
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ArtifactWarning)
+        with torch.no_grad():
+            out = model(ids)
+    assert frames_compiled() == 0
+    torchkiln.decompile(model)
+    with torch.no_grad():
+        expected = model(ids)
+    torch.testing.assert_close(out.logits, expected.logits)
+    for layer in range(2):  # the cache the loaded function filled is the eager one
+        torch.testing.assert_close(
+            out.past_key_values.layers[layer].keys, expected.past_key_values.layers[layer].keys
+        )
