@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -28,11 +30,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
+    # `torchkiln plan mymodule:build` finds mymodule in the working directory, as
+    # `python -m` would (the console script's own directory is sys.path[0] instead).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         return int(args.handler(args) or 0)
     except TorchkilnError as error:
         print(f"torchkiln: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `torchkiln ... | head` closed the pipe: stop quietly. Point stdout at /dev/null so
+        # the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def plural(count: int, word: str) -> str:
+    """``1 region``, ``2 regions``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -336,9 +352,10 @@ def render_plan_tree(model: Any, plan: Any) -> str:
     visit(model, "", "  ")
     units = len(plan.groups)
     lines.append(
-        f"\n{plan.region_count} regions in {units} groups: {units} compile unit(s) expected"
-        + (f", {len(plan.nested)} nested block group(s)" if plan.nested else "")
+        f"\n{plural(plan.region_count, 'region')} in {plural(units, 'group')}: "
+        f"{plural(units, 'compile unit')} expected"
+        + (f", {plural(len(plan.nested), 'nested block group')}" if plan.nested else "")
     )
     for group in plan.groups:
-        lines.append(f"  {group.name}: {len(group.regions)} region(s) — {group.reason}")
+        lines.append(f"  {group.name}: {plural(len(group.regions), 'region')} — {group.reason}")
     return "\n".join(lines)

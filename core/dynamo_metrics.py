@@ -19,7 +19,6 @@ class CompileRecord:
     compile_id: str
     co_name: str
     seconds: float
-    graph_ops: int
     recompile_reason: str | None
     fail_reason: str | None
     cache_hits: int
@@ -47,7 +46,6 @@ def _record(metrics: Any) -> CompileRecord:
         compile_id=str(getattr(metrics, "compile_id", "") or ""),
         co_name=str(getattr(metrics, "co_name", "") or ""),
         seconds=float(getattr(metrics, "entire_frame_compile_time_s", 0.0) or 0.0),
-        graph_ops=int(getattr(metrics, "graph_op_count", 0) or 0),
         recompile_reason=getattr(metrics, "recompile_reason", None),
         fail_reason=getattr(metrics, "fail_reason", None),
         cache_hits=_cache_count(metrics, "hit"),

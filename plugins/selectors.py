@@ -193,12 +193,6 @@ class LevelChoice:
     repeat``)."""
 
 
-def find_repeated_groups(model: nn.Module, config: CompileConfig) -> list[RegionGroup]:
-    """Repeated blocks, one group per structural shape, outermost first; excluded paths
-    dropped, modules whose shape occurs fewer than ``regions.min_repeats`` times left out."""
-    return choose_level(model, config).groups
-
-
 def choose_level(model: nn.Module, config: CompileConfig) -> LevelChoice:
     """The largest modules that really repeat (see the module docstring)."""
     search = _LevelSearch(model, config)

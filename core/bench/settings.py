@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
 
 import attrs
 
@@ -262,7 +261,3 @@ def _check_device(device: str) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device cuda: torch sees no CUDA device here")
     return device
-
-
-def strategies_summary(names: Sequence[str]) -> str:
-    return "; ".join(f"{n}: {STRATEGY_HELP[n]}" for n in names)

@@ -132,7 +132,8 @@ def _steady_vs_full(
 ) -> Target:
     name = name or f"{strategy} steady state vs full"
     pairs = []
-    for depth in depths if depths is not None else (grid.depths or [None]):
+    wanted: list[int | None] = depths if depths is not None else ([*grid.depths] or [None])
+    for depth in wanted:
         for batch in grid.batches:
             mine, full = grid.get(depth, batch, strategy), grid.get(depth, batch, "full")
             if mine and full:

@@ -110,7 +110,9 @@ def _config(strategy: str, backend: str, artifacts: str | None = None) -> Any:
     from torchkiln.config import CompileConfig, RegionsConfig
 
     selector = "hierarchical" if strategy == "hierarchical" else "auto"
-    extra = {"artifacts": artifacts, "artifacts_strict": True} if strategy == "precompiled" else {}
+    extra: dict[str, Any] = (
+        {"artifacts": artifacts, "artifacts_strict": True} if strategy == "precompiled" else {}
+    )
     return CompileConfig(
         backend=backend, regions=RegionsConfig(strategy=selector), progress="off", **extra
     )

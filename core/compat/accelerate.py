@@ -168,7 +168,7 @@ class TorchDynamoPlugin:
         """Keyword options for :func:`torchkiln.compile` meaning the same as this plugin:
         Accelerate's backend name mapped to torchkiln's, regional compilation as
         ``regions``."""
-        backend = DynamoBackend(self.backend)
+        backend = DynamoBackend(self.backend or DynamoBackend.NO)  # __post_init__ filled it
         options: dict[str, Any] = {
             "backend": torchkiln_backend(backend, "$.backend", "argument"),
             "mode": None if self.mode in (None, "default") else self.mode,

@@ -21,7 +21,7 @@ def test_plan_command_names_the_level_and_why(capsys: pytest.CaptureFixture[str]
     assert "level: ResNetBottleNeckLayer (4 shapes), the largest modules that repeat" in first
     assert "not ResNetStage: its 4 instances all differ (submodules of layers)" in first
     assert "the model's hint ResNetConvLayer: 49 instances in 20 shapes" in first
-    assert "12 regions in 4 groups: 4 compile unit(s) expected" in out
+    assert "12 regions in 4 groups: 4 compile units expected" in out
     assert (
         "  0: ResNetBottleNeckLayer  (eager: a shape of its own, not repeated (unlike group "
         "ResNetBottleNeckLayer: submodules of shortcut); outside the selected regions"
