@@ -19,3 +19,5 @@ _.on_train_begin; control
 _.to_kwargs; _.to_torchkiln; ENV_NAMES; STRATEGY_HELP; preset; format; extras; cache_misses
 _.maxlevel; _.maxdict; _.maxlist; _.maxtuple; _.maxset; _.maxstring; _.maxother; _.maxlong
 _.hits; _.misses; _.load_seconds; max_abs_diff; gradients_checked
+# read by transformers (its output collector) and by the bench table / a queue protocol
+_.global_var; WORKLOAD_HELP; _.end

@@ -163,7 +163,7 @@ def cache_parameter(block: nn.Module) -> tuple[str, int | None] | None:
     return None
 
 
-def unsupported_reason(cache: Any, cache_class: type) -> str | None:
+def unsupported_reason(cache: Any, cache_class: Any) -> str | None:
     """Why ``cache`` (a transformers ``Cache``) cannot be split per layer, or ``None``."""
     if type(cache).update is not cache_class.update:
         return f"{type(cache).__name__} overrides Cache.update"
@@ -179,7 +179,8 @@ class BlockAdapter:
     group: str
     parameter: str
     position: int | None
-    cache_class: type
+    cache_class: Any
+    """transformers' ``Cache`` class (typed ``Any``: transformers is imported lazily)."""
     collector: Any
     """transformers' output collector (``CompileableContextVar``)."""
     owners: weakref.WeakKeyDictionary[nn.Module, nn.Module | None] = attrs.Factory(
@@ -192,7 +193,7 @@ class BlockAdapter:
         """The object the compiled block receives instead of ``cache``."""
         if not isinstance(cache, self.cache_class):
             return cache  # not a transformers cache (a plugin's own view, say): not ours
-        owner = self.owners.get(block, False)
+        owner: Any = self.owners.get(block, False)
         if owner is False:
             owner = self.owners[block] = layer_index_owner(block)
         reason = unsupported_reason(cache, self.cache_class)
@@ -257,7 +258,7 @@ class BlockAdapter:
                 collector.compiling = False
                 if sources is not None:
                     compiler_config.dynamic_sources = sources
-            if own is not collected:
+            if own is not collected and collected is not None and own is not None:
                 merge_block_outputs(collected, own)
             return output
 
