@@ -4,7 +4,6 @@ silent otherwise, and gone from the forward path after the first call."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -15,13 +14,6 @@ from torchkiln.config import CompileConfig
 from torchkiln.examples import example_inputs, llama
 from torchkiln.progress import NullProgress, StreamProgress, make_progress
 from torchkiln.testing import isolated_plugin_manager
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 class FakeTerminal(io.StringIO):

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch._dynamo
 from torch import nn
-from torch._dynamo.utils import counters
 
 import torchkiln
 from torchkiln.examples import example_inputs, llama, toy
@@ -21,11 +20,8 @@ from torchkiln.testing import isolated_plugin_manager
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+def fresh_dynamo(reset_dynamo: None) -> None:
+    """Graph counts in these tests are their own (the root conftest's ``reset_dynamo``)."""
 
 
 class GraphCapture:
