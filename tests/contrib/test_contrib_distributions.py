@@ -102,7 +102,8 @@ def test_torchkiln_plugins_lists_both_distributions_as_available(venv):
     assert listing["failed"] == []
     openvino_plugin = _plugin(listing, "openvino")
     assert openvino_plugin is not None
-    assert openvino_plugin["builtin"] is False
+    assert openvino_plugin["kind"] == "entry-point"
+    assert openvino_plugin["target"] == "torchkiln_openvino"
     assert openvino_plugin["distribution"] == "torchkiln-openvino"
     assert openvino_plugin["version"] == "0.1.0"
     backend = _named(listing["backends"], "openvino")
@@ -112,6 +113,7 @@ def test_torchkiln_plugins_lists_both_distributions_as_available(venv):
     assert backend["training"] is False
     assert _plugin(listing, "params")["distribution"] == "torchkiln-param-selector"
     assert _named(listing["selectors"], "params")["plugin"] == "params"
+    assert _named(listing["selectors"], "params")["options"] == ["min_params"]
 
 
 @pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS.values()))
