@@ -36,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from torchkiln import settings
 from torchkiln.errors import TorchkilnError
 
 CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -53,32 +54,41 @@ def _clear_inductor_memos() -> None:
     clear_caches()
 
 
+def _read_cache_variable() -> str | None:
+    return os.environ.get(CACHE_DIR_ENV)
+
+
+def _write_cache_variable(value: str | None) -> None:
+    if value is None:
+        os.environ.pop(CACHE_DIR_ENV, None)
+    else:
+        os.environ[CACHE_DIR_ENV] = value
+    _clear_inductor_memos()
+
+
 @attrs.define
 class CacheDirSetting:
     """The cache directory in force since :func:`apply_cache_dir`, and what it replaced.
 
-    Use it as a context manager, or call :meth:`restore` when done.
+    Use it as a context manager, or call :meth:`restore` when done. Several settings can be
+    alive at once (two compiled models with their own ``cache_dir``): the most recent live one
+    is in force, and releasing them in any order ends with the value from before the first.
     """
 
     path: str
     """The absolute cache directory now in force."""
     previous: str | None
     """The value of ``TORCHINDUCTOR_CACHE_DIR`` before (``None``: it was unset)."""
-    restored: bool = False
+    hold: settings.Hold = attrs.field(repr=False)
+
+    @property
+    def restored(self) -> bool:
+        return self.hold.released
 
     def restore(self) -> None:
-        """Put the previous cache directory back (idempotent)."""
-        if self.restored:
-            return
-        self.restored = True
-        if os.environ.get(CACHE_DIR_ENV) != self.path:
-            # Someone changed it after us; theirs wins, we do not clobber it.
-            return
-        if self.previous is None:
-            os.environ.pop(CACHE_DIR_ENV, None)
-        else:
-            os.environ[CACHE_DIR_ENV] = self.previous
-        _clear_inductor_memos()
+        """Give the directory up (idempotent): the previous holder's directory, or the value
+        from before any, is back in force, unless someone else changed the variable since."""
+        self.hold.release()
 
     def __enter__(self) -> CacheDirSetting:
         return self
@@ -92,6 +102,26 @@ class CacheDirSetting:
         self.restore()
 
 
+def check_cache_dir(path: str | os.PathLike[str]) -> Path:
+    """The absolute directory for ``path``, or :class:`TorchkilnError` when it cannot be one
+    (an existing file, or a location that cannot be created). Creates nothing."""
+    directory = Path(path).expanduser().resolve()
+    for parent in (directory, *directory.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise TorchkilnError(
+                    f"cache_dir {str(path)!r} cannot be a directory: {str(parent)!r} exists and "
+                    "is not a directory"
+                )
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise TorchkilnError(
+                    f"cache_dir {str(path)!r} cannot be created or written: {str(parent)!r} is "
+                    "not writable"
+                )
+            break
+    return directory
+
+
 def apply_cache_dir(path: str | os.PathLike[str]) -> CacheDirSetting:
     """Point inductor's FX-graph and AOTAutograd caches at ``path`` (created if missing).
 
@@ -99,7 +129,7 @@ def apply_cache_dir(path: str | os.PathLike[str]) -> CacheDirSetting:
         manager) puts the previous directory back.
     :raises TorchkilnError: when ``path`` exists and is not a directory, or cannot be created.
     """
-    directory = Path(path).expanduser().resolve()
+    directory = check_cache_dir(path)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as error:
@@ -107,9 +137,10 @@ def apply_cache_dir(path: str | os.PathLike[str]) -> CacheDirSetting:
     except OSError as error:
         raise TorchkilnError(f"cache_dir {str(path)!r} cannot be created: {error}") from error
     previous = os.environ.get(CACHE_DIR_ENV)
-    os.environ[CACHE_DIR_ENV] = str(directory)
-    _clear_inductor_memos()
-    return CacheDirSetting(path=str(directory), previous=previous)
+    held = settings.hold_setting(
+        f"env:{CACHE_DIR_ENV}", str(directory), _read_cache_variable, _write_cache_variable
+    )
+    return CacheDirSetting(path=str(directory), previous=previous, hold=held)
 
 
 def current_cache_dir() -> str:

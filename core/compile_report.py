@@ -1,13 +1,63 @@
-"""``torchkiln.report(model)``: per region, what Dynamo compiled and what it cost."""
+"""``torchkiln.report(model)``: per region, what Dynamo compiled and what it cost, on every call.
+
+The first call of each region is measured by its first-call shim (a window over Dynamo's
+records). Everything after that is read lazily, when the report is built: Dynamo's compilation
+metrics (recompiles, graph breaks, recompile-limit hits of the group's code, at any time), the
+region each of those compiles ran for (:mod:`torchkiln.compile_events`) and Dynamo's cached
+guards (does a region still run compiled code after a limit hit?). Nothing of torchkiln runs
+on the forward path for this.
+
+Every reason is one line (the guard or the break, Dynamo's compile-id prefix dropped);
+identical lines are grouped, with a count; a known cause is named with its remedy
+(:mod:`torchkiln.report_causes`); Dynamo's full text is kept for ``report(verbose=True)``.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Sequence
+from types import CodeType
 from typing import Any
 
 import attrs
 
+from torchkiln import compile_events
 from torchkiln.dynamo_metrics import CompileRecord, all_records
 from torchkiln.region_compiler import CompileState, RegionState
+from torchkiln.report_causes import BUILTIN_CAUSES, ReportCause, match_cause
+
+FIRST_CALLS = "first calls"
+LATER_CALLS = "later calls"
+_COMPILE_ID_PREFIX = re.compile(r"^\s*(\[?\d+/\d+\]?:?\s*)+")
+_MAX_LINE = 200
+_SOURCE_COMMENT = re.compile(r"\s{2,}#.*$")
+
+
+def one_line(text: str | None) -> str:
+    """The first meaningful line of a Dynamo reason, without the ``0/7:`` compile-id prefix."""
+    for line in (text or "").splitlines():
+        line = _SOURCE_COMMENT.sub("", _COMPILE_ID_PREFIX.sub("", line)).strip()
+        if line:
+            return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 3] + "..."
+    return ""
+
+
+@attrs.frozen
+class Reason:
+    """One line of the report: a recompile, a graph break, a limit hit or a fallback."""
+
+    kind: str
+    """``guard`` (a recompile), ``recompile limit``, ``graph break``, ``eager``, ``failed``."""
+    text: str
+    """One line: the guard that failed, the break, why the region runs eagerly."""
+    phase: str
+    """``first calls`` or ``later calls``."""
+    count: int = 1
+    cause: str | None = None
+    """The named cause it matches (``a specialised int/float attribute``), if any."""
+    remedy: str | None = None
+    full: str = ""
+    """Dynamo's full text (shown by ``report(verbose=True)``)."""
 
 
 @attrs.frozen
@@ -32,10 +82,20 @@ class RegionReport:
     """The region ran its group's already-compiled code (a Dynamo cache hit)."""
     fallback_reason: str | None
     recompile_limit_hit: bool
+    """This region's own calls hit Dynamo's recompile limit (first or later calls)."""
+    later_graphs: int = 0
+    """Graphs compiled for this region after its first call (new shapes, dtypes, modes)."""
+    later_graph_breaks: dict[str, int] = attrs.Factory(dict)
+    reasons: tuple[Reason, ...] = ()
+    """Every reason about this region, one line each, identical ones counted once."""
 
     @property
     def graph_break_count(self) -> int:
         return sum(self.graph_breaks.values())
+
+    @property
+    def graphs_by_phase(self) -> dict[str, int]:
+        return {FIRST_CALLS: self.graphs, LATER_CALLS: self.later_graphs}
 
 
 @attrs.frozen
@@ -48,7 +108,10 @@ class CompileReport:
     regions: tuple[RegionReport, ...]
     eager: tuple[tuple[str, str], ...]
     later_recompiles: dict[str, tuple[str, ...]]
-    """Recompiles after the first calls (new shapes, say), by group, with Dynamo's reasons."""
+    """Compiles after the first calls (new shapes, say), by group, one line each."""
+    verbose: bool = False
+    """``str()`` shows Dynamo's full text under each reason."""
+    causes: tuple[ReportCause, ...] = attrs.field(default=(), repr=False)
 
     @property
     def total_graphs(self) -> int:
@@ -59,7 +122,7 @@ class CompileReport:
         return sum(r.compile_seconds for r in self.regions)
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self, recurse=True) | {
+        return attrs.asdict(self, recurse=True, filter=lambda a, _: a.name != "causes") | {
             "total_graphs": self.total_graphs,
             "total_compile_seconds": self.total_compile_seconds,
         }
@@ -72,7 +135,21 @@ class CompileReport:
         return render_report(self)
 
 
-def _region_report(state: RegionState, limit_hit_at: str | None) -> RegionReport:
+@attrs.define
+class _Later:
+    """What Dynamo did for one region after its first call."""
+
+    records: list[CompileRecord] = attrs.Factory(list)
+    limit_hit: compile_events.CompileEvent | None = None
+    affected_by: str | None = None
+    """Path of the region whose limit hit makes calls like that one run eagerly here."""
+    still_compiled_after: str | None = None
+    """Path of the region whose limit hit left this one running compiled code."""
+
+
+def _region_report(
+    state: RegionState, limit_hit_at: str | None, later: _Later, causes: Sequence[ReportCause]
+) -> RegionReport:
     records: list[CompileRecord] = state.records
     reasons = tuple(r.recompile_reason for r in records if r.recompile_reason)
     status, fallback = state.status, state.fallback_reason
@@ -90,6 +167,19 @@ def _region_report(state: RegionState, limit_hit_at: str | None) -> RegionReport
             f"Dynamo's recompile limit was hit in group {state.region.group!r} "
             f"(at {limit_hit_at or '<root>'}); this region runs eagerly"
         )
+    if status == "compiled" and later.limit_hit is not None:
+        status = "eager"
+        fallback = (
+            "hit Dynamo's recompile limit on a later call; calls like that one run eagerly here"
+        )
+    elif status == "compiled" and later.affected_by is not None:
+        status = "eager"
+        fallback = (
+            f"the recompile limit hit at {later.affected_by} on a later call stopped this "
+            "group's compiling: calls like that one run eagerly here"
+        )
+    later_breaks = _breaks(later.records)
+    lines = _reasons(state, records, later, later_breaks, status, fallback, causes)
     return RegionReport(
         path=state.region.path,
         group=state.region.group,
@@ -99,12 +189,114 @@ def _region_report(state: RegionState, limit_hit_at: str | None) -> RegionReport
         first_call_seconds=state.first_call_seconds,
         graph_breaks=dict(state.graph_breaks),
         recompiles=len(reasons),
-        recompile_reasons=reasons,
+        recompile_reasons=tuple(one_line(r) for r in reasons),
         cache_hits=sum(r.cache_hits for r in records),
         reused=status == "compiled" and not records,
         fallback_reason=fallback,
-        recompile_limit_hit=any(r.hit_recompile_limit for r in records),
+        recompile_limit_hit=any(r.hit_recompile_limit for r in records)
+        or later.limit_hit is not None,
+        later_graphs=sum(1 for r in later.records if not r.fail_reason),
+        later_graph_breaks=later_breaks,
+        reasons=lines,
     )
+
+
+def _breaks(records: Iterable[CompileRecord]) -> dict[str, int]:
+    breaks: dict[str, int] = {}
+    for record in records:
+        for reason in record.restart_reasons:
+            line = one_line(reason)
+            breaks[line] = breaks.get(line, 0) + 1
+    return breaks
+
+
+def _reason(
+    kind: str, full: str, phase: str, causes: Sequence[ReportCause], count: int = 1
+) -> Reason:
+    text = one_line(full)
+    cause = match_cause("graph break" if kind == "graph break" else "guard", (text, full), causes)
+    return Reason(
+        kind,
+        text,
+        phase,
+        count,
+        cause.name if cause else None,
+        cause.remedy if cause else None,
+        full if "\n" in full.strip() or one_line(full) != text else "",
+    )
+
+
+def _reasons(
+    state: RegionState,
+    records: list[CompileRecord],
+    later: _Later,
+    later_breaks: dict[str, int],
+    status: str,
+    fallback: str | None,
+    causes: Sequence[ReportCause],
+) -> tuple[Reason, ...]:
+    found: list[Reason] = []
+    for reason, count in state.graph_breaks.items():
+        found.append(_reason("graph break", reason, FIRST_CALLS, causes, count))
+    for record in records:
+        if record.recompile_reason and not record.hit_recompile_limit:
+            found.append(_reason("guard", record.recompile_reason, FIRST_CALLS, causes))
+    for record in later.records:
+        if record.hit_recompile_limit:
+            continue
+        if record.recompile_reason:
+            found.append(_reason("guard", record.recompile_reason, LATER_CALLS, causes))
+    for reason, count in later_breaks.items():
+        found.append(_reason("graph break", reason, LATER_CALLS, causes, count))
+    if later.limit_hit is not None:
+        found.append(_limit_reason(state, later.limit_hit, causes))
+    if status in ("eager", "failed") and fallback:
+        phase = LATER_CALLS if later.limit_hit or later.affected_by else FIRST_CALLS
+        found.append(Reason(status, one_line(fallback), phase, full=fallback))
+    elif later.still_compiled_after is not None:
+        found.append(
+            Reason(
+                "compiled",
+                f"the recompile limit was hit at {later.still_compiled_after}; calls like that "
+                "one still run compiled code here (guard hits)",
+                LATER_CALLS,
+            )
+        )
+    return _merge(found)
+
+
+def _limit_reason(
+    state: RegionState, hit: compile_events.CompileEvent, causes: Sequence[ReportCause]
+) -> Reason:
+    """The limit hit, with the guard each cached graph failed (Dynamo names only one)."""
+    owner = state.owner
+    code = owner.codes.get(state.region.group) if owner is not None else None
+    failed = (
+        compile_events.failed_guards(code, hit.frame_locals)
+        if code is not None and hit.frame_locals is not None
+        else []
+    )
+    distinct = list(dict.fromkeys(failed))
+    full = hit.reason if not distinct else "\n".join([hit.reason, *distinct])
+    reason = _reason("recompile limit", full, LATER_CALLS, causes)
+    if distinct:
+        reason = attrs.evolve(
+            reason,
+            text=one_line(
+                f"no cached graph fits ({len(failed)} cached): " + "; ".join(distinct[:3])
+            ),
+        )
+    return reason
+
+
+def _merge(reasons: Iterable[Reason]) -> tuple[Reason, ...]:
+    merged: dict[tuple[str, str, str], Reason] = {}
+    for reason in reasons:
+        key = (reason.kind, reason.text, reason.phase)
+        if key in merged:
+            reason = attrs.evolve(merged[key], count=merged[key].count + reason.count)
+        merged[key] = reason
+    return tuple(merged.values())
 
 
 def _frame(record: CompileRecord) -> str:
@@ -135,9 +327,91 @@ def _is_own(record: CompileRecord, code: str, frames: set[str]) -> bool:
     return _runs_code(record.co_name, code) or (not record.co_name and _frame(record) in frames)
 
 
-def _region_reports(state: CompileState) -> list[RegionReport]:
+def _later_records(state: CompileState) -> dict[str, list[CompileRecord]]:
+    """Group -> its compile records after the first calls, oldest first.
+
+    Dynamo keeps only its most recent compilation metrics, so what each report saw is kept
+    on the model's state: a report after many recompiles still lists the earlier ones it saw.
+    """
+    seen = {r.compile_id for s in state.regions for r in s.records}
+    own_frames = _own_frames(state)
+    for record in all_records(since=state.records_before):
+        if record.compile_id in seen or record.compile_id in state.later_records:
+            continue
+        group = next(
+            (
+                g
+                for g, code in state.code_names.items()
+                if _is_own(record, code, own_frames.get(g, set()))
+            ),
+            None,
+        )
+        if group is not None:
+            state.later_records[record.compile_id] = (group, record)
+    by_group: dict[str, list[CompileRecord]] = {}
+    for group, record in state.later_records.values():
+        by_group.setdefault(group, []).append(record)
+    return by_group
+
+
+def _attribute_later(
+    state: CompileState, by_group: dict[str, list[CompileRecord]]
+) -> dict[int, _Later]:
+    """Region (by id of its state) -> what happened to it after its first call."""
+    later: dict[int, _Later] = {id(s): _Later() for s in state.regions}
+    by_module = {id(s.module): s for s in state.regions if s.module is not None}
+    for group, records in by_group.items():
+        code_name = state.code_names.get(group, "")
+        for record in records:
+            event = compile_events.event_for(
+                compile_events.group_code_of(record.co_name) or code_name, record.compile_id
+            )
+            module = event.module() if event is not None and event.module else None
+            owner = by_module.get(id(module)) if module is not None else None
+            if owner is not None:
+                later[id(owner)].records.append(record)
+    first_ids = {r.compile_id for s in state.regions for r in s.records}
+    for group, code in state.codes.items():
+        hit = compile_events.limit_hit(code.co_name)
+        if hit is None or hit.compile_id in first_ids or hit.module is None:
+            continue
+        module = hit.module()
+        at = by_module.get(id(module)) if module is not None else None
+        if at is None:
+            continue
+        later[id(at)].limit_hit = hit
+        _affected(state, group, code, hit, at, later)
+    return later
+
+
+def _affected(
+    state: CompileState,
+    group: str,
+    code: CodeType,
+    hit: compile_events.CompileEvent,
+    at: RegionState,
+    later: dict[int, _Later],
+) -> None:
+    """After a limit hit, Dynamo runs only the group's cached graphs: check each region of the
+    group against them with the call that hit the limit (``module`` swapped for the region)."""
+    for region_state in state.regions:
+        if region_state is at or region_state.region.group != group:
+            continue
+        passes = (
+            compile_events.guards_pass(code, {**hit.frame_locals, "module": region_state.module})
+            if hit.frame_locals is not None
+            else None
+        )
+        if passes is False:
+            later[id(region_state)].affected_by = at.region.display_path
+        elif passes:
+            later[id(region_state)].still_compiled_after = at.region.display_path
+
+
+def _region_reports(state: CompileState, causes: Sequence[ReportCause]) -> list[RegionReport]:
     limit_hit_at: dict[str, str] = {}
     own_frames = _own_frames(state)
+    later = _attribute_later(state, _later_records(state))
     reports = []
     for region_state in state.regions:
         group = region_state.region.group
@@ -150,34 +424,30 @@ def _region_reports(state: CompileState) -> list[RegionReport]:
             for r in region_state.records
         ):
             limit_hit_at.setdefault(group, region_state.region.path)
-        reports.append(_region_report(region_state, limit_hit_at.get(group)))
+        reports.append(
+            _region_report(region_state, limit_hit_at.get(group), later[id(region_state)], causes)
+        )
     return reports
 
 
-def build_report(state: CompileState) -> CompileReport:
-    seen = {r.compile_id for s in state.regions for r in s.records}
-    later: dict[str, list[str]] = {}
-    own_frames = _own_frames(state)
-    for record in all_records():
-        group = next(
-            (
-                g
-                for g, code in state.code_names.items()
-                if _is_own(record, code, own_frames.get(g, set()))
-            ),
-            None,
-        )
-        if group is not None and record.compile_id not in seen:
-            later.setdefault(group, []).append(
-                record.recompile_reason or record.fail_reason or "compiled"
-            )
+def build_report(
+    state: CompileState, *, verbose: bool = False, causes: Sequence[ReportCause] = ()
+) -> CompileReport:
+    all_causes = (*causes, *BUILTIN_CAUSES)
+    regions = tuple(_region_reports(state, all_causes))
+    later = {
+        group: tuple(one_line(r.recompile_reason or r.fail_reason) or "compiled" for r in records)
+        for group, records in _later_records(state).items()
+    }
     return CompileReport(
         backend=state.config.backend,
         selector=state.plan.selector,
         reason=state.plan.reason,
-        regions=tuple(_region_reports(state)),
+        regions=regions,
         eager=tuple((e.path, e.reason) for e in state.plan.eager),
-        later_recompiles={g: tuple(v) for g, v in later.items()},
+        later_recompiles=later,
+        verbose=verbose,
+        causes=all_causes,
     )
 
 

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import attrs
 
+from torchkiln.report_causes import ReportCause
+
 
 @attrs.frozen
 class Availability:
@@ -68,6 +70,10 @@ class BackendSpec:
     compiles normally."""
     origin: str = "plugin"
     """``plugin`` for a backend a torchkiln plugin declares, ``torch`` for one only torch knows."""
+    report_causes: tuple[ReportCause, ...] = ()
+    """Known causes of recompiles or graph breaks this plugin knows about (a vendor op that
+    always breaks the graph, say): ``torchkiln.report`` names them, with their remedy, when a
+    reason matches (see ``docs/guide.md``, "Named causes")."""
 
 
 @attrs.frozen
@@ -81,6 +87,10 @@ class SelectorSpec:
     """Accepted keys of ``regions.options``, or ``None`` for any (a selector declared before
     selectors could declare options). Any other key is refused before anything is compiled,
     with the closest accepted key."""
+    report_causes: tuple[ReportCause, ...] = ()
+    """Known causes of recompiles or graph breaks this plugin knows about (a vendor op that
+    always breaks the graph, say): ``torchkiln.report`` names them, with their remedy, when a
+    reason matches (see ``docs/guide.md``, "Named causes")."""
 
 
 @attrs.frozen
@@ -91,3 +101,7 @@ class DistributedSpec:
     description: str = ""
     probe: Callable[[], Availability] = _always_available
     """Tells whether the strategy's engine is installed (DeepSpeed, say)."""
+    report_causes: tuple[ReportCause, ...] = ()
+    """Known causes of recompiles or graph breaks this plugin knows about (a vendor op that
+    always breaks the graph, say): ``torchkiln.report`` names them, with their remedy, when a
+    reason matches (see ``docs/guide.md``, "Named causes")."""

@@ -54,9 +54,32 @@ def _record(metrics: Any) -> CompileRecord:
     )
 
 
-def all_records() -> list[CompileRecord]:
-    """Every compilation Dynamo still remembers (it keeps the most recent ones only)."""
-    return [_record(m) for m in dynamo_utils.get_compilation_metrics()]
+def all_records(since: MetricsMark | None = None) -> list[CompileRecord]:
+    """Every compilation Dynamo still remembers (it keeps the most recent ones only); with
+    ``since``, only those recorded after that mark."""
+    return [
+        _record(m)
+        for m in dynamo_utils.get_compilation_metrics()
+        if since is None or id(m) not in since.ids
+    ]
+
+
+@attrs.frozen
+class MetricsMark:
+    """The compilation records Dynamo held at one moment. Compile ids restart after
+    ``torch._dynamo.reset()``, so records are told apart by identity; the mark holds them,
+    so no later record can reuse an id."""
+
+    held: tuple[Any, ...] = attrs.field(repr=False)
+    ids: frozenset[int] = attrs.field(repr=False)
+
+    @classmethod
+    def now(cls) -> MetricsMark:
+        held = tuple(dynamo_utils.get_compilation_metrics())
+        return cls(held, frozenset(map(id, held)))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> MetricsMark:
+        return self  # the same records before a copy as before its original
 
 
 @attrs.define

@@ -48,7 +48,15 @@ class ConfigError(TorchkilnError, ValueError):
 
 
 class PluginError(TorchkilnError):
-    """A plugin failed to load, declared something invalid, or raised inside a hook."""
+    """A plugin failed to load, declared something invalid, or raised inside a hook.
+
+    ``plugin`` and ``hook`` name the culprit when torchkiln knows them.
+    """
+
+    def __init__(self, message: str, *, plugin: str | None = None, hook: str | None = None):
+        super().__init__(message)
+        self.plugin = plugin
+        self.hook = hook
 
 
 class RegionCompileError(TorchkilnError):

@@ -8,33 +8,53 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln.cache import apply_cache_dir
+from torchkiln.cache import apply_cache_dir, check_cache_dir
 from torchkiln.compile_report import CompileReport, build_report
+from torchkiln.config import CompileConfig
 from torchkiln.distributed import attach, check_result, distributed_result
+from torchkiln.distributed_result import DistributedResult
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
+from torchkiln.plan_check import check_plan
+from torchkiln.plugin_faults import bad_result, call_hook
 from torchkiln.plugin_manager import PluginManager, PluginsArg, as_plugin_manager
 from torchkiln.progress import make_progress
 from torchkiln.region_compiler import STATE_ATTR, Compiler, CompileState, add_undo, state_of
 from torchkiln.region_compiler import decompile as _decompile_inplace
 from torchkiln.region_plan import RegionPlan
+from torchkiln.report_causes import ReportCause
 from torchkiln.resolve import ConfigArg, ResolvedConfig, resolve_config
 from torchkiln.selection import planning_with
-from torchkiln.structure import check_plan
+from torchkiln.transaction import Snapshot
 
 logger = logging.getLogger("torchkiln")
+
+
+def _declared_by(plugin: str | None) -> str:
+    return f" (declared by plugin {plugin!r}, which returned None)" if plugin else ""
+
+
+def _selector_owner(pm: PluginManager, selector: str) -> str | None:
+    declared = pm.selectors().get(selector)
+    return declared.plugin if declared is not None else None
 
 
 def _plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> RegionPlan:
     config = resolved.config
     selector = config.regions.strategy
+    owner = _selector_owner(pm, selector)
     with planning_with(pm):
-        plan = pm.select_regions(model=model, config=config, selector=selector)
-    declared = pm.selectors().get(selector)
-    check_plan(plan, model, plugin=declared.plugin if declared is not None else "")
+        plan = call_hook(pm, "select_regions", owner, model=model, config=config, selector=selector)
+    if plan is None:
+        raise PluginError(
+            f"no plugin answered select_regions for strategy {selector!r}{_declared_by(owner)}",
+            plugin=owner,
+            hook="select_regions",
+        )
+    plan = check_plan(plan, model, owner)
     # A fallback to the whole model, or a plan that compiles nothing, is never silent.
     fell_back = plan.selector != selector and plan.selector == "whole"
     level = logging.WARNING if fell_back or not plan.groups else logging.INFO
-    logger.log(level, "torchkiln: %s", plan.reason or f"selected {plan.region_count} regions")
+    logger.log(level, "%s", plan.reason or f"selected {plan.region_count} regions")
     return plan
 
 
@@ -103,9 +123,7 @@ def compile(
     resolved = resolve_config(config, plugins=pm, **options)
     cfg = resolved.config
     if not cfg.enabled:
-        logger.info(
-            "torchkiln: compilation is off (backend=%r, disable=%r)", cfg.backend, cfg.disable
-        )
+        logger.info("compilation is off (backend=%r, disable=%r)", cfg.backend, cfg.disable)
         if cfg.distributed.strategy == "none":
             return model
     region_plan = (
@@ -113,23 +131,54 @@ def compile(
         if cfg.enabled
         else RegionPlan("none", (), reason="compilation off")
     )
+    if cfg.enabled and cfg.cache_dir is not None:
+        check_cache_dir(cfg.cache_dir)
+    # Everything that can be checked without touching the model was checked: from here on,
+    # a failure puts the model and the process back exactly as they were.
+    snapshot = Snapshot.take(model)
+    try:
+        return _compile_checked(model, cfg, region_plan, pm)
+    except BaseException:
+        _roll_back(model, snapshot)
+        raise
+
+
+def _compile_checked(
+    model: nn.Module, cfg: CompileConfig, region_plan: RegionPlan, pm: PluginManager
+) -> Any:
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
     if cfg.enabled and cfg.artifacts is not None:
         from torchkiln.precompiled import artifact_hook
 
         compiler.group_hooks.append(artifact_hook(cfg, pm))
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
-    result = pm.wrap_distributed(
+    strategy = cfg.distributed.strategy
+    declared = pm.distributed_strategies().get(strategy)
+    owner = declared.plugin if declared is not None else None
+    result = call_hook(
+        pm,
+        "wrap_distributed",
+        owner,
         model=model,
         config=cfg,
         plan=region_plan,
-        strategy=cfg.distributed.strategy,
+        strategy=strategy,
         compile_regions=compile_regions,
     )
+    if result is None:
+        raise PluginError(
+            f"no plugin answered wrap_distributed for strategy {strategy!r}{_declared_by(owner)}",
+            plugin=owner,
+            hook="wrap_distributed",
+        )
+    if not isinstance(result, DistributedResult):
+        raise bad_result("wrap_distributed", owner, result, "a torchkiln.DistributedResult")
     if compiler.calls != 1:
         raise PluginError(
-            f"the {cfg.distributed.strategy!r} strategy called compile_regions {compiler.calls} "
-            "times; it must call it exactly once"
+            f"the {strategy!r} strategy called compile_regions {compiler.calls} "
+            "times; it must call it exactly once",
+            plugin=owner,
+            hook="wrap_distributed",
         )
     check_result(result, model)
     state = state_of(result.module)
@@ -137,10 +186,44 @@ def compile(
         # Compilation is lazy: pointing the caches there now covers the first call; the
         # process-wide variable is put back by decompile (an explicit, documented option).
         add_undo(result.module, apply_cache_dir(cfg.cache_dir).restore)
+    if state is not None:
+        state.report_causes = declared_causes(pm)
     if state is not None and cfg.report:
-        state.on_first_calls_done.append(lambda s: print(build_report(s), file=sys.stderr))
+        state.on_first_calls_done.append(
+            lambda s: print(build_report(s, causes=s.report_causes), file=sys.stderr)
+        )
     attach(result)  # so unwrap/report/decompile find the module behind the wrapper
     return result.wrapped
+
+
+def declared_causes(pm: PluginManager) -> tuple[ReportCause, ...]:
+    """Every ``ReportCause`` the plugins' declarations carry (backends, selectors, strategies),
+    in declaration order; anything else there is the declaring plugin's fault."""
+    causes: list[ReportCause] = []
+    for declared in (
+        *pm.backends(include_torch=False).values(),
+        *pm.selectors().values(),
+        *pm.distributed_strategies().values(),
+    ):
+        found = getattr(declared.spec, "report_causes", ())
+        if not isinstance(found, tuple | list) or not all(
+            isinstance(c, ReportCause) for c in found
+        ):
+            raise PluginError(
+                f"plugin {declared.plugin!r} declared {declared.spec.name!r} with report_causes "
+                f"{found!r:.80}; expected a tuple of torchkiln.plugin.ReportCause",
+                plugin=declared.plugin,
+            )
+        causes.extend(c for c in found if c not in causes)
+    return tuple(causes)
+
+
+def _roll_back(model: nn.Module, snapshot: Snapshot) -> None:
+    """Undo a compile that failed after touching the model (see :mod:`torchkiln.transaction`)."""
+    try:
+        _decompile_inplace(model)  # releases process-wide settings the model held
+    finally:
+        snapshot.restore()
 
 
 def _skip_compile(compiler: Compiler) -> Any:
@@ -176,13 +259,17 @@ def decompile(model: Any) -> nn.Module:
     return root
 
 
-def report(model: Any) -> CompileReport:
-    """Per region: graphs compiled, compile seconds, graph breaks, recompiles, cache hits and
-    any fallback reason, from Dynamo's own records. Meaningful after the first call."""
+def report(model: Any, *, verbose: bool = False) -> CompileReport:
+    """Per region: graphs compiled, compile seconds, graph breaks, recompiles, cache hits,
+    recompile-limit hits and any fallback reason, from Dynamo's own records, for the first
+    calls and every call since (read now, not recorded on the forward path).
+
+    :param verbose: ``str(report)`` shows Dynamo's full text under each one-line reason.
+    """
     state = _compiled_state(model)
     if state is None:
         raise TorchkilnError("this model was not compiled by torchkiln.compile (or was decompiled)")
-    return build_report(state)
+    return build_report(state, verbose=verbose, causes=state.report_causes)
 
 
 __all__ = ["STATE_ATTR", "compile", "decompile", "is_compiled", "plan", "report"]

@@ -50,7 +50,9 @@ from torchkiln.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.hooks import PROJECT_NAME, hookimpl, hookspec
 from torchkiln.region_compiler import add_undo
 from torchkiln.region_plan import EagerPart, Region, RegionGroup, RegionPlan
+from torchkiln.report_causes import ReportCause
 from torchkiln.selection import select_with
+from torchkiln.settings import Hold, hold_setting
 from torchkiln.structure import (
     StructureIndex,
     check_group,
@@ -102,6 +104,7 @@ __all__ = [
     "FSDP2Config",
     "FSDP2MixedPrecision",
     "GroupPreparation",
+    "Hold",
     "PluginError",
     "Region",
     "RegionCompileError",
@@ -109,6 +112,7 @@ __all__ = [
     "RegionGroup",
     "RegionPlan",
     "RegionsConfig",
+    "ReportCause",
     "SelectorSpec",
     "StructureIndex",
     "TorchkilnError",
@@ -122,6 +126,7 @@ __all__ = [
     "drop_excluded",
     "forward_code_problems",
     "group_by_structure",
+    "hold_setting",
     "hookimpl",
     "hookspec",
     "is_excluded",

@@ -513,8 +513,11 @@ class PluginManager(pluggy.PluginManager):
             except Exception as error:
                 raise PluginError(
                     f"plugin {impl.plugin_name!r} raised in {hook_name}(): "
-                    f"{type(error).__name__}: {error}"
+                    f"{type(error).__name__}: {error}",
+                    plugin=impl.plugin_name,
+                    hook=hook_name,
                 ) from error
+            _check_specs(hook_name, impl.plugin_name, specs)
             for spec in specs:
                 if spec.name in result:
                     warnings.warn(
@@ -548,6 +551,36 @@ class PluginManager(pluggy.PluginManager):
 
     def distributed_strategies(self) -> dict[str, Declared[DistributedSpec]]:
         return self._declared("declare_distributed", "distributed strategy")
+
+
+_SPEC_TYPES = {
+    "declare_backends": BackendSpec,
+    "declare_selectors": SelectorSpec,
+    "declare_distributed": DistributedSpec,
+}
+
+
+def _check_specs(hook_name: str, plugin: str, specs: Any) -> None:
+    """A declaration hook returns a list (or tuple) of its spec type: anything else is the
+    plugin's fault, named as such (a bare ``AttributeError`` on ``.name`` helps nobody)."""
+    kind = _SPEC_TYPES[hook_name]
+    if isinstance(specs, list | tuple) and all(isinstance(spec, kind) for spec in specs):
+        return
+    bad = (
+        next((s for s in specs if not isinstance(s, kind)), specs)
+        if isinstance(specs, list | tuple)
+        else specs
+    )
+    shown = repr(bad)
+    raise PluginError(
+        f"plugin {plugin!r}'s {hook_name}() returned {type(specs).__name__} containing "
+        f"{type(bad).__name__} {shown[:80]}; expected a list of torchkiln.{kind.__name__}"
+        if bad is not specs
+        else f"plugin {plugin!r}'s {hook_name}() returned {type(specs).__name__} {shown[:80]}; "
+        f"expected a list of torchkiln.{kind.__name__}",
+        plugin=plugin,
+        hook=hook_name,
+    )
 
 
 def _short(value: Any, limit: int = 200) -> str:

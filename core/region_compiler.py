@@ -30,11 +30,13 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln import compile_events
 from torchkiln.config import CompileConfig
 from torchkiln.double_compile import first_call_check, group_function_check
-from torchkiln.dynamo_metrics import CompileRecord, Window
-from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
+from torchkiln.dynamo_metrics import CompileRecord, MetricsMark, Window
+from torchkiln.errors import RegionCompileError, TorchkilnError
 from torchkiln.group_preparation import GroupPreparation, RegionFunction
+from torchkiln.plugin_faults import bad_result, culprit, raised_in
 from torchkiln.progress import ProgressObserver
 from torchkiln.region_plan import Region, RegionGroup, RegionPlan
 
@@ -62,10 +64,13 @@ class RegionState:
 
     region: Region
     group_index: int
+    module: nn.Module | None = attrs.field(default=None, repr=False)
+    """The compiled module itself: decompile restores it by identity, wherever it is now."""
     previous_forward: Any = _MISSING
     """The instance-level ``forward`` the module had before, if any (restored by decompile)."""
     status: str = "pending"
-    """``pending`` (not called yet), ``compiled``, ``eager`` (fell back), ``failed``."""
+    """``pending`` (no first call finished yet), ``compiled``, ``eager`` (fell back),
+    ``failed`` (its compile raised under ``on_region_error='raise'``; the next call retries)."""
     fallback_reason: str | None = None
     first_call_seconds: float | None = None
     records: list[CompileRecord] = attrs.Factory(list)
@@ -73,6 +78,19 @@ class RegionState:
     graph_breaks: dict[str, int] = attrs.Factory(dict)
     owner: CompileState | None = attrs.field(default=None, repr=False)
     """The root's state this region belongs to (deep copies keep the pair together)."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (_nothing, ())  # a pickled model is the plain model (see CompileState)
+
+    def __copy__(self) -> RegionState:
+        return attrs.evolve(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RegionState:
+        copied = object.__new__(RegionState)
+        memo[id(self)] = copied
+        for field in attrs.fields(RegionState):
+            object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
+        return copied
 
 
 @attrs.define(eq=False)
@@ -92,19 +110,39 @@ class CompileState:
     on_first_calls_done: list[Callable[[CompileState], None]] = attrs.Factory(list)
     tagged_before: frozenset[str] = frozenset()
     """Parameters and buffers (by name) that carried Dynamo's tag before compiling."""
+    pending: int = 0
+    """Regions whose first call has not finished (kept as a count: the first calls of N
+    regions must cost O(N), not O(N^2))."""
+    failed_groups: dict[str, RegionState] = attrs.Factory(dict)
+    """Group -> the region where its compile failed under the ``eager`` policy."""
+    first_calls_done: bool = False
+    codes: dict[str, types.CodeType] = attrs.Factory(dict)
+    """Group -> its compiled function's code object (Dynamo's cache entries hang off it)."""
+    report_causes: tuple[Any, ...] = ()
+    """Named causes the plugins declared (``ReportCause``), tried before the built-in ones."""
+    records_before: MetricsMark | None = None
+    """Dynamo's records from before this compile (never this model's)."""
+    later_records: dict[str, tuple[str, CompileRecord]] = attrs.Factory(dict)
+    """Compile id -> (group, record) of compiles after the first calls, as reports saw them
+    (Dynamo keeps only its most recent records)."""
 
-    @property
-    def pending(self) -> int:
-        return sum(state.status == "pending" for state in self.regions)
+    def settle(self, region_state: RegionState, status: str) -> None:
+        """Set a region's status, keeping :attr:`pending` right."""
+        self.pending += (status == "pending") - (region_state.status == "pending")
+        region_state.status = status
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        # Pickling would "succeed" and write a file that fails to load (the compiled forwards
-        # are pickled by a name that does not exist): refuse at save time, saying what works.
-        raise TorchkilnError(
-            "a model compiled by torchkiln cannot be pickled whole (torch.save(model)): save "
-            "model.state_dict() (its keys are the plain model's), or call "
-            "torchkiln.decompile(model) first"
-        )
+        # torch.save(model) opens (and truncates) its file before pickling starts, so refusing
+        # here would destroy an existing checkpoint. Instead the pickle holds the plain model:
+        # each compiled forward pickles as ``getattr(module, "forward")`` (its function is
+        # named ``forward``), and loading ends by putting every region's own forward back.
+        pairs = [
+            (state.module, state.previous_forward)
+            for state in self.regions
+            if state.module is not None
+        ]
+        pairs += list(self.replaced_forwards)
+        return (_plain_after_load, (pairs,))
 
     def __copy__(self) -> CompileState:
         return attrs.evolve(self)
@@ -115,6 +153,31 @@ class CompileState:
         for field in attrs.fields(CompileState):
             object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
         return copied
+
+
+def _nothing() -> None:
+    return None
+
+
+def _plain_after_load(pairs: list[tuple[nn.Module, Any]]) -> None:
+    """Run when a pickled compiled model is loaded: the regions (loaded before the root's
+    state, which pickles last) get their own forwards back and lose torchkiln's records."""
+    for module, previous in pairs:
+        module.__dict__.pop(REGION_ATTR, None)
+        _restore_forward(module, previous)
+
+
+def _named_forward(function: Any) -> Any:
+    """``function`` renamed ``forward``, so a method bound from it pickles as
+    ``getattr(module, "forward")`` (the plain forward when loaded)."""
+    with contextlib.suppress(AttributeError, TypeError):
+        function.__name__ = "forward"
+    return function
+
+
+def region_state_of(module: Any) -> RegionState | None:
+    """The region state of a module torchkiln compiled as a region, else ``None``."""
+    return getattr(module, "__dict__", {}).get(REGION_ATTR)
 
 
 def state_of(model: Any) -> CompileState | None:
@@ -255,6 +318,7 @@ class Compiler:
         self.group_hooks: list[GroupHook] = []
         """Each may replace a group's compiled function (precompiled artifacts do). Errors they
         raise propagate as they are (they are not compile failures of the region)."""
+        self._backend_owner: str | _Missing | None = _MISSING
 
     def __call__(self, root: nn.Module) -> None:
         """The ``compile_regions`` callback handed to ``wrap_distributed``."""
@@ -276,7 +340,10 @@ class Compiler:
             tagged_before=frozenset(
                 name for name, tensor in _tensors(root) if DYNAMO_TENSOR_TAG in tensor.__dict__
             ),
+            pending=self.plan.region_count,
+            records_before=MetricsMark.now(),
         )
+        compile_events.install()
         object.__setattr__(root, STATE_ATTR, state)
         for index, group in enumerate(self.plan.groups):
             preparations = self._prepare(root, state, group)
@@ -286,19 +353,36 @@ class Compiler:
         self, root: nn.Module, state: CompileState, group: RegionGroup
     ) -> list[GroupPreparation]:
         """Ask every plugin to prepare ``group``; install their forwards, keep their undos."""
-        preparations = [
-            preparation
-            for preparation in self.plugins.hook.prepare_group(
-                model=root, plan=self.plan, group=group, config=self.config
-            )
-            if preparation is not None
-        ]
-        for preparation in preparations:
-            if not isinstance(preparation, GroupPreparation):
-                raise PluginError(
-                    f"prepare_group returned {type(preparation).__name__} for group "
-                    f"{group.name!r}; expected torchkiln.plugin.GroupPreparation or None"
+        preparations = []
+        # Each implementation called on its own (in pluggy's order), so that a fault names the
+        # plugin it came from.
+        for impl in reversed(self.plugins.hook.prepare_group.get_hookimpls()):
+            if impl.hookwrapper or impl.wrapper:
+                continue
+            try:
+                preparation = self.plugins.call_impl(
+                    "prepare_group",
+                    impl,
+                    model=root,
+                    plan=self.plan,
+                    group=group,
+                    config=self.config,
                 )
+            except TorchkilnError:
+                raise
+            except Exception as error:
+                raise raised_in(self.plugins, "prepare_group", error, impl.plugin_name) from error
+            if preparation is None:
+                continue
+            if not isinstance(preparation, GroupPreparation):
+                raise bad_result(
+                    "prepare_group",
+                    impl.plugin_name,
+                    preparation,
+                    f"torchkiln.plugin.GroupPreparation or None (group {group.name!r})",
+                )
+            preparations.append(preparation)
+        for preparation in preparations:
             for module, forward in preparation.forwards:
                 state.replaced_forwards.append((module, module.__dict__.get("forward", _MISSING)))
                 module.__dict__["forward"] = forward
@@ -314,20 +398,21 @@ class Compiler:
         group: RegionGroup,
         preparations: list[GroupPreparation],
     ) -> None:
-        modules = [root.get_submodule(region.path) for region in group.regions]
+        modules = [region.module for region in group.regions]
         shared = group_function(group, index, _wrap_traced(type(modules[0]).forward, preparations))
         state.code_names[group.name] = shared.__code__.co_name
+        state.codes[group.name] = shared.__code__
         compiled_shared, error = self._compile(shared, group, preparations, self.group_hooks)
         for region, module in zip(group.regions, modules, strict=True):
             region_state = RegionState(
-                region, index, module.__dict__.get("forward", _MISSING), owner=state
+                region, index, module, module.__dict__.get("forward", _MISSING), owner=state
             )
             state.regions.append(region_state)
             object.__setattr__(module, REGION_ATTR, region_state)
             if error is not None:
-                region_state.status = "eager"
+                state.settle(region_state, "eager")
                 region_state.fallback_reason = (
-                    f"compile_region failed: {type(error).__name__}: {error}"
+                    f"compile_region failed: {type(error).__name__}: {_first_line(error)}"
                 )
                 continue
             compiled, wrapper_code = compiled_shared, shared.__code__.co_name
@@ -339,8 +424,17 @@ class Compiler:
                 compiled, _ = self._compile(own, group, preparations)
                 wrapper_code = own.__code__.co_name
             module.__dict__["forward"] = types.MethodType(
-                self._first_call_shim(compiled, index, wrapper_code), module
+                self._first_call_shim(_named_forward(compiled), index, wrapper_code), module
             )
+
+    def _backend_plugin(self) -> str | None:
+        """The plugin that declared the configured backend (``None``: torch's own)."""
+        if self._backend_owner is _MISSING:
+            declared = self.plugins.backends().get(self.config.backend)
+            self._backend_owner = (
+                declared.plugin if declared is not None and declared.plugin != "torch" else None
+            )
+        return self._backend_owner
 
     def _compile(
         self,
@@ -349,11 +443,17 @@ class Compiler:
         preparations: list[GroupPreparation],
         hooks: list[GroupHook] | None = None,
     ) -> tuple[RegionFunction, BaseException | None]:
+        """The group's compiled function, or (under the ``eager`` policy) ``fn`` and the error.
+
+        A plugin raising, answering nothing for its own backend, or returning something that
+        is not callable all fail here, at compile time, by the region error policy."""
         in_hook = False
         try:
             compiled = self.plugins.compile_region(
                 fn=fn, group=group, config=self.config, backend=self.config.backend
             )
+            if not callable(compiled):
+                raise bad_result("compile_region", self._backend_plugin(), compiled, "a callable")
             in_hook = True
             for hook in hooks or ():
                 compiled = hook(group, fn, compiled)
@@ -362,11 +462,8 @@ class Compiler:
         except Exception as error:
             if in_hook:
                 raise  # a group hook's own error (strict artifacts), not a compile failure
+            plugin = culprit(self.plugins, "compile_region", error) or self._backend_plugin()
             if self.config.on_region_error == "raise":
-                declared = self.plugins.backends().get(self.config.backend)
-                plugin = (
-                    declared.plugin if declared is not None and declared.plugin != "torch" else None
-                )
                 raise RegionCompileError(
                     group.regions[0].path, group.name, error, plugin
                 ) from error
@@ -380,6 +477,10 @@ class Compiler:
         Everything per region comes from the module it is bound to (its ``REGION_ATTR``), never
         from this closure: ``copy.deepcopy(model)`` rebinds bound methods, so a copy made before
         the first call runs the copy's own weights and fills the copy's report.
+
+        The shim stays installed until a first call *finishes*: interrupted (``Ctrl-C``), failed
+        on the user's own error, or failed to compile under the ``raise`` policy, the next call
+        is a first call again, so the region's status always says what happened last.
         """
         group_count = len(self.plan.groups)
         progress = self.progress
@@ -388,41 +489,53 @@ class Compiler:
         from torch._dynamo.comptime import comptime
 
         check = first_call_check(self.plan.groups[group_index].name)
+        plugin = self._backend_plugin()
 
         def first_call(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
             comptime(check)  # only another compile ever traces this shim: a double compile
             region_state: RegionState = module.__dict__[REGION_ATTR]
             state = region_state.owner
+            shim = module.__dict__["forward"]
             compiled = types.MethodType(compiled_function, module)
             region = region_state.region
+            compile_events.install()  # again, in case torch._dynamo.reset() dropped it
             progress.start(region, region_state.group_index, group_count)
             window = Window.open()
             started = time.perf_counter()
             module.__dict__["forward"] = compiled  # recursion and re-entry see the final state
             try:
-                failed = _failed_sibling(state, region_state) if policy == "eager" else None
-                if failed is not None:
+                failed = (
+                    state.failed_groups.get(region.group)
+                    if policy == "eager" and state is not None
+                    else None
+                )
+                if failed is not None and failed is not region_state:
                     output = _run_eagerly_after_sibling(module, region_state, failed, args, kwargs)
                 else:
                     with first_call_dynamo_settings(shared_by):
                         output = compiled(*args, **kwargs)
-                    region_state.status = "compiled"
+                    _settle(region_state, "compiled")
             except Exception as error:
-                output = _handle_failure(module, region_state, error, policy, args, kwargs)
+                output = _handle_failure(
+                    module, region_state, shim, error, policy, plugin, args, kwargs
+                )
+            except BaseException:
+                module.__dict__["forward"] = shim  # interrupted: the next call starts over
+                raise
             finally:
-                region_state.first_call_seconds = time.perf_counter() - started
-                region_state.records, region_state.graphs, region_state.graph_breaks = window.close(
-                    wrapper_code
-                )
-                progress.done(
-                    region, region_state.first_call_seconds, region_state.status == "compiled"
-                )
-                if state is not None and state.pending == 0:
+                _close_window(region_state, window, wrapper_code, started)
+                if region_state.status != "pending":
+                    progress.done(
+                        region, region_state.first_call_seconds or 0.0,
+                        region_state.status == "compiled",
+                    )  # fmt: skip
+                if state is not None and state.pending == 0 and not state.first_calls_done:
+                    state.first_calls_done = True
                     for callback in state.on_first_calls_done:
                         callback(state)
             return output
 
-        return first_call
+        return _named_forward(first_call)
 
 
 def _wrap_traced(forward: RegionFunction, preparations: list[GroupPreparation]) -> RegionFunction:
@@ -441,48 +554,63 @@ def _wrap_call(compiled: RegionFunction, preparations: list[GroupPreparation]) -
     return compiled
 
 
+def _settle(region_state: RegionState, status: str) -> None:
+    if region_state.owner is not None:
+        region_state.owner.settle(region_state, status)
+    else:
+        region_state.status = status
+    if status == "compiled":
+        region_state.fallback_reason = None
+
+
+def _close_window(
+    region_state: RegionState, window: Window, wrapper_code: str, started: float
+) -> None:
+    region_state.first_call_seconds = time.perf_counter() - started
+    records, graphs, breaks = window.close(wrapper_code)
+    region_state.records.extend(records)
+    region_state.graphs += graphs
+    for reason, count in breaks.items():
+        region_state.graph_breaks[reason] = region_state.graph_breaks.get(reason, 0) + count
+
+
 def _handle_failure(
     module: nn.Module,
     region_state: RegionState,
+    shim: Any,
     error: Exception,
     policy: str,
+    plugin: str | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
     region = region_state.region
-    if not _is_compile_failure(error):
-        region_state.status = "compiled"
-        raise error  # the user's own error, raised the same way eager would
+    # Whose error is it? The same call run eagerly tells: a wrong-shaped input fails there too
+    # (Dynamo reports it as a failure to trace), a backend that cannot compile or whose code
+    # fails at run time does not. Hooks already ran in nn.Module.__call__; only the forward
+    # itself runs again.
+    _restore_forward(module, region_state.previous_forward)
+    try:
+        output = module.forward(*args, **kwargs)
+    except Exception as eager_error:
+        module.__dict__["forward"] = shim  # the user's error: the next call starts over
+        if eager_error is error or not _is_compile_failure(error):
+            raise error from error.__cause__  # the call failed the same way eagerly
+        raise eager_error from None  # eager fails too: the input is wrong, not the compile
     region_state.fallback_reason = _describe_failure(error)
     if policy == "raise":
-        region_state.status = "failed"
-        raise RegionCompileError(region.path, region.group, error) from error
-    region_state.status = "eager"
-    _restore_forward(module, region_state.previous_forward)
+        _settle(region_state, "failed")
+        module.__dict__["forward"] = shim  # the next call tries again (and says how it went)
+        raise RegionCompileError(region.path, region.group, error, plugin) from error
+    _settle(region_state, "eager")
+    if region_state.owner is not None:
+        region_state.owner.failed_groups.setdefault(region.group, region_state)
     print(
         f"torchkiln: region {region.display_path} ({region.group}) runs eagerly: "
         f"{region_state.fallback_reason}",
         file=sys.stderr,
     )
-    # Hooks already ran in nn.Module.__call__; only the forward itself runs again, eagerly.
-    return module.forward(*args, **kwargs)
-
-
-def _failed_sibling(state: CompileState | None, region_state: RegionState) -> RegionState | None:
-    """A region of the same group whose compile already failed (so this one is not retried)."""
-    if state is None:
-        return None
-    return next(
-        (
-            other
-            for other in state.regions
-            if other is not region_state
-            and other.region.group == region_state.region.group
-            and other.status == "eager"
-            and other.fallback_reason
-        ),
-        None,
-    )
+    return output
 
 
 def _run_eagerly_after_sibling(
@@ -492,7 +620,7 @@ def _run_eagerly_after_sibling(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    region_state.status = "eager"
+    _settle(region_state, "eager")
     region_state.fallback_reason = (
         f"not retried: group {failed.region.group!r} failed to compile at "
         f"{failed.region.display_path}: {failed.fallback_reason}"
@@ -523,23 +651,61 @@ def _restore_forward(module: nn.Module, previous: Any) -> None:
 
 
 def decompile(root: nn.Module) -> bool:
-    """Remove every compiled path torchkiln installed on ``root``; ``False`` if none."""
+    """Remove every compiled path torchkiln installed on ``root``; ``False`` if none.
+
+    Regions are restored by identity, wherever they are now: a block the user deleted or
+    replaced after compiling is restored too, and one failing undo never stops the others
+    (the first error is raised after all of them ran).
+    """
     state = state_of(root)
     if state is None:
         return False
+    errors: list[BaseException] = []
+
+    def attempt(action: Callable[[], None]) -> None:
+        try:
+            action()
+        except Exception as error:
+            errors.append(error)
+
     for region_state in state.regions:
-        module = root.get_submodule(region_state.region.path)
-        _restore_forward(module, region_state.previous_forward)
-        module.__dict__.pop(REGION_ATTR, None)
+        attempt(functools.partial(_decompile_region, root, region_state))
     for module, previous in reversed(state.replaced_forwards):
-        _restore_forward(module, previous)
+        attempt(functools.partial(_restore_forward, module, previous))
     for undo in reversed(state.restore):
-        undo()
-    for name, tensor in _tensors(root):
+        attempt(undo)
+    attempt(functools.partial(_untag, root, state))
+    compile_events.forget(set(state.code_names.values()))
+    del root.__dict__[STATE_ATTR]
+    if errors:
+        raise errors[0]
+    return True
+
+
+def _decompile_region(root: nn.Module, region_state: RegionState) -> None:
+    module = region_state.module
+    if module is None:  # a state made before modules were recorded
+        module = root.get_submodule(region_state.region.path)
+    if module.__dict__.get(REGION_ATTR) is region_state:
+        _restore_forward(module, region_state.previous_forward)
+        del module.__dict__[REGION_ATTR]
+
+
+def _untag(root: nn.Module, state: CompileState) -> None:
+    """Drop the Dynamo tags this compile's calls added (not the ones the user had set)."""
+    tensors = dict(_tensors(root))
+    in_root = {id(t) for t in tensors.values()}
+    for region_state in state.regions:  # regions the user detached from the model since
+        module = region_state.module
+        if module is None:
+            continue
+        prefix = f"{region_state.region.path}." if region_state.region.path else ""
+        for name, tensor in _tensors(module):
+            if id(tensor) not in in_root:
+                tensors[prefix + name] = tensor
+    for name, tensor in tensors.items():
         if name not in state.tagged_before:
             tensor.__dict__.pop(DYNAMO_TENSOR_TAG, None)
-    del root.__dict__[STATE_ATTR]
-    return True
 
 
 def _tensors(root: nn.Module) -> list[tuple[str, torch.Tensor]]:

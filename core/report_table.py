@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 HEADER = ("region", "group", "status", "graphs", "compile s", "first call s", "breaks",
-          "recompiles", "cache hits")  # fmt: skip
+          "recompiles", "cache hits", "later graphs", "later breaks")  # fmt: skip
 LEFT_ALIGNED = frozenset({0, 1, 2})
 
 
@@ -27,6 +27,7 @@ def _is_plain_reuse(region: Any) -> bool:
         and region.graph_break_count == 0
         and region.recompiles == 0
         and not region.fallback_reason
+        and not getattr(region, "reasons", ())
     )
 
 
@@ -45,6 +46,8 @@ def _row(region: Any) -> tuple[str, ...]:
         str(region.graph_break_count),
         str(region.recompiles),
         str(region.cache_hits),
+        str(getattr(region, "later_graphs", 0)),
+        str(sum(getattr(region, "later_graph_breaks", {}).values())),
     )
 
 
@@ -53,7 +56,7 @@ def _folded_row(run: Sequence[Any]) -> tuple[str, ...]:
     seconds = [r.first_call_seconds for r in run if r.first_call_seconds is not None]
     paths = first.path if len(run) == 1 else f"{first.path} .. {last.path} ({len(run)} regions)"
     return (paths, first.group, "reused", "0", "0.00",
-            _seconds(max(seconds)) if seconds else "-", "0", "0", "0")  # fmt: skip
+            _seconds(max(seconds)) if seconds else "-", "0", "0", "0", "0", "0")  # fmt: skip
 
 
 def _rows(regions: Sequence[Any]) -> list[tuple[str, ...]]:
@@ -86,24 +89,50 @@ def _format(rows: Sequence[tuple[str, ...]]) -> list[str]:
     ]
 
 
-def _notes(report: Any) -> list[str]:
-    notes: list[str] = []
+def _where(paths: Sequence[str]) -> str:
+    shown = [p or "<root>" for p in paths]
+    if len(shown) <= 3:
+        return ", ".join(shown)
+    return f"{shown[0]} .. {shown[-1]} ({len(shown)} regions)"
+
+
+_KIND_LABEL = {
+    "guard": "recompile",
+    "recompile limit": "recompile limit hit",
+    "graph break": "graph break",
+    "eager": "runs eagerly",
+    "failed": "failed",
+    "compiled": "still compiled",
+}
+
+
+def _notes(report: Any) -> tuple[list[str], dict[str, str], dict[str, list[str]]]:
+    """One line per distinct reason (regions that share it listed together), the named causes
+    seen with their remedies, and Dynamo's full text per line (for verbose)."""
+    grouped: dict[tuple[str, str, str], list[Any]] = {}
     for region in report.regions:
-        where = region.path or "<root>"
-        for reason, count in region.graph_breaks.items():
-            notes.append(f"graph break in {where} ({count}x): {reason}")
-        for reason in region.recompile_reasons:
-            notes.append(f"recompile in {where}: {reason}")
-        if region.fallback_reason:
-            notes.append(f"{where} runs eagerly: {region.fallback_reason}")
-        if region.recompile_limit_hit:
-            notes.append(f"{where} hit Dynamo's recompile limit; later new inputs run eagerly")
+        for reason in region.reasons:
+            grouped.setdefault((reason.kind, reason.text, reason.phase), []).append(
+                (region.path, reason)
+            )
+    lines: list[str] = []
+    causes: dict[str, str] = {}
+    full: dict[str, list[str]] = {}
+    for (kind, text, phase), found in grouped.items():
+        count = sum(reason.count for _, reason in found)
+        times = f", {count}x" if count > len(found) else ""
+        reason = found[0][1]
+        cause = f" [cause: {reason.cause}]" if reason.cause else ""
+        line = f"{_KIND_LABEL.get(kind, kind)} in {_where([p for p, _ in found])} ({phase}{times}): {text}{cause}"
+        lines.append(line)
+        if reason.cause and reason.remedy:
+            causes.setdefault(reason.cause, reason.remedy)
+        texts = [r.full for _, r in found if r.full]
+        if texts:
+            full[line] = texts[:1]
     for path, reason in report.eager:
-        notes.append(f"eager: {path or '<root>'}: {reason}")
-    for group, reasons in report.later_recompiles.items():
-        for reason in reasons:
-            notes.append(f"later recompile of group {group}: {reason}")
-    return notes
+        lines.append(f"eager: {path or '<root>'}: {reason}")
+    return lines, causes, full
 
 
 def render_report(report: Any) -> str:
@@ -123,5 +152,13 @@ def render_report(report: Any) -> str:
     if pending:
         total += f"; {pending} not called yet"
     lines.append(total)
-    lines += [f"  {note}" for note in _notes(report)]
+    notes, causes, full = _notes(report)
+    for note in notes:
+        lines.append(f"  {note}")
+        if getattr(report, "verbose", False):
+            lines += [
+                f"      {text}" for block in full.get(note, ()) for text in block.splitlines()
+            ]
+    for cause, remedy in causes.items():
+        lines.append(f"  remedy for {cause}: {remedy}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from torchkiln.config import CompileConfig
 from torchkiln.config_validation import validate
 from torchkiln.errors import ConfigError, ConfigProblem, PluginError
 from torchkiln.option_safety import unnamed_file_problems
+from torchkiln.plugin_faults import bad_result
 from torchkiln.plugin_manager import PluginManager, PluginsArg, as_plugin_manager
 
 ConfigArg: TypeAlias = CompileConfig | Mapping[str, Any] | str | os.PathLike[str] | None
@@ -124,8 +125,16 @@ def _apply_plugins(
         except Exception as error:
             raise PluginError(
                 f"plugin {impl.plugin_name!r} raised in resolve_compile_config(): "
-                f"{type(error).__name__}: {error}"
+                f"{type(error).__name__}: {error}",
+                plugin=impl.plugin_name,
+                hook="resolve_compile_config",
             ) from error
+        if override is None:
+            continue
+        if not isinstance(override, Mapping):
+            raise bad_result(
+                "resolve_compile_config", impl.plugin_name, override, "a mapping or None"
+            )
         if not override:
             continue
         _, paths = sources_.merge_layers([sources_.Layer(f"plugin:{impl.plugin_name}", override)])

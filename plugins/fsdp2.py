@@ -13,6 +13,7 @@ so the state-dict keys stay the plain model's: no ``_checkpoint_wrapped_module.`
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,7 @@ from torchkiln.plugin import (
     add_undo,
     check_not_wrapped,
     check_options,
+    hold_setting,
     hookimpl,
     require_process_group,
 )
@@ -69,23 +71,27 @@ def mesh_device_type(settings: FSDP2Config, model: nn.Module) -> str:
 
 
 def set_dynamo_flags(model: nn.Module) -> Callable[[], None]:
-    """Turn the :data:`DYNAMO_FLAGS` on; return the (idempotent) undo, which also runs when
-    ``model`` is garbage collected."""
+    """Turn the :data:`DYNAMO_FLAGS` on for as long as ``model`` holds them; return the
+    (idempotent) undo, which also runs when ``model`` is garbage collected. Two sharded models
+    hold the flags together: they go back to their start values when the last lets go."""
     import torch._dynamo.config as dynamo_config
 
-    previous = {
-        name: getattr(dynamo_config, name) for name in DYNAMO_FLAGS if hasattr(dynamo_config, name)
-    }
-    for name in previous:
-        setattr(dynamo_config, name, True)
-    return weakref.finalize(model, _restore_flags, previous)
+    holds = [
+        hold_setting(
+            f"dynamo:{name}",
+            True,
+            functools.partial(getattr, dynamo_config, name),
+            functools.partial(setattr, dynamo_config, name),
+        )
+        for name in DYNAMO_FLAGS
+        if hasattr(dynamo_config, name)
+    ]
+    return weakref.finalize(model, _release, holds)
 
 
-def _restore_flags(previous: dict[str, Any]) -> None:
-    import torch._dynamo.config as dynamo_config
-
-    for name, value in previous.items():
-        setattr(dynamo_config, name, value)
+def _release(holds: list[Any]) -> None:
+    for held in reversed(holds):
+        held.release()
 
 
 def _checkpoint_regions(model: nn.Module, paths: list[str]) -> None:

@@ -425,14 +425,14 @@ def _leaf_groups(
     model: nn.Module, groups: list[RegionGroup], config: CompileConfig
 ) -> list[RegionGroup]:
     """``regions.rest=leaves``: each parameterised leaf outside the blocks, grouped by class."""
-    taken = [r.path for g in groups for r in g.regions]
+    taken = {r.path for g in groups for r in g.regions}
     leaves = [
         (path, module)
         for path, module in model.named_modules()
         if path
         and not any(True for _ in module.children())
         and _has_parameters(module)
-        and not any(path == t or path.startswith(t + ".") for t in taken)
+        and not any(prefix in taken for prefix in _self_and_ancestors(path))
     ]
     found = group_by_structure(
         drop_excluded(leaves, config.regions.exclude),
@@ -452,13 +452,21 @@ def _leaf_groups(
     ]
 
 
+def _self_and_ancestors(path: str) -> list[str]:
+    """``a.b.c`` -> ``a``, ``a.b``, ``a.b.c``."""
+    parts = path.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
 def eager_parts(
     model: nn.Module, groups: list[RegionGroup], config: CompileConfig
 ) -> list[EagerPart]:
     """The largest subtrees holding no region: what runs eagerly, and why."""
-    taken = [r.path for g in groups for r in g.regions]
+    taken = {r.path for g in groups for r in g.regions}
     if "" in taken:
         return []
+    # Sets, not lists: with thousands of regions a membership scan per module is quadratic.
+    above = {ancestor for path in taken for ancestor in _self_and_ancestors(path)} - taken
     parts: list[EagerPart] = []
     outside = f"outside the selected regions (regions.rest={config.regions.rest})"
 
@@ -467,7 +475,7 @@ def eager_parts(
             path = f"{prefix}{name}"
             if path in taken:
                 continue
-            if any(t.startswith(path + ".") for t in taken):
+            if path in above:
                 visit(child, path + ".")
             elif _has_parameters(child) or any(True for _ in child.children()):
                 if is_excluded(path, config.regions.exclude):

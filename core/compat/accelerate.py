@@ -53,6 +53,7 @@ from torchkiln.compat.accelerate_settings import (
     torchkiln_backend,
 )
 from torchkiln.compat.unwrap import (
+    LIVE_STATUSES,
     ORIG_MOD,
     live_regions,
     root_copy_without_fp32_wrapper,
@@ -60,7 +61,7 @@ from torchkiln.compat.unwrap import (
     unwrap_containers,
 )
 from torchkiln.config import CompileConfig
-from torchkiln.region_compiler import CompileState, state_of
+from torchkiln.region_compiler import CompileState, region_state_of, state_of
 
 __all__ = [
     "DynamoBackend",
@@ -304,6 +305,9 @@ def _looks_like_torchkiln_region(module: nn.Module) -> bool:
     forward = module.__dict__.get("forward")
     if forward is None:
         return False
+    region = region_state_of(module)
+    if region is not None and region.status in LIVE_STATUSES:
+        return True  # torchkiln's own record of the region (its forward is named "forward")
     if getattr(forward, "__qualname__", "").startswith("Compiler._first_call_shim."):
         return True
     function = getattr(forward, "__func__", None)

@@ -11,6 +11,6 @@ logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(messag
 
 mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32))  # nothing repeats
 plan = torchkiln.plan(mlp, backend="eager")
-# WARNING torchkiln: torchkiln: auto: no repeated blocks found (...); compiling the whole model as one region
+# WARNING torchkiln: auto: no repeated blocks found (...); compiling the whole model as one region
 assert plan.selector == "whole" and plan.requested == "auto"
 print(plan.reason)

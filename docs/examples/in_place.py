@@ -36,7 +36,12 @@ with torch.no_grad():
 twin = copy.deepcopy(model)
 assert torchkiln.is_compiled(twin)
 
-# Whole-model pickling needs the plain model back.
+# Whole-model pickling saves the plain model.
+saved = io.BytesIO()
+torch.save(model, saved)
+saved.seek(0)
+assert not torchkiln.is_compiled(torch.load(saved, weights_only=False))
+
 torchkiln.decompile(model)
 assert not any("forward" in module.__dict__ for module in model.modules())
 torch.save(model, io.BytesIO())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import io
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,19 +162,33 @@ def test_state_lives_in_the_root_dict_not_in_modules_or_state_dict() -> None:
         model.stages[0][0]._torchkiln_compiled  # noqa: B018  (only the root holds the state)
 
 
-def test_pickling_a_compiled_model_whole_is_refused_at_save_time() -> None:
-    """Not a file that fails to load later: a clear error now, naming what works instead."""
+def test_pickling_a_compiled_model_whole_saves_the_plain_model(tmp_path: Path) -> None:
+    """torch.save opens (truncates) its file before pickling: a refusal there would destroy an
+    existing checkpoint. The pickle holds the plain model instead, and loads as one."""
     model = compile_eager(NestedListModel().eval())
-    model(token_ids())
-    with pytest.raises(torchkiln.TorchkilnError, match=r"state_dict\(\).*torchkiln\.decompile"):
-        torch.save(model, io.BytesIO())
-    torch.save(model.state_dict(), io.BytesIO())  # the supported way
+    expected = model(token_ids())
+    path = tmp_path / "model.pt"
+    torch.save(model.state_dict(), path)  # a good checkpoint already there
+    torch.save(model, path)
+    loaded = torch.load(path, weights_only=False)
+    assert type(loaded) is NestedListModel
+    assert not torchkiln.is_compiled(loaded)
+    assert not any(
+        "forward" in m.__dict__ or "_torchkiln_region" in m.__dict__ for m in loaded.modules()
+    )
+    torch.testing.assert_close(loaded(token_ids()), expected)
+    assert torchkiln.is_compiled(model)  # the compiled model itself is untouched
+    torch.testing.assert_close(model(token_ids()), expected)
 
-    torchkiln.decompile(model)
+
+def test_pickling_before_the_first_call_saves_the_plain_model_too() -> None:
+    model = compile_eager(NestedListModel().eval())
     saved = io.BytesIO()
     torch.save(model, saved)
     saved.seek(0)
-    assert type(torch.load(saved, weights_only=False)) is NestedListModel
+    loaded = torch.load(saved, weights_only=False)
+    assert not any("forward" in m.__dict__ for m in loaded.modules())
+    torch.testing.assert_close(loaded(token_ids()), model(token_ids()))
 
 
 def test_a_single_compiled_block_can_be_deep_copied() -> None:

@@ -410,8 +410,7 @@ def test_auto_with_blocks_logs_info(caplog: pytest.LogCaptureFixture) -> None:
     [record] = caplog.records
     assert record.levelno == logging.INFO
     assert record.getMessage() == (
-        "torchkiln: auto: repeated blocks found: 2x MlpBlock; "
-        "level: MlpBlock, the largest modules that repeat"
+        "auto: repeated blocks found: 2x MlpBlock; level: MlpBlock, the largest modules that repeat"
     )
 
 
