@@ -21,3 +21,6 @@ _.maxlevel; _.maxdict; _.maxlist; _.maxtuple; _.maxset; _.maxstring; _.maxother;
 _.hits; _.misses; _.load_seconds; max_abs_diff; gradients_checked
 # read by transformers (its output collector) and by the bench table / a queue protocol
 _.global_var; WORKLOAD_HELP; _.end
+# report fields read by users and to_dict(); the manager's dispatch found by hook name
+# (plugin_faults.call_hook); an attrs validator
+recompile_reasons; _.wrap_distributed; _compiles

@@ -16,7 +16,7 @@ from torchkiln.distributed_result import DistributedResult
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
 from torchkiln.plan_check import check_plan
 from torchkiln.plugin_faults import bad_result, call_hook
-from torchkiln.plugin_manager import PluginManager, PluginsArg, as_plugin_manager
+from torchkiln.plugin_manager import Declared, PluginManager, PluginsArg, as_plugin_manager
 from torchkiln.progress import make_progress
 from torchkiln.region_compiler import STATE_ATTR, Compiler, CompileState, add_undo, state_of
 from torchkiln.region_compiler import decompile as _decompile_inplace
@@ -200,11 +200,12 @@ def declared_causes(pm: PluginManager) -> tuple[ReportCause, ...]:
     """Every ``ReportCause`` the plugins' declarations carry (backends, selectors, strategies),
     in declaration order; anything else there is the declaring plugin's fault."""
     causes: list[ReportCause] = []
-    for declared in (
+    declarations: list[Declared[Any]] = [
         *pm.backends(include_torch=False).values(),
         *pm.selectors().values(),
         *pm.distributed_strategies().values(),
-    ):
+    ]
+    for declared in declarations:
         found = getattr(declared.spec, "report_causes", ())
         if not isinstance(found, tuple | list) or not all(
             isinstance(c, ReportCause) for c in found
