@@ -193,6 +193,11 @@ class BlockAdapter:
         """The object the compiled block receives instead of ``cache``."""
         if not isinstance(cache, self.cache_class):
             return cache  # not a transformers cache (a plugin's own view, say): not ours
+        if not hasattr(cache, "layers"):
+            # EncoderDecoderCache (T5, BART, Whisper...) holds two caches and no layer list:
+            # passed through whole, as without the adapter (correct; Dynamo may specialise
+            # each layer on its layer_idx).
+            return cache
         owner: Any = self.owners.get(block, False)
         if owner is False:
             owner = self.owners[block] = layer_index_owner(block)
