@@ -170,8 +170,9 @@ def _plain_after_load(pairs: list[tuple[nn.Module, Any]]) -> None:
 def _named_forward(function: Any) -> Any:
     """``function`` renamed ``forward``, so a method bound from it pickles as
     ``getattr(module, "forward")`` (the plain forward when loaded)."""
-    with contextlib.suppress(AttributeError, TypeError):
-        function.__name__ = "forward"
+    if getattr(function, "__name__", None) != "forward":
+        with contextlib.suppress(AttributeError, TypeError):
+            function.__name__ = "forward"
     return function
 
 
@@ -403,6 +404,7 @@ class Compiler:
         state.code_names[group.name] = shared.__code__.co_name
         state.codes[group.name] = shared.__code__
         compiled_shared, error = self._compile(shared, group, preparations, self.group_hooks)
+        compiled_shared = _named_forward(compiled_shared)  # once per group, not per region
         for region, module in zip(group.regions, modules, strict=True):
             region_state = RegionState(
                 region, index, module, module.__dict__.get("forward", _MISSING), owner=state
@@ -422,9 +424,10 @@ class Compiler:
                     region_state.previous_forward, preparations, group.name
                 )
                 compiled, _ = self._compile(own, group, preparations)
+                compiled = _named_forward(compiled)
                 wrapper_code = own.__code__.co_name
             module.__dict__["forward"] = types.MethodType(
-                self._first_call_shim(_named_forward(compiled), index, wrapper_code), module
+                self._first_call_shim(compiled, index, wrapper_code), module
             )
 
     def _backend_plugin(self) -> str | None:

@@ -21,6 +21,8 @@ from typing import Any
 import attrs
 from torch import nn
 
+_EMPTY: dict[Any, Any] = {}
+
 
 @attrs.define(eq=False)
 class _ModuleSnapshot:
@@ -33,8 +35,11 @@ class _ModuleSnapshot:
     @classmethod
     def take(cls, module: nn.Module) -> _ModuleSnapshot:
         attributes = dict(module.__dict__)
+        # Most of a module's dicts (hooks) are empty: share one empty copy for them.
         contents = {
-            key: dict(value) for key, value in attributes.items() if isinstance(value, dict)
+            key: dict(value) if value else _EMPTY
+            for key, value in attributes.items()
+            if isinstance(value, dict)
         }
         return cls(module, type(module), attributes, contents)
 
