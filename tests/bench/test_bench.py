@@ -320,4 +320,5 @@ def test_documented_commands_are_valid() -> None:
         make_settings(
             model=args.model, quick=args.quick, depths=args.depths, batch=args.batch, seq=args.seq,
             strategies=args.strategies, backend=args.backend, train=args.train, device=args.device,
+            workload=args.workload, new_tokens=args.new_tokens,
         )  # fmt: skip
