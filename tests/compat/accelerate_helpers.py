@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -13,12 +14,14 @@ def compiled_graphs() -> int:
 
 
 def gpt2_model() -> torch.nn.Module:
+    pytest.importorskip("transformers", reason="the GPT-2 example needs transformers")
     from torchkiln.examples import gpt2
 
     return gpt2(depth=2)
 
 
 def llama_model() -> torch.nn.Module:
+    pytest.importorskip("transformers", reason="the Llama example needs transformers")
     from torchkiln.examples import llama
 
     return llama(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -160,16 +161,19 @@ def sequential_model(depth: int = 3) -> nn.Sequential:
 
 
 def llama() -> nn.Module:
+    pytest.importorskip("transformers", reason="llama is a transformers model")
     return torchkiln.examples.llama(
         depth=3, hidden_size=64, heads=4, kv_heads=2, intermediate_size=128, vocab_size=VOCAB
     )
 
 
 def gpt2() -> nn.Module:
+    pytest.importorskip("transformers", reason="gpt2 is a transformers model")
     return torchkiln.examples.gpt2(depth=2, hidden_size=64, heads=4, vocab_size=VOCAB)
 
 
 def bert() -> nn.Module:
+    pytest.importorskip("transformers", reason="bert is a transformers model")
     from transformers import BertConfig, BertModel
 
     config = BertConfig(
@@ -186,6 +190,7 @@ def bert() -> nn.Module:
 
 
 def t5() -> nn.Module:
+    pytest.importorskip("transformers", reason="t5 is a transformers model")
     from transformers import T5Config, T5ForConditionalGeneration
 
     config = T5Config(
@@ -203,6 +208,7 @@ def t5() -> nn.Module:
 
 
 def qwen2_moe() -> nn.Module:
+    pytest.importorskip("transformers", reason="qwen2_moe is a transformers model")
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
     config = Qwen2MoeConfig(

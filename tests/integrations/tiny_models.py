@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 VOCAB = 256
 
 
 def tiny_llama(seed: int = 0) -> torch.nn.Module:
+    pytest.importorskip("transformers", reason="tiny_llama is a transformers model")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)

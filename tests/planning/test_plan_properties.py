@@ -14,13 +14,16 @@ indexes, nested in lists, sequentials, dicts and plain attributes. Whatever the 
 
 from __future__ import annotations
 
+import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from torch import nn
 
 import torchkiln
 from torchkiln.plugin import StructureIndex, is_excluded
+
+pytest.importorskip("hypothesis", reason="the plan properties are hypothesis tests")
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 class Mlp(nn.Module):
