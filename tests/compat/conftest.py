@@ -7,28 +7,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, reset_dynamo: None) -> None:
     """No ACCELERATE_* / TORCHKILN_* variable, no torchkiln.yaml, no real HF cache; fresh
-    Dynamo caches and counters, so graph counts belong to the test that reads them."""
+    Dynamo caches and counters (the root conftest's ``reset_dynamo``), so graph counts belong
+    to the test that reads them."""
     for name in list(os.environ):
         if name.startswith(("ACCELERATE_", "TORCHKILN_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.chdir(tmp_path)
-    reset_dynamo()
-    yield
-    reset_dynamo()
-
-
-def reset_dynamo() -> None:
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()  # reset() keeps the counters
 
 
 @pytest.fixture

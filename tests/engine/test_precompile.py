@@ -11,13 +11,12 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch._dynamo
-from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
+from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
 
 import torchkiln
 from torchkiln.artifacts import MANIFEST, ArtifactError, read_manifest
@@ -30,11 +29,10 @@ from precompile_models import inputs, stack  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def fresh_dynamo(torchkiln_clean_environment: None) -> Iterator[None]:
-    forget_compiles()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+def no_compilation_metrics(fresh_dynamo: None) -> None:
+    """After the engine conftest's clean Dynamo and environment: no metrics records left by
+    earlier compiles, which :func:`frames_compiled` would count."""
+    clear_compilation_metrics()
 
 
 @pytest.fixture(scope="module")

@@ -8,19 +8,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, reset_dynamo: None) -> None:
+    """Dynamo is reset by the root conftest's ``reset_dynamo``."""
     for name in list(os.environ):
         if name.startswith(("ACCELERATE_", "TORCHKILN_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.chdir(tmp_path)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.fixture
