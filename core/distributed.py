@@ -96,14 +96,22 @@ def is_zero3(module: nn.Module) -> bool:
 def _inner(obj: Any) -> tuple[str, Any] | None:
     """One wrapper layer: its name and what it wraps, or ``None`` for a plain module."""
     from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(obj, OptimizedModule):
+        return "torch.compile (OptimizedModule)", obj._orig_mod
+    return container_layer(obj)
+
+
+def container_layer(obj: Any) -> tuple[str, Any] | None:
+    """One parallel-container layer (DDP, DataParallel, DeepSpeed, FSDP v1): its name and its
+    ``.module``; ``None`` for anything else, a ``torch.compile`` wrapper included (the
+    Accelerate compatibility layer keeps that one)."""
     from torch.nn.parallel import DataParallel, DistributedDataParallel
 
     if isinstance(obj, DistributedDataParallel):
         return "DistributedDataParallel", obj.module
     if isinstance(obj, DataParallel):
         return "DataParallel", obj.module
-    if isinstance(obj, OptimizedModule):
-        return "torch.compile (OptimizedModule)", obj._orig_mod
     if is_deepspeed_engine(obj):
         return "DeepSpeed engine", obj.module
     if "torch.distributed.fsdp" in sys.modules:

@@ -12,7 +12,6 @@ prepared model is never modified.
 from __future__ import annotations
 
 import copy
-import sys
 import types
 import warnings
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from torchkiln.distributed import container_layer
 from torchkiln.region_compiler import STATE_ATTR, CompileState, RegionState, state_of
 
 ORIG_MOD = "_orig_mod"
@@ -30,24 +30,17 @@ LIVE_STATUSES = ("pending", "compiled")
 """Region statuses whose ``forward`` is a compiled path (``eager``/``failed`` fell back)."""
 
 
-def container_types() -> tuple[type, ...]:
-    """Wrapper classes whose ``.module`` is the user's model; vendor classes only if loaded."""
-    types_: list[type] = [nn.parallel.DistributedDataParallel, nn.DataParallel]
-    fsdp = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
-    if fsdp is not None:
-        types_.append(fsdp.FullyShardedDataParallel)
-    deepspeed = sys.modules.get("deepspeed")
-    engine = getattr(deepspeed, "DeepSpeedEngine", None) if deepspeed is not None else None
-    if isinstance(engine, type):
-        types_.append(engine)
-    return tuple(types_)
-
-
 def unwrap_containers(model: Any) -> Any:
-    """``model.module`` through every DDP / DataParallel / FSDP / DeepSpeed layer, read only."""
-    wrappers = container_types()
-    while isinstance(model, wrappers):
-        model = getattr(model, "module")  # noqa: B009 - every wrapper class keeps it there
+    """``model.module`` through every DDP / DataParallel / FSDP / DeepSpeed layer, read only.
+
+    The container peeling of :func:`torchkiln.unwrap`, without its other two steps: a
+    ``torch.compile`` wrapper stays (``keep_torch_compile`` decides about it) and a strategy's
+    recorded :class:`DistributedResult` is not consulted (Accelerate wrapped the model itself).
+    """
+    layer = container_layer(model)
+    while layer is not None:
+        model = layer[1]
+        layer = container_layer(model)
     return model
 
 
