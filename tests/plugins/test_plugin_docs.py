@@ -6,12 +6,16 @@ How a page's fenced blocks are treated, by their info string:
   that is also on ``sys.path``;
 - ```` ```python file=NAME ```` (or ``toml file=NAME``): written to ``NAME`` in that directory
   (so later blocks can import it); a ``test_*.py`` file is then run with pytest, which must pass;
+- ```` ```python ```` immediately followed by ```` ```text ```` (or ``console``/``output``):
+  what the block prints to standard output must be that text (``doc_output``);
 - ```` ```python signature ```` and ```` ```python notest ````, and other languages: not run
   (signatures are checked by ``test_hook_docs.py``; ``notest`` marks code that needs hardware).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -21,6 +25,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from doc_output import OUTPUT_LANGUAGES, assert_shown_output
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = sorted([*DOCS.glob("plugins/*.md"), DOCS / "hooks.md"])
@@ -34,19 +39,30 @@ class Block:
     skip: bool
     code: str
     line: int
+    shown_output: str | None = None
+    """The output block right after this one (only whitespace between), if there is one."""
 
 
 def blocks(page: Path) -> list[Block]:
     text = page.read_text()
     found = []
-    for match in FENCE.finditer(text):
+    matches = list(FENCE.finditer(text))
+    for match, following in zip(matches, [*matches[1:], None], strict=True):
         words = match["info"].split()
         language = words[0] if words else ""
         extras = dict(w.split("=", 1) for w in words[1:] if "=" in w)
         skip = "notest" in words or "signature" in words
         line = text.count("\n", 0, match.start()) + 2
-        found.append(Block(language, extras.get("file"), skip, match["body"], line))
+        shown = _shown_output(text, match, following)
+        found.append(Block(language, extras.get("file"), skip, match["body"], line, shown))
     return found
+
+
+def _shown_output(text: str, block: re.Match[str], following: re.Match[str] | None) -> str | None:
+    if following is None or text[block.end() : following.start()].strip():
+        return None
+    words = following["info"].split()
+    return following["body"] if words and words[0] in OUTPUT_LANGUAGES else None
 
 
 def run_page(page: Path, workdir: Path) -> None:
@@ -61,9 +77,18 @@ def run_page(page: Path, workdir: Path) -> None:
             if block.file.startswith("test_") and block.file.endswith(".py"):
                 run_pytest(workdir, block.file, f"{page.name}:{block.line}")
         elif block.language == "python" and not block.skip:
-            exec(compile(block.code, f"{page.name}:{block.line}", "exec"), module.__dict__)
+            run_block(block, page.name, module)
     for name in written:
         sys.modules.pop(name.removesuffix(".py"), None)
+
+
+def run_block(block: Block, page_name: str, module: types.ModuleType) -> None:
+    where = f"{page_name}:{block.line}"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(block.code, where, "exec"), module.__dict__)
+    if block.shown_output is not None:
+        assert_shown_output(printed.getvalue(), block.shown_output, where)
 
 
 def run_pytest(workdir: Path, test_file: str, where: str) -> None:
@@ -90,3 +115,19 @@ def test_plugin_guide_pages_exist():
     names = {p.name for p in DOCS.glob("plugins/*.md")}
     assert {"index.md", "backend.md", "selector.md", "distributed.md", "packaging.md",
             "testing.md", "vendors.md"} <= names  # fmt: skip
+
+
+def test_shown_output_is_compared_with_what_the_block_prints(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nprint('took  1.5 s')\n```\n\n```text\ntook 2.25 s\n```\n\n"
+        "```python\nprint('b')\n```\nprose in between: not shown output\n```text\nz\n```\n\n"
+        "```python\nprint('c')\n```\n\n```console\nd\n```\n"
+    )
+    found = [b.shown_output for b in blocks(page) if b.language == "python"]
+    assert found == ["took 2.25 s\n", None, "d\n"]
+    try:
+        with pytest.raises(AssertionError, match=r"page.md:\d+: the docs show\nd\n"):
+            run_page(page, tmp_path)
+    finally:
+        sys.modules.pop("docs_example_page", None)
