@@ -26,8 +26,11 @@ Which caches are split per layer: any ``transformers.Cache`` whose class keeps
 ``update`` runs outside the graph (``torch.compiler.disable``), which costs a graph break per
 block call but keeps the number of graphs independent of depth; the adapter says so once per
 group on stderr (``torchkiln: transformers adapter: ...``) and the report counts the breaks.
-Objects that are not a ``transformers.Cache`` (a plugin's own view, say) are passed through
-untouched. docs/generation.md says how a plugin adds support for another cache.
+An ``EncoderDecoderCache`` (T5, BART, Pegasus, Whisper) gets an ``EncoderDecoderCache``
+subclass view whose two halves are the layer's :class:`LayerCache` views and whose
+``is_updated`` is a :class:`LayerFlags` (copied back after the block); when a half cannot be
+split the whole cache is passed through, said once on stderr. Objects that are not a
+``transformers.Cache`` (a plugin's own view, say) are passed through untouched. docs/generation.md says how a plugin adds support for another cache.
 
 Groups are adapted when their blocks are transformers classes with a cache parameter
 (``cache``, ``past_key_values``, ``layer_past``) and exactly one integer ``layer_idx`` among
@@ -40,6 +43,7 @@ class's module name, without importing anything).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import weakref
@@ -93,6 +97,12 @@ class LayerCache:
             return self._torchkiln_layer.update(key_states, value_states, *args, **kwargs)
         return self._torchkiln_cache.update(key_states, value_states, layer_idx, *args, **kwargs)
 
+    @property
+    def layers(self) -> LayerList:
+        """``cache.layers[layer_idx]`` (cross-attention reuses its stored keys this way) gives
+        this layer's slot without indexing the list in the trace."""
+        return LayerList(self._torchkiln_cache, self._torchkiln_layer, self._torchkiln_owner)
+
     def __getattr__(self, name: str) -> Any:
         # Only reached for names this class does not define: the whole cache answers. Its own
         # fields are missing only while unpickling (torch's saved guards): no recursion then.
@@ -102,6 +112,56 @@ class LayerCache:
 
     def __repr__(self) -> str:
         return f"LayerCache({self._torchkiln_cache!r}, layer {self._torchkiln_owner.layer_idx})"
+
+
+class LayerList:
+    """A cache's ``layers`` as one layer sees it: its own index gives its own slot (decided
+    while tracing, as in :meth:`LayerCache.update`); any other index the whole list's."""
+
+    def __init__(self, cache: Any, layer: Any, owner: nn.Module):
+        self._torchkiln_cache = cache
+        self._torchkiln_layer = layer
+        self._torchkiln_owner = owner
+
+    def __getitem__(self, index: Any) -> Any:
+        if index == self._torchkiln_owner.layer_idx:
+            return self._torchkiln_layer
+        return self._torchkiln_cache.layers[index]
+
+
+class LayerFlags:
+    """An ``EncoderDecoderCache.is_updated`` dict as one layer sees it.
+
+    ``is_updated[layer_idx]`` (and ``.get``) with the block's own index reads and writes a
+    flag on this object, copied from the whole dict before the block runs and back after it
+    (:meth:`BlockAdapter.wrap_call`), so the trace neither looks a key up in the dict nor
+    writes one (both would specialise on the index). Any other index: the whole dict.
+    """
+
+    def __init__(self, flags: dict[int, bool], owner: nn.Module):
+        self._torchkiln_flags = flags
+        self._torchkiln_owner = owner
+        self._torchkiln_value = bool(flags.get(owner.layer_idx, False))
+
+    def get(self, index: Any, default: Any = None) -> Any:
+        if index == self._torchkiln_owner.layer_idx:
+            return self._torchkiln_value
+        return self._torchkiln_flags.get(index, default)
+
+    def __getitem__(self, index: Any) -> Any:
+        if index == self._torchkiln_owner.layer_idx:
+            return self._torchkiln_value
+        return self._torchkiln_flags[index]
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if index == self._torchkiln_owner.layer_idx:
+            self._torchkiln_value = value
+        else:
+            self._torchkiln_flags[index] = value
+
+    def write_back(self) -> None:
+        """Copy this layer's flag into the whole dict (eager, after the block)."""
+        self._torchkiln_flags[self._torchkiln_owner.layer_idx] = bool(self._torchkiln_value)
 
 
 def _update_whole_cache(
@@ -132,6 +192,32 @@ class OpaqueCacheUpdate:
 
     def __repr__(self) -> str:
         return f"OpaqueCacheUpdate({self._torchkiln_cache!r})"
+
+
+@functools.cache
+def encoder_decoder_view_class(base: type) -> type:
+    """A subclass of transformers' ``EncoderDecoderCache`` (``base``; the models check
+    ``isinstance``) for one layer's view: both halves are that layer's :class:`LayerCache`
+    and ``is_updated`` its :class:`LayerFlags`. Anything else is the whole cache's answer."""
+
+    class EncoderDecoderLayerCache(base):  # type: ignore[misc, valid-type]
+        def __init__(self, cache: Any, own: LayerCache, cross: LayerCache, flags: LayerFlags):
+            # Not base.__init__: it would build new halves; these are the layer's views.
+            self._torchkiln_cache = cache
+            self.self_attention_cache = own
+            self.cross_attention_cache = cross
+            self.is_updated = flags
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("_torchkiln_"):  # missing only while unpickling
+                raise AttributeError(name)
+            return getattr(self._torchkiln_cache, name)
+
+        def __repr__(self) -> str:
+            owner = self.is_updated._torchkiln_owner
+            return f"EncoderDecoderLayerCache({self._torchkiln_cache!r}, layer {owner.layer_idx})"
+
+    return EncoderDecoderLayerCache
 
 
 def layer_index_owner(block: nn.Module) -> nn.Module | None:
@@ -189,42 +275,87 @@ class BlockAdapter:
     notes: dict[str, str] = attrs.Factory(dict)
     """Reasons a cache was passed through whole, by cache class name (reported once each)."""
 
+    encoder_decoder_class: Any = None
+    """transformers' ``EncoderDecoderCache`` (``None``: not split, passed through whole)."""
+    encoder_decoder_view: Any = None
+    """Its per-layer view class (:func:`encoder_decoder_view_class`)."""
+
     def layer_view(self, block: nn.Module, cache: Any) -> Any:
         """The object the compiled block receives instead of ``cache``."""
         if not isinstance(cache, self.cache_class):
             return cache  # not a transformers cache (a plugin's own view, say): not ours
+        owner = self._owner(block)
+        if self.encoder_decoder_class is not None and isinstance(cache, self.encoder_decoder_class):
+            return self._encoder_decoder_view(block, owner, cache)
         if not hasattr(cache, "layers"):
-            # EncoderDecoderCache (T5, BART, Whisper...) holds two caches and no layer list:
-            # passed through whole, as without the adapter (correct; Dynamo may specialise
-            # each layer on its layer_idx).
+            self._note(
+                type(cache).__name__,
+                f"{type(cache).__name__} has no per-layer list",
+                "so it is passed through whole (each layer may compile its own graph; see "
+                "docs/generation.md)",
+            )
             return cache
-        owner: Any = self.owners.get(block, False)
-        if owner is False:
-            owner = self.owners[block] = layer_index_owner(block)
-        reason = unsupported_reason(cache, self.cache_class)
-        if reason is None and owner is None:
-            reason = f"{type(block).__name__} has no single integer layer_idx"
+        reason = self._unsplittable(block, owner, cache)
         if reason is None:
-            layers = cache.layers
-            index = owner.layer_idx
-            if len(layers) <= index and cache.layer_class_to_replicate is not None:
-                # What Cache.update would do first; done here so the slot exists to hand over.
-                while len(layers) <= index:
-                    layers.append(cache.layer_class_to_replicate())
-            if len(layers) > index:
-                return LayerCache(cache, layers[index], owner)
-            reason = f"{type(cache).__name__} has no layer {index}"
+            return LayerCache(cache, cache.layers[owner.layer_idx], owner)
         self._note(type(cache).__name__, reason)
         return OpaqueCacheUpdate(cache)
 
-    def _note(self, key: str, reason: str) -> None:
+    def _owner(self, block: nn.Module) -> Any:
+        owner: Any = self.owners.get(block, False)
+        if owner is False:
+            owner = self.owners[block] = layer_index_owner(block)
+        return owner
+
+    def _unsplittable(self, block: nn.Module, owner: Any, cache: Any) -> str | None:
+        """Why ``cache`` cannot be split for ``block``, or ``None`` (then its slot exists)."""
+        reason = unsupported_reason(cache, self.cache_class)
+        if reason is None and owner is None:
+            reason = f"{type(block).__name__} has no single integer layer_idx"
+        if reason is not None:
+            return reason
+        if not hasattr(cache, "layers"):
+            return f"{type(cache).__name__} has no per-layer list"
+        layers = cache.layers
+        index = owner.layer_idx
+        if len(layers) <= index and getattr(cache, "layer_class_to_replicate", None) is not None:
+            # What Cache.update would do first; done here so the slot exists to hand over.
+            while len(layers) <= index:
+                layers.append(cache.layer_class_to_replicate())
+        if len(layers) <= index:
+            return f"{type(cache).__name__} has no layer {index}"
+        return None
+
+    def _encoder_decoder_view(self, block: nn.Module, owner: Any, cache: Any) -> Any:
+        """The block's view of an ``EncoderDecoderCache``: both halves split per layer and its
+        ``is_updated`` flags seen through :class:`LayerFlags`; passed through whole (said once
+        on stderr) when either half cannot be split."""
+        halves = (cache.self_attention_cache, cache.cross_attention_cache)
+        for half in halves:
+            reason = self._unsplittable(block, owner, half)
+            if reason is not None:
+                self._note(
+                    type(cache).__name__,
+                    f"{type(cache).__name__} holds a cache that cannot be split ({reason})",
+                    "so it is passed through whole (each layer may compile its own graph; see "
+                    "docs/generation.md)",
+                )
+                return cache
+        own, cross = (LayerCache(half, half.layers[owner.layer_idx], owner) for half in halves)
+        return self.encoder_decoder_view(cache, own, cross, LayerFlags(cache.is_updated, owner))
+
+    def _note(
+        self,
+        key: str,
+        reason: str,
+        consequence: str = "so the cache update runs outside the compiled graph (one graph "
+        "break per block call; see docs/generation.md)",
+    ) -> None:
         if key in self.notes:
             return
         self.notes[key] = reason
         print(
-            f"torchkiln: transformers adapter: group {self.group!r}: {reason}, so the cache "
-            "update runs outside the compiled graph (one graph break per block call; see "
-            "docs/generation.md)",
+            f"torchkiln: transformers adapter: group {self.group!r}: {reason}, {consequence}",
             file=sys.stderr,
         )
 
@@ -234,17 +365,28 @@ class BlockAdapter:
         name, position, collector = self.parameter, self.position, self.collector
         mark_dynamic = MARK_LAYER_INDEX_DYNAMIC
         layer_view = self.layer_view
+        encoder_decoder_view = self.encoder_decoder_view
 
         def call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            view = None
             if position is not None and len(args) > position:
                 cache = args[position]
                 if cache is not None:
-                    args = (*args[:position], layer_view(module, cache), *args[position + 1 :])
+                    view = layer_view(module, cache)
+                    args = (*args[:position], view, *args[position + 1 :])
             else:
                 for key in (name, "past_key_values") if name == "cache" else (name,):
                     cache = kwargs.get(key)
                     if cache is not None:
-                        kwargs[key] = layer_view(module, cache)
+                        view = kwargs[key] = layer_view(module, cache)
+            if encoder_decoder_view is None or not isinstance(view, encoder_decoder_view):
+                return run(module, args, kwargs)
+            try:
+                return run(module, args, kwargs)
+            finally:
+                view.is_updated.write_back()  # the layer's flag, set in the trace
+
+        def run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if collector.compiling:  # already in that mode (an outer torch.compile)
                 return compiled(module, *args, **kwargs)
             # ContextVar.get cannot be traced; the collector's global mode can (transformers
@@ -302,10 +444,15 @@ def block_adapter(group_name: str, blocks: list[nn.Module]) -> BlockAdapter | No
     owners = [layer_index_owner(block) for block in blocks]
     if parameter is None or any(owner is None for owner in owners):
         return None
+    from transformers import cache_utils
     from transformers.cache_utils import Cache
     from transformers.utils.output_capturing import _active_collector
 
     adapter = BlockAdapter(group_name, parameter[0], parameter[1], Cache, _active_collector)
+    encoder_decoder = getattr(cache_utils, "EncoderDecoderCache", None)
+    if encoder_decoder is not None:
+        adapter.encoder_decoder_class = encoder_decoder
+        adapter.encoder_decoder_view = encoder_decoder_view_class(encoder_decoder)
     for block, owner in zip(blocks, owners, strict=True):
         adapter.owners[block] = owner
     return adapter

@@ -33,11 +33,9 @@ class ZooCase:
     """The model's block classes (its layers); their distinct shapes + 1 bound the graph
     count. Empty: the level's classes."""
     cached: bool = False
-    """An encoder-decoder whose decoder blocks index an ``EncoderDecoderCache`` by
-    ``layer_idx`` (default ``use_cache``): the transformers adapter passes that cache through
-    whole, Dynamo specialises each layer on its index, so the decoder layers compile a graph
-    each (issue 10) and the graph bound is not asserted. (Decoder-only models get their own
-    layer's cache from the adapter: one graph per group.)"""
+    """An encoder-decoder whose decoder blocks use an ``EncoderDecoderCache`` (default
+    ``use_cache``): the transformers adapter hands each decoder layer its own layer's view of
+    it (both halves and ``is_updated``), so the graph bound holds as for any other model."""
 
 
 def _generator() -> torch.Generator:

@@ -48,7 +48,7 @@ def row(case: ZooCase) -> str:
     report = torchkiln.report(model)
     eager = sum(r.status != "compiled" for r in report.regions)
     limit = sum(bool(r.recompile_limit_hit) for r in report.regions)
-    note = "KV cache (issue 10)" if case.cached else ""
+    note = "EncoderDecoderCache, split per layer" if case.cached else ""
     return (
         f"| {case.name} | {case.family} | {len(plan.groups)} | {plan.region_count} | {shapes} "
         f"| {graphs()} | {full} | {eager} | {limit} | {note} |"
