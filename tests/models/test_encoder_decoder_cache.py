@@ -111,3 +111,32 @@ def test_is_updated_is_written_back_per_layer() -> None:
     assert cache.is_updated == {0: True, 1: True, 2: True}
     assert [layer.keys.shape[2] for layer in cache.cross_attention_cache.layers] == [10] * 3
     assert [layer.keys.shape[2] for layer in cache.self_attention_cache.layers] == [1] * 3
+
+
+def test_a_half_that_cannot_be_split_passes_the_cache_through_visibly(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A self-attention cache that overrides ``update``: the whole ``EncoderDecoderCache`` is
+    passed through as without the adapter (results equal to eager), and stderr says so."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    class LoggingCache(DynamicCache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    model, inputs = bart(3)
+    compiled = copy.deepcopy(model)
+    start = torch.full((2, 1), model.config.decoder_start_token_id)
+
+    def logits(model: torch.nn.Module) -> torch.Tensor:
+        cache = EncoderDecoderCache(LoggingCache(), DynamicCache())
+        with torch.no_grad():
+            return model(**inputs, decoder_input_ids=start, cache=cache).logits
+
+    expected = logits(model)
+    torchkiln.compile(compiled, backend="eager")
+    torch.testing.assert_close(logits(compiled), expected)
+    err = capfd.readouterr().err
+    assert "group 'BartDecoderLayer': EncoderDecoderCache holds a cache that cannot be split" in err
+    assert "LoggingCache overrides Cache.update" in err
+    assert "passed through whole" in err
