@@ -138,7 +138,7 @@ class LayerFlags:
     writes one (both would specialise on the index). Any other index: the whole dict.
     """
 
-    def __init__(self, flags: dict[int, bool], owner: nn.Module):
+    def __init__(self, flags: dict[Any, Any], owner: nn.Module):
         self._torchkiln_flags = flags
         self._torchkiln_owner = owner
         self._torchkiln_value = bool(flags.get(owner.layer_idx, False))
