@@ -97,6 +97,14 @@ class LayerCache:
             return self._torchkiln_layer.update(key_states, value_states, *args, **kwargs)
         return self._torchkiln_cache.update(key_states, value_states, layer_idx, *args, **kwargs)
 
+    def get_seq_length(self, layer_idx: int = 0) -> Any:
+        # T5's attention asks for its own layer's length; the whole cache would index its list.
+        # (A linear-attention layer has no length: the whole cache answers, as it always did.)
+        layer = self._torchkiln_layer
+        if layer_idx == self._torchkiln_owner.layer_idx and hasattr(layer, "get_seq_length"):
+            return layer.get_seq_length()
+        return self._torchkiln_cache.get_seq_length(layer_idx)
+
     @property
     def layers(self) -> LayerList:
         """``cache.layers[layer_idx]`` (cross-attention reuses its stored keys this way) gives
