@@ -86,7 +86,9 @@ def option_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[C
         if isinstance(value, float) and not math.isfinite(value):
             add(key, f"{value!r} is not allowed; give a finite number")
             continue
-        if config.backend == "inductor":
+        if key in TORCH_COMPILE_OPTIONS:
+            message = _torch_compile_option_problem(key, value, is_untrusted(source))
+        elif config.backend == "inductor":
             message = _inductor_problem(key, value, is_untrusted(source))
         elif is_untrusted(source):
             message = _other_backend_problem(config.backend, key, value)
@@ -95,6 +97,22 @@ def option_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[C
         if message:
             add(key, message)
     return problems
+
+
+TORCH_COMPILE_OPTIONS = frozenset({"guard_filter_fn"})
+"""Keys of ``options`` that ``torch.compile`` itself takes out before the backend sees them
+(whatever the backend)."""
+
+
+def _torch_compile_option_problem(key: str, value: Any, untrusted: bool) -> str | None:
+    if untrusted:
+        return (
+            f"{key!r} is a function torch.compile calls, so torchkiln does not take it from a "
+            f"file or the environment; pass it from Python (options={{{key!r}: ...}}), see {_DOCS}"
+        )
+    if not callable(value):
+        return f"{key!r} takes a function, got {_kind(value)} {describe(value)}"
+    return None
 
 
 def _inductor_problem(key: str, value: Any, untrusted: bool) -> str | None:
