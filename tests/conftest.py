@@ -3,7 +3,10 @@ model. Folder conftests make the ones they need autouse."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -37,3 +40,15 @@ def reset_dynamo() -> Iterator[None]:
     reset_dynamo_state()
     yield
     reset_dynamo_state()
+
+
+@pytest.fixture(scope="session")
+def launching() -> ModuleType:
+    """The suite's launcher helpers (``tests/distributed/launching.py``) for tests outside that
+    folder, where it is not on ``sys.path``."""
+    path = Path(__file__).parent / "distributed" / "launching.py"
+    spec = importlib.util.spec_from_file_location("torchkiln_tests_launching", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,7 +3,6 @@ Accelerate's regional compile path, from the launcher's own flags, runs on torch
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -13,23 +12,11 @@ import pytest
 HERE = Path(__file__).parent
 
 
-def launching() -> ModuleType:
-    """The suite's launcher helpers (``tests/distributed/launching.py``)."""
-    spec = importlib.util.spec_from_file_location(
-        "torchkiln_tests_launching", HERE.parent / "distributed" / "launching.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.distributed
 def test_install_under_accelerate_launch_matches_accelerates_own_training(
-    tmp_path: Path,
+    tmp_path: Path, launching: ModuleType
 ) -> None:
     pytest.importorskip("accelerate")
-    launch = launching()
 
     def command() -> list[str]:
         return [
@@ -43,14 +30,14 @@ def test_install_under_accelerate_launch_matches_accelerates_own_training(
             "--dynamo_backend=eager",
             "--dynamo_use_regional_compilation",
             "--main_process_ip=127.0.0.1",
-            f"--main_process_port={launch.free_port()}",
+            f"--main_process_port={launching.free_port()}",
             str(HERE / "accelerate_training.py"),
             str(tmp_path),
         ]
 
     # HF_HOME: no accelerate config file of the machine's takes part.
-    process = launch.launch(command, cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
-    ranks = launch.read_ranks(tmp_path, process)
+    process = launching.launch(command, cwd=tmp_path, env={"HF_HOME": str(tmp_path / "hf")})
+    ranks = launching.read_ranks(tmp_path, process)
     for rank in ranks:
         assert rank["distributed_type"] == "DistributedType.MULTI_CPU"
         assert rank["dynamo"]["backend"] == "eager"

@@ -20,6 +20,7 @@ from torch import nn
 
 import torchkiln
 from torchkiln.plugin import (
+    HOOK_NAMES,
     BackendSpec,
     DistributedResult,
     DistributedSpec,
@@ -30,16 +31,7 @@ from torchkiln.plugin import (
 )
 
 PLUGIN = "faulty-plugin"
-HOOKS = (
-    "declare_backends",
-    "declare_selectors",
-    "declare_distributed",
-    "resolve_compile_config",
-    "select_regions",
-    "wrap_distributed",
-    "prepare_group",
-    "compile_region",
-)
+HOOKS = HOOK_NAMES
 FAULTS = ("raises", "garbage", "none")
 GARBAGE: dict[str, Any] = {
     "declare_backends": ["faulty"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -11,23 +10,13 @@ import pytest
 HERE = Path(__file__).parent
 
 
-def launching() -> ModuleType:
-    """The suite's launcher helpers (``tests/distributed/launching.py``)."""
-    spec = importlib.util.spec_from_file_location(
-        "torchkiln_tests_launching", HERE.parent / "distributed" / "launching.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.distributed
-def test_lightning_ddp_trains_compiled_blocks_in_sync(tmp_path: Path) -> None:
+def test_lightning_ddp_trains_compiled_blocks_in_sync(
+    tmp_path: Path, launching: ModuleType
+) -> None:
     pytest.importorskip("lightning.pytorch")
-    launch = launching()
-    process = launch.torchrun(HERE / "lightning_ddp.py", [str(tmp_path)], cwd=tmp_path)
-    ranks = launch.read_ranks(tmp_path, process)
+    process = launching.torchrun(HERE / "lightning_ddp.py", [str(tmp_path)], cwd=tmp_path)
+    ranks = launching.read_ranks(tmp_path, process)
     for rank in ranks:
         assert rank["world_size"] == 2 and rank["wrapper"] == "DistributedDataParallel"
         assert rank["block_class"] == "LlamaDecoderLayer"
