@@ -6,8 +6,9 @@ only when a transformers-based example is built.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,6 +45,48 @@ def llama(
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """New floating-point tensors in ``dtype`` while building (as transformers does for
+    ``from_config(dtype=...)``); buffers that ask for float32 explicitly keep it."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def llama_1b(
+    depth: int = DEFAULT_DEPTH,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = torch.float32,
+) -> nn.Module:
+    """A Llama-3.2-1B-sized causal LM (``LlamaForCausalLM``, random weights) at ``depth``
+    decoder layers: hidden 2048, intermediate 8192, 32 heads, 8 KV heads, vocabulary 128256,
+    input and output embeddings tied as in Llama-3.2-1B; the default config otherwise (KV
+    cache on, default attention and RoPE). About 1.24e9 parameters at depth 16, 2.21e9 at 32.
+
+    Built directly on ``device`` in ``dtype`` (no float32 copy on the CPU first);
+    ``device="meta"`` gives the shapes without memory (parameter counts).
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=depth,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        tie_word_embeddings=True,
+    )
+    torch_dtype: torch.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    torch.manual_seed(0)
+    with torch.device(device), _default_dtype(torch_dtype):
+        return LlamaForCausalLM(config).eval()
 
 
 def gpt2(
@@ -91,7 +134,14 @@ def toy(depth: int = 4) -> nn.Module:
     return ToyTransformer(depth).eval()
 
 
-EXAMPLES: dict[str, Callable[..., nn.Module]] = {"llama": llama, "gpt2": gpt2, "toy": toy}
+EXAMPLES: dict[str, Callable[..., nn.Module]] = {
+    "llama": llama,
+    "llama-1b": llama_1b,
+    "gpt2": gpt2,
+    "toy": toy,
+}
+BUILDS_ON_DEVICE = frozenset({"llama-1b"})
+"""Examples whose factory takes ``device`` and ``dtype`` and builds there directly."""
 
 
 def example_inputs(model: nn.Module, batch: int = 1, seq: int = 128) -> torch.Tensor:

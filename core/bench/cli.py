@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import argparse
-import json
-import time
-from pathlib import Path
 from typing import Any
 
-from torchkiln.bench.environment import collect_environment
-from torchkiln.bench.runner import run_bench_cells
+from torchkiln.bench.presets import (
+    GPU_BUDGET_MINUTES,
+    GPU_DEPTHS,
+    GPU_DTYPE,
+    GPU_JSON,
+    GPU_MODEL,
+    GPU_PLOT,
+    GPU_STRATEGIES,
+    GPU_WORKLOADS,
+)
 from torchkiln.bench.settings import (
     DEFAULT_BATCHES,
     DEFAULT_DEPTHS,
     DEFAULT_NEW_TOKENS,
     DEFAULT_SEQ,
+    DTYPES,
+    MODES,
+    PRESETS,
     QUICK_BATCHES,
     QUICK_DEPTHS,
     STRATEGIES,
     WORKLOADS,
-    make_settings,
 )
-from torchkiln.bench.table import render_all
-from torchkiln.bench.targets import check_targets
-
-JSON_FORMAT_VERSION = 1
 
 DESCRIPTION = f"""\
 Measure the cold start, warm start and steady state of each compile strategy
@@ -32,9 +35,16 @@ Measure the cold start, warm start and steady state of each compile strategy
 process with an empty inductor cache directory (cold), then in another fresh process
 reusing that directory (warm).
 
-Default workload: a small Llama-family model (torchkiln.examples.llama, no download) at
-depths {",".join(map(str, DEFAULT_DEPTHS))}, batch {",".join(map(str, DEFAULT_BATCHES))}, sequence {DEFAULT_SEQ}.
---quick: depths {",".join(map(str, QUICK_DEPTHS))}, batch {",".join(map(str, QUICK_BATCHES))}.
+Presets (--preset):
+  default  a small Llama-family model (torchkiln.examples.llama, no download) at
+           depths {",".join(map(str, DEFAULT_DEPTHS))}, batch {",".join(map(str, DEFAULT_BATCHES))}, sequence {DEFAULT_SEQ}, float32, on the CPU.
+  quick    the same at depths {",".join(map(str, QUICK_DEPTHS))}, batch {",".join(map(str, QUICK_BATCHES))} (--quick is an alias).
+  gpu      one CUDA GPU: a ~1B-parameter Llama ({GPU_MODEL}) in {GPU_DTYPE} at depths {",".join(map(str, GPU_DEPTHS))},
+           workloads {" and ".join(GPU_WORKLOADS)}, compile modes default and reduce-overhead,
+           strategies {",".join(GPU_STRATEGIES)} (eager once, in the default-mode runs), no
+           warm runs, steady state timed in the first-call process; a {GPU_BUDGET_MINUTES:g}-minute
+           --budget-minutes; writes {GPU_JSON} and {GPU_PLOT} unless --json/--plot say otherwise.
+           --dry-run prints the plan (works without a GPU).
 """
 
 
@@ -46,11 +56,20 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--model",
-        default="llama",
-        help="built-in example (llama, gpt2, toy), "
+        default=None,
+        help="built-in example (llama, llama-1b, gpt2, toy; default: the preset's), "
         "NAME:DEPTH, or package.module:factory (called with depth=N when --depths is given)",
     )
-    p.add_argument("--quick", action="store_true", help="the small preset (minutes on 2 CPU cores)")
+    p.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default=None,
+        help="default (CPU grid), quick (the small CPU grid), gpu (one CUDA GPU, bf16, ~1B "
+        "Llama; see above)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="alias of --preset quick (minutes on 2 CPU cores)"
+    )
     p.add_argument("--depths", help="comma-separated block counts (default: the preset's)")
     p.add_argument("--batch", help="comma-separated batch sizes (default: the preset's)")
     p.add_argument(
@@ -76,18 +95,54 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=DEFAULT_NEW_TOKENS,
         help="tokens per generate() call, --workload generate (default %(default)s)",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default %(default)s)")
     p.add_argument(
-        "--steady-iters", type=int, default=30, help="timed calls per run (default %(default)s)"
+        "--device", default=None, help="cpu, cuda or auto (default: cpu; cuda with --preset gpu)"
+    )
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help=f"the model's dtype: {', '.join(DTYPES)} (default float32; {GPU_DTYPE} with "
+        "--preset gpu)",
+    )
+    p.add_argument(
+        "--mode",
+        default=None,
+        help=f"torch.compile mode of every compiled strategy: {', '.join(MODES)} (default: "
+        "default). CUDA-graph modes need --device cuda (refused on the CPU, where torch would "
+        "ignore them)",
+    )
+    p.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=None,
+        help=f"start no cell after this many minutes; the rest are reported as skipped "
+        f"(default: none; {GPU_BUDGET_MINUTES:g} with --preset gpu)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (runs, cells in order, worker commands, parameter counts) and "
+        "run nothing",
+    )
+    p.add_argument(
+        "--steady-iters",
+        type=int,
+        default=None,
+        help="timed calls per run (default 30; 20 with --preset gpu)",
     )
     p.add_argument("--no-warm", dest="warm", action="store_false", help="skip the warm-cache runs")
     p.add_argument(
         "--timeout",
         type=float,
-        default=1800.0,
-        help="seconds one worker process may take (default %(default)s)",
+        default=None,
+        help="seconds one worker process may take (default 1800; 420 with --preset gpu)",
     )
-    p.add_argument("--json", dest="json_path", metavar="FILE", help="write every raw number here")
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        metavar="FILE",
+        help="write every raw number here (rewritten after every cell)",
+    )
     p.add_argument(
         "--plot",
         dest="plot_path",
@@ -100,47 +155,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Run the bench described by ``args``; 0 when every cell produced numbers, else 1."""
-    settings = make_settings(
-        model=args.model, quick=args.quick, depths=args.depths, batch=args.batch, seq=args.seq,
-        strategies=args.strategies, backend=args.backend, train=args.train, device=args.device,
-        steady_iters=args.steady_iters, warm=args.warm, timeout=args.timeout,
-        workload=args.workload, new_tokens=args.new_tokens,
-    )  # fmt: skip
-    if args.plot_path:
-        from torchkiln.bench.plot import require_matplotlib
+    """Run the bench described by ``args``; 0 when every cell that ran produced numbers
+    (cells skipped for the time budget included), else 1."""
+    from torchkiln.bench.execute import run_plan
+    from torchkiln.bench.plan import plan_from_args
 
-        require_matplotlib()
-    environment = collect_environment(settings.device)
-    started = time.perf_counter()
-    results = run_bench_cells(settings, cache_root=args.cache_root)
-    wall = time.perf_counter() - started
-    targets = check_targets(results, settings.workload)
-    print(render_all(settings.to_dict(), environment, results, targets))
-    print(f"\n{len(results)} cells in {wall / 60:.1f} min")
-    if args.json_path:
-        document = {
-            "torchkiln_bench": JSON_FORMAT_VERSION,
-            "settings": settings.to_dict(),
-            "environment": environment,
-            "wall_seconds": wall,
-            "cells": [r.to_dict() for r in results],
-            "targets": [t.to_dict() for t in targets],
-        }
-        _write_json(Path(args.json_path), document)
-        print(f"wrote {args.json_path}")
-    if args.plot_path:
-        from torchkiln.bench.plot import write_plot
-
-        write_plot(
-            results,
-            args.plot_path,
-            f"torchkiln bench: {settings.model}, backend {settings.backend}",
-        )
-        print(f"wrote {args.plot_path}")
-    return 0 if all(r.failure is None for r in results) else 1
-
-
-def _write_json(path: Path, document: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    return run_plan(plan_from_args(args), args)

@@ -43,10 +43,13 @@ class TokenClock:
         return [later - earlier for earlier, later in itertools.pairwise(tokens)]
 
 
-def generation_target(strategy: str, model: Any, backend: str, apply: Callable[..., Any]) -> Any:
-    """The module whose ``generate`` is timed under ``strategy``."""
+def generation_target(
+    strategy: str, model: Any, backend: str, apply: Callable[..., Any], mode: str | None = None
+) -> Any:
+    """The module whose ``generate`` is timed under ``strategy`` (``apply`` passes ``mode`` to
+    the other compiled strategies itself)."""
     if strategy == "full":
-        model.compile(backend=backend)
+        model.compile(backend=backend, mode=mode)
         return model
     return apply(strategy, model, backend)
 
@@ -82,10 +85,12 @@ def first_token(
     few more calls catch later recompiles (the decode steps compile on the first call)."""
     model, inputs = build(args)
     started = time.perf_counter()
-    target = generation_target(args.strategy, model, args.backend, apply)
+    target = generation_target(args.strategy, model, args.backend, apply, args.mode)
     clock, tokens = generate_once(target, inputs, args.new_tokens)
     finished = time.perf_counter()
     later = [generate_once(target, inputs, args.new_tokens)[0] for _ in range(args.warmup)]
+    steady_calls = getattr(args, "steady_iters", 0) if getattr(args, "steady_here", False) else 0
+    steady = [steady_decode(target, inputs, args.new_tokens)() for _ in range(steady_calls)]
     reference_model, _ = build(args)  # fresh and eager: same seed, same weights
     _, reference = generate_once(reference_model, inputs, args.new_tokens)
     return {
@@ -93,6 +98,7 @@ def first_token(
         "first_generate_seconds": finished - started,
         "first_decode_gaps": clock.decode_gaps(),
         "later_calls_seconds": [statistics.median(c.decode_gaps()) for c in later],
+        "steady_seconds": steady or None,
         "max_abs_diff": float(tokens_differing(tokens, reference)),
         "new_tokens": args.new_tokens,
     }, target

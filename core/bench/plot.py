@@ -71,3 +71,50 @@ def write_plot(results: Sequence[CellResult], path: str | Path, title: str) -> P
     figure.savefig(target, dpi=110)
     plt.close(figure)
     return target
+
+
+def write_runs_plot(
+    runs: Sequence[tuple[str, Sequence[CellResult]]], path: str | Path, title: str
+) -> Path:
+    """One row per run (its title, its results): cold first call (s) and steady state (ms)
+    against depth, smallest batch. Cells that are missing (skipped, failed) are left out; a
+    run with none measured gets an empty row that says so."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never opens a window
+    import matplotlib.pyplot as plt
+
+    if not runs:
+        raise BenchError("--plot: no results to draw")
+    figure, axes = plt.subplots(len(runs), 2, figsize=(11, 3.4 * len(runs)), squeeze=False)
+    for (name, results), (first_axis, steady_axis) in zip(runs, axes, strict=True):
+        batches = sorted({r.cell.batch for r in results if r.ok})
+        for axis, value, unit, scale in (
+            (first_axis, "first", "seconds", 1.0),
+            (steady_axis, "steady", "milliseconds", 1000.0),
+        ):
+            series = _series(results, batches[0], value) if batches else {}
+            for strategy, points in series.items():
+                points.sort()
+                axis.plot(
+                    [d for d, _ in points], [v * scale for _, v in points], marker="o",
+                    label=strategy,
+                )  # fmt: skip
+            kind = "first call, cold cache" if value == "first" else "steady-state call"
+            axis.set(title=f"{name}: {kind}", xlabel="depth (blocks)", ylabel=unit)
+            depths = sorted({r.cell.depth for r in results if r.cell.depth is not None})
+            axis.set_xticks(depths)
+            axis.grid(True, alpha=0.3)
+            if series:
+                axis.legend()
+            else:
+                axis.text(0.5, 0.5, "not measured", ha="center", va="center",
+                          transform=axis.transAxes)  # fmt: skip
+    figure.suptitle(title)
+    figure.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, dpi=110)
+    plt.close(figure)
+    return target

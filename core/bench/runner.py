@@ -28,6 +28,10 @@ from torchkiln.bench.settings import COMPILED_STRATEGIES, BenchSettings, Cell
 from torchkiln.cache import cache_dir_environment
 
 STDERR_TAIL_LINES = 25
+BUDGET_GRACE_SECONDS = 45.0
+"""A cell started before the time budget ran out may run this long past it, then it is
+stopped (reported as timed out) so the whole bench ends soon after its budget."""
+SKIPPED_BUDGET = "time budget"
 
 
 @attrs.define
@@ -58,6 +62,8 @@ class CellResult:
     steady_failure: str | None = None
     precompile: dict[str, Any] | None = None
     """``precompiled`` cells: the precompile run's JSON (seconds, entries, skipped)."""
+    skipped: str | None = None
+    """Why the cell was not started (``time budget``); it has no numbers and no failure."""
 
     @property
     def ok(self) -> bool:
@@ -91,6 +97,7 @@ class CellResult:
             "warm": self.warm,
             "failure": self.failure.to_dict() if self.failure else None,
             "precompile": self.precompile,
+            "skipped": self.skipped,
         }
 
 
@@ -115,6 +122,7 @@ def worker_command(
         "--seq", str(settings.seq),
         "--backend", settings.backend,
         "--device", settings.device,
+        "--dtype", settings.dtype,
         "--steady-iters", str(settings.steady_iters),
         "--warmup", str(settings.warmup_iters),
         "--output", str(output),
@@ -124,10 +132,14 @@ def worker_command(
         command += ["--precompile"]
     elif strategy:
         command += ["--strategy", strategy]
+        if settings.steady_in_first_call:
+            command.append("--steady-here")
     else:
         command += ["--strategies", ",".join(steady)]
     if artifacts is not None:
         command += ["--artifacts", str(artifacts)]
+    if settings.mode is not None:
+        command += ["--mode", settings.mode]
     if depth is not None:
         command += ["--depth", str(depth)]
     if settings.train:
@@ -247,10 +259,14 @@ def run_steady(
 
 
 class BenchProgress:
-    """``[3/10] depth 16 batch 1 regional: cold run (2 m 10 s elapsed)`` on ``stream``."""
+    """``[3/10] depth 16 batch 1 regional: cold run (2 m 10 s elapsed)`` on ``stream``.
+
+    One progress can span several :func:`run_bench_cells` calls (a preset's runs): each call
+    numbers its steps from ``done`` on and advances it."""
 
     def __init__(self, total: int, stream: TextIO | None = None):
         self.total = total
+        self.done = 0
         self.stream = stream if stream is not None else sys.stderr
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self.started = time.perf_counter()
@@ -287,42 +303,125 @@ def _minutes(seconds: float) -> str:
     return f"{minutes} m {rest:02d} s" if minutes else f"{rest} s"
 
 
+def count_steps(settings: BenchSettings) -> int:
+    """Progress steps of one :func:`run_bench_cells` call: the cells, plus one shared
+    steady-state run per depth and batch unless the first-call runs time it."""
+    cells = settings.cells()
+    groups = {(c.depth, c.batch) for c in cells}
+    return len(cells) + (0 if settings.steady_in_first_call else len(groups))
+
+
+def _budget_left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _cell_settings(settings: BenchSettings, deadline: float | None) -> BenchSettings | None:
+    """``settings`` with the worker timeout cut to what the budget leaves (plus a grace), or
+    ``None`` when the budget is spent and the cell must not start."""
+    left = _budget_left(deadline)
+    if left is None:
+        return settings
+    if left <= 0:
+        return None
+    return attrs.evolve(settings, timeout=min(settings.timeout, left + BUDGET_GRACE_SECONDS))
+
+
 def run_bench_cells(
-    settings: BenchSettings, *, cache_root: str | None = None, stream: TextIO | None = None
+    settings: BenchSettings,
+    *,
+    cache_root: str | None = None,
+    stream: TextIO | None = None,
+    deadline: float | None = None,
+    on_cell: Callable[[list[CellResult]], None] | None = None,
+    progress: BenchProgress | None = None,
 ) -> list[CellResult]:
     """Run every cell (cold, warm), then each depth and batch's steady state; never raises for
-    a failing cell."""
+    a failing cell.
+
+    ``deadline`` (``time.monotonic()``): no cell starts after it; those cells are returned
+    with ``skipped="time budget"``. ``on_cell`` gets this call's results so far after every
+    finished or skipped cell, and again after each steady-state run (to save them). ``progress`` shares one step counter
+    across several calls (it is then not finished here).
+    """
     cells = settings.cells()
     groups: dict[tuple[int | None, int], list[Cell]] = {}
     for cell in cells:
         groups.setdefault((cell.depth, cell.batch), []).append(cell)
-    progress = BenchProgress(len(cells) + len(groups), stream)
+    own_progress = progress is None
+    if progress is None:
+        progress = BenchProgress(count_steps(settings), stream)
     root = Path(cache_root) if cache_root else Path(tempfile.mkdtemp(prefix="torchkiln-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     results: list[CellResult] = []
-    step = 0
     try:
         for (depth, batch), members in groups.items():
             scratch = Path(tempfile.mkdtemp(prefix=f"d{depth}-b{batch}-", dir=root))
             merged = scratch / "merged-cache"
-            group_results = []
+            group_results: list[CellResult] = []
             for cell in members:
-                notify = lambda phase, i=step, c=cell: progress.show(i, c.label, phase)  # noqa: E731
-                result = run_cell(settings, cell, scratch, merged, notify)
-                if result.failure is not None:
-                    progress.failed(cell.label, result.failure)
-                group_results.append(result)
-                step += 1
-            label = f"{'' if depth is None else f'depth {depth} '}batch {batch}"
-            if any(r.ok for r in group_results):
-                progress.show(step, label, "steady-state")
-            run_steady(settings, group_results, scratch, merged)
-            step += 1
+                group_results.append(
+                    _run_or_skip(settings, cell, scratch, merged, progress, deadline)
+                )
+                if on_cell is not None:
+                    on_cell(results + group_results)
+            if not settings.steady_in_first_call:
+                _steady_or_skip(settings, group_results, scratch, merged, progress, deadline)
+                if on_cell is not None:
+                    on_cell(results + group_results)  # now with the steady-state numbers
             results += group_results
             if not cache_root:
                 shutil.rmtree(scratch, ignore_errors=True)
     finally:
         if not cache_root:
             shutil.rmtree(root, ignore_errors=True)
-    progress.finish()
+    if own_progress:
+        progress.finish()
     return results
+
+
+def _steady_or_skip(
+    settings: BenchSettings,
+    results: list[CellResult],
+    scratch: Path,
+    merged: Path,
+    progress: BenchProgress,
+    deadline: float | None,
+) -> None:
+    """The shared steady-state run of one depth and batch, unless the budget is spent."""
+    index = progress.done
+    progress.done += 1
+    steady_settings = _cell_settings(settings, deadline)
+    if steady_settings is None:
+        for result in results:
+            if result.ok:
+                result.steady_failure = f"skipped: {SKIPPED_BUDGET}"
+        return
+    if any(r.ok for r in results):
+        depth, batch = results[0].cell.depth, results[0].cell.batch
+        label = f"{'' if depth is None else f'depth {depth} '}batch {batch}"
+        progress.show(index, label, "steady-state")
+    run_steady(steady_settings, results, scratch, merged)
+
+
+def _run_or_skip(
+    settings: BenchSettings,
+    cell: Cell,
+    scratch: Path,
+    merged: Path,
+    progress: BenchProgress,
+    deadline: float | None,
+) -> CellResult:
+    index = progress.done
+    progress.done += 1
+    cell_settings = _cell_settings(settings, deadline)
+    if cell_settings is None:
+        return CellResult(cell, skipped=SKIPPED_BUDGET)
+    notify = lambda phase: progress.show(index, cell.label, phase)  # noqa: E731
+    result = run_cell(cell_settings, cell, scratch, merged, notify)
+    if result.failure is not None:
+        progress.failed(cell.label, result.failure)
+    elif settings.steady_in_first_call and result.cold is not None:
+        result.steady_samples = result.cold.get("steady_seconds")
+        if not result.steady_samples:
+            result.steady_failure = "the first-call run timed no steady-state calls"
+    return result

@@ -39,6 +39,16 @@ WORKLOAD_HELP = {
     "median time per decoded token",
 }
 DEFAULT_NEW_TOKENS = 16
+DTYPES = {
+    "float32": "float32", "fp32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16",
+}  # fmt: skip
+"""Accepted ``--dtype`` spellings and the torch dtype each one means."""
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""``torch.compile`` modes the bench passes on (``default`` is passed as ``None``)."""
+CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
+PRESETS = ("quick", "default", "gpu")
 
 
 class BenchError(TorchkilnError):
@@ -109,6 +119,14 @@ class BenchSettings:
     timeout: float = 1800.0
     """Seconds one worker process may run before it is stopped and reported as failed."""
     preset: str = "default"
+    dtype: str = "float32"
+    """The model's parameter dtype (``float32``, ``bfloat16`` or ``float16``)."""
+    mode: str | None = None
+    """``torch.compile`` mode for every compiled strategy; ``None`` is torch's default."""
+    steady_in_first_call: bool = False
+    """Time the steady state in the first-call process (after its warm-up calls) instead of
+    a shared steady-state process per depth and batch: half the processes and compiles, at
+    the cost of strategies not sharing the machine's load alike (fine on a dedicated GPU)."""
 
     def cells(self) -> list[Cell]:
         return [
@@ -194,6 +212,9 @@ def make_settings(
     timeout: float = 1800.0,
     workload: str | None = None,
     new_tokens: int = DEFAULT_NEW_TOKENS,
+    dtype: str = "float32",
+    mode: str | None = None,
+    check_device: bool = True,
 ) -> BenchSettings:
     """Validate command-line style values into :class:`BenchSettings`.
 
@@ -209,7 +230,9 @@ def make_settings(
         raise BenchError(f"--steady-iters {steady_iters}: must be >= 1")
     if timeout <= 0:
         raise BenchError(f"--timeout {timeout}: must be > 0 seconds")
-    device = _check_device(device)
+    device = _check_device(device, check_device)
+    mode = check_mode(mode, device)
+    check_backend_mode(backend, mode)
     chosen = parse_strategies(strategies) if strategies else default_strategies(backend)
     if "precompiled" in chosen and not backend_precompiles(backend):
         raise BenchError(
@@ -236,7 +259,52 @@ def make_settings(
         warm=warm,
         timeout=timeout,
         preset="quick" if quick else "default",
+        dtype=check_dtype(dtype),
+        mode=mode,
     )
+
+
+def check_backend_mode(backend: str, mode: str | None) -> None:
+    """Refuse a mode the backend declares it does not take (before any cell runs)."""
+    from torchkiln.plugin_manager import get_plugin_manager
+
+    if mode is None:
+        return
+    declared = get_plugin_manager().ensure_loaded().backends().get(backend.lower())
+    modes = None if declared is None else declared.spec.modes
+    if modes is not None and mode not in modes:
+        allowed = ", ".join(modes) or "none (leave --mode out)"
+        raise BenchError(f"--mode {mode}: backend {backend!r} does not take it; allowed: {allowed}")
+
+
+def check_dtype(dtype: str) -> str:
+    """``--dtype`` as a torch dtype name (``bf16`` -> ``bfloat16``)."""
+    name = DTYPES.get(dtype.lower())
+    if name is None:
+        raise BenchError(
+            f"--dtype {dtype!r}: choose float32, bfloat16 or float16 (or fp32, bf16, fp16)"
+        )
+    return name
+
+
+def check_mode(mode: str | None, device: str) -> str | None:
+    """``--mode`` for torch.compile (``default`` -> ``None``).
+
+    CUDA-graph modes are refused on CPU: torch would only warn and compile as ``default``, so
+    the cells would be mislabelled.
+    """
+    if mode is None:
+        return None
+    mode = mode.lower()
+    if mode not in MODES:
+        raise BenchError(f"--mode {mode!r}: choose {', '.join(MODES)}")
+    if mode in CUDA_GRAPH_MODES and device != "cuda":
+        raise BenchError(
+            f"--mode {mode} uses CUDA graphs, which need --device cuda; on {device} torch "
+            "ignores them (with a warning) and the cells would measure the default mode. "
+            "Use max-autotune-no-cudagraphs or default there"
+        )
+    return None if mode == "default" else mode
 
 
 def _check_workload(workload: str | None, train: bool) -> str:
@@ -250,7 +318,13 @@ def _check_workload(workload: str | None, train: bool) -> str:
     return workload
 
 
-def _check_device(device: str) -> str:
+def check_device(device: str, available: bool = True) -> str:
+    """``--device`` validated (``auto`` resolved); ``available=False`` skips asking torch
+    whether a CUDA device is there."""
+    return _check_device(device, available)
+
+
+def _check_device(device: str, available: bool = True) -> str:
     import torch
 
     device = device.lower()
@@ -258,6 +332,6 @@ def _check_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
         raise BenchError(f"--device {device!r}: choose auto, cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and available and not torch.cuda.is_available():
         raise BenchError("--device cuda: torch sees no CUDA device here")
     return device

@@ -33,6 +33,8 @@ def _counts(result: CellResult) -> dict[str, Any]:
 def _row(result: CellResult, full: CellResult | None) -> tuple[str, ...]:
     cell = result.cell
     depth = "-" if cell.depth is None else str(cell.depth)
+    if result.skipped:
+        return (depth, str(cell.batch), cell.strategy, f"skipped: {result.skipped}", *[""] * 9)
     if not result.ok:
         return (depth, str(cell.batch), cell.strategy, "FAILED", *[""] * 9)
     full_ok = full if full is not None and full.ok and full is not result else None

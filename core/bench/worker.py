@@ -51,6 +51,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--artifacts", help="artifact directory of the precompiled strategy")
     p.add_argument("--backend", default="inductor")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", help="the model's dtype (torch name)")
+    p.add_argument("--mode", default=None, help="torch.compile mode of every compiled strategy")
+    p.add_argument(
+        "--steady-here",
+        action="store_true",
+        help="--strategy: also time --steady-iters calls after the warm-up (steady_seconds)",
+    )
     p.add_argument("--train", action="store_true")
     p.add_argument("--workload", choices=("forward", "train", "generate"), default=None)
     p.add_argument("--new-tokens", type=int, default=16)
@@ -89,10 +96,17 @@ def _first_tensor(output: Any) -> Any:
 def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     import importlib
 
-    from torchkiln.examples import example_inputs, load_model
+    import torch
 
-    kwargs = {"depth": args.depth} if args.depth is not None else {}
-    model = load_model(args.model, **kwargs).to(args.device)
+    from torchkiln.examples import BUILDS_ON_DEVICE, example_inputs, load_model
+
+    kwargs: dict[str, Any] = {"depth": args.depth} if args.depth is not None else {}
+    dtype = getattr(torch, args.dtype)
+    if args.model.partition(":")[0] in BUILDS_ON_DEVICE:
+        # Built where it runs, in its dtype: no float32 copy on the CPU first.
+        model = load_model(args.model, device=args.device, dtype=dtype, **kwargs)
+    else:
+        model = load_model(args.model, **kwargs).to(device=args.device, dtype=dtype)
     model.train(args.train)
     name, _, factory = args.model.partition(":")
     make_inputs = example_inputs
@@ -103,7 +117,9 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     return model, inputs.to(args.device) if hasattr(inputs, "to") else inputs
 
 
-def _config(strategy: str, backend: str, artifacts: str | None = None) -> Any:
+def _config(
+    strategy: str, backend: str, artifacts: str | None = None, mode: str | None = None
+) -> Any:
     """A complete CompileConfig: no YAML file or TORCHKILN_* variable can change the cell.
     The precompiled strategy loads strictly: artifacts that do not fit fail the cell rather
     than compile normally and pass for loaded."""
@@ -114,28 +130,39 @@ def _config(strategy: str, backend: str, artifacts: str | None = None) -> Any:
         {"artifacts": artifacts, "artifacts_strict": True} if strategy == "precompiled" else {}
     )
     return CompileConfig(
-        backend=backend, regions=RegionsConfig(strategy=selector), progress="off", **extra
+        backend=backend,
+        mode=mode,
+        regions=RegionsConfig(strategy=selector),
+        progress="off",
+        **extra,
     )
 
 
-def _apply_strategy(strategy: str, model: Any, backend: str, artifacts: str | None = None) -> Any:
-    """Return the callable to measure; compilation itself stays lazy (first call)."""
+def _apply_strategy(
+    strategy: str,
+    model: Any,
+    backend: str,
+    artifacts: str | None = None,
+    mode: str | None = None,
+) -> Any:
+    """Return the callable to measure; compilation itself stays lazy (first call).
+    ``mode`` goes to every compiled strategy's ``torch.compile``."""
     import torch
 
     if strategy == "eager":
         return model
     if strategy == "full":
-        return torch.compile(model, backend=backend)
+        return torch.compile(model, backend=backend, mode=mode)
     if strategy in ("regional", "hierarchical", "precompiled"):
         import torchkiln
 
         if strategy == "precompiled" and not artifacts:
             raise SystemExit("the precompiled strategy needs --artifacts DIR")
-        return torchkiln.compile(model, _config(strategy, backend, artifacts))
+        return torchkiln.compile(model, _config(strategy, backend, artifacts, mode))
     if strategy == "accelerate":
         from accelerate.utils import compile_regions
 
-        return compile_regions(model, backend=backend)
+        return compile_regions(model, backend=backend, mode=mode)
     raise SystemExit(f"unknown strategy {strategy!r}")
 
 
@@ -237,6 +264,8 @@ def _common(args: argparse.Namespace, torch_import_seconds: float) -> dict[str, 
         "seq": args.seq,
         "backend": args.backend,
         "device": args.device,
+        "dtype": args.dtype,
+        "mode": args.mode,
         "train": args.train,
         "workload": args.workload,
         "startup_seconds": START_WALL - args.spawned_at if args.spawned_at is not None else None,
@@ -262,7 +291,7 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
 
     def first() -> Any:
         nonlocal call_target
-        call_target = _apply_strategy(args.strategy, model, args.backend, args.artifacts)
+        call_target = _apply_strategy(args.strategy, model, args.backend, args.artifacts, args.mode)
         return _step(call_target, model, inputs, args.train)()
 
     first_seconds, output = _timed(first, args.device)
@@ -270,11 +299,16 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
     counts_after_first = _dynamo_counts()
     step = _step(call_target, model, inputs, args.train)
     later = [_timed(step, args.device)[0] for _ in range(args.warmup)]
+    steady = [
+        _timed(step, args.device)[0] for _ in range(args.steady_iters if args.steady_here else 0)
+    ]
     return _common(args, imported - started) | {
         "phase": "first_call",
         "strategy": args.strategy,
         "first_call_seconds": first_seconds,
         "later_calls_seconds": later,
+        "steady_seconds": steady or None,
+        "output_dtype": str(first_out.dtype).removeprefix("torch."),
         "build_seconds": built - imported,
         "first_call": counts_after_first,
         "after_later_calls": _dynamo_counts(),
@@ -286,9 +320,10 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _applier(args: argparse.Namespace) -> Callable[[str, Any, str], Any]:
-    """``_apply_strategy`` with this run's artifacts directory (the precompiled strategy)."""
+    """``_apply_strategy`` with this run's artifacts directory (the precompiled strategy) and
+    compile mode."""
     return lambda strategy, model, backend: _apply_strategy(
-        strategy, model, backend, args.artifacts
+        strategy, model, backend, args.artifacts, args.mode
     )
 
 
@@ -315,9 +350,9 @@ def _steady_step(strategy: str, args: argparse.Namespace) -> Callable[[], Any]:
     if args.workload == "generate":
         from torchkiln.bench.generate import generation_target, steady_decode
 
-        target = generation_target(strategy, model, args.backend, _applier(args))
+        target = generation_target(strategy, model, args.backend, _applier(args), args.mode)
         return steady_decode(target, inputs, args.new_tokens)
-    target = _apply_strategy(strategy, model, args.backend, args.artifacts)
+    target = _apply_strategy(strategy, model, args.backend, args.artifacts, args.mode)
     return _step(target, model, inputs, args.train)
 
 
@@ -384,7 +419,11 @@ def measure_precompile(args: argparse.Namespace) -> dict[str, Any]:
     model, inputs = _build(args)
     kind = "training" if args.train else "inference"
     result = torchkiln.precompile(
-        model, inputs, args.artifacts, _config("regional", args.backend), kinds=[kind]
+        model,
+        inputs,
+        args.artifacts,
+        _config("regional", args.backend, mode=args.mode),
+        kinds=[kind],
     )
     if result.skipped or not result.entries:
         print(result.summary(), file=sys.stderr)

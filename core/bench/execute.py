@@ -1,0 +1,152 @@
+"""Run a :class:`BenchPlan`: its steps in order under the time budget, the JSON rewritten
+after every cell, then the tables, the targets and the plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from torchkiln.bench.environment import collect_environment
+from torchkiln.bench.plan import BenchPlan
+from torchkiln.bench.presets import mode_name
+from torchkiln.bench.runner import BenchProgress, CellResult, count_steps, run_bench_cells
+from torchkiln.bench.settings import BenchSettings, check_device
+from torchkiln.bench.table import render_all
+from torchkiln.bench.targets import check_targets
+
+JSON_FORMAT_VERSION = 1
+
+
+def write_json_atomically(path: Path, document: dict[str, Any]) -> None:
+    """Write to a temporary file beside ``path``, then rename: a reader (or a run killed
+    mid-write) sees the previous complete document or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(json.dumps(document, indent=1) + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _run_document(settings: BenchSettings, results: list[CellResult]) -> dict[str, Any]:
+    return {
+        "settings": settings.to_dict(),
+        "cells": [r.to_dict() for r in results],
+        "targets": [t.to_dict() for t in check_targets(results, settings.workload)],
+    }
+
+
+def bench_document(
+    plan: BenchPlan,
+    environment: dict[str, Any],
+    results: list[list[CellResult]],
+    wall: float,
+    complete: bool,
+) -> dict[str, Any]:
+    """The JSON document: one run's ``settings``/``cells``/``targets`` at the top level, or a
+    ``runs`` list of them for a plan of several runs (the gpu preset)."""
+    document: dict[str, Any] = {
+        "torchkiln_bench": JSON_FORMAT_VERSION,
+        "preset": plan.preset,
+        "budget_minutes": plan.budget_minutes,
+        "complete": complete,
+        "environment": environment,
+        "wall_seconds": wall,
+    }
+    runs = [_run_document(s, r) for s, r in zip(plan.runs, results, strict=True)]
+    if len(runs) == 1:
+        return document | runs[0]
+    return document | {"runs": runs}
+
+
+def _title(plan: BenchPlan, settings: BenchSettings) -> str:
+    if len(plan.runs) == 1:
+        return ""
+    return f"=== {settings.workload}, mode {mode_name(settings.mode)} ===\n"
+
+
+def run_plan(plan: BenchPlan, args: argparse.Namespace) -> int:
+    """Execute ``plan`` (``--dry-run``: print it instead); 0 when every cell that ran produced
+    numbers (cells skipped for the time budget do not count as failures), else 1."""
+    if getattr(args, "dry_run", False):
+        from torchkiln.bench.dry_run import render_plan
+
+        print(render_plan(plan))
+        return 0
+    for settings in plan.runs:
+        check_device(settings.device)
+    if plan.plot_path:
+        from torchkiln.bench.plot import require_matplotlib
+
+        require_matplotlib()
+    environment = collect_environment(plan.runs[0].device)
+    steps = plan.steps()
+    progress = BenchProgress(sum(count_steps(step.settings) for step in steps))
+    budget = plan.budget_seconds
+    deadline = None if budget is None else time.monotonic() + budget
+    results: list[list[CellResult]] = [[] for _ in plan.runs]
+    started = time.perf_counter()
+
+    def save(complete: bool) -> None:
+        if plan.json_path:
+            wall = time.perf_counter() - started
+            document = bench_document(plan, environment, results, wall, complete)
+            write_json_atomically(Path(plan.json_path), document)
+
+    for step in steps:
+        before = list(results[step.run])
+
+        def on_cell(partial: list[CellResult], run: int = step.run, done=before) -> None:
+            results[run] = done + partial
+            save(complete=False)
+
+        results[step.run] = before + run_bench_cells(
+            step.settings, cache_root=args.cache_root, deadline=deadline,
+            on_cell=on_cell, progress=progress,
+        )  # fmt: skip
+    progress.finish()
+    wall = time.perf_counter() - started
+    for settings, run_results in zip(plan.runs, results, strict=True):
+        targets = check_targets(run_results, settings.workload)
+        print(
+            _title(plan, settings)
+            + render_all(settings.to_dict(), environment, run_results, targets)
+        )
+        print()
+    every = [r for run_results in results for r in run_results]
+    skipped = sum(1 for r in every if r.skipped)
+    note = f", {skipped} skipped (time budget {plan.budget_minutes:g} min)" if skipped else ""
+    print(f"{len(every) - skipped} cells in {wall / 60:.1f} min{note}")
+    save(complete=True)
+    if plan.json_path:
+        print(f"wrote {plan.json_path}")
+    if plan.plot_path is not None:
+        _plot(plan, results, plan.plot_path)
+    return 0 if all(r.failure is None for r in every) else 1
+
+
+def _plot(plan: BenchPlan, results: list[list[CellResult]], path: str) -> None:
+    from torchkiln.bench.plot import write_plot, write_runs_plot
+
+    first = plan.runs[0]
+    if len(plan.runs) == 1:
+        write_plot(results[0], path, f"torchkiln bench: {first.model}, backend {first.backend}")
+    else:
+        panels = [
+            (f"{s.workload}, mode {mode_name(s.mode)}", r)
+            for s, r in zip(plan.runs, results, strict=True)
+        ]
+        write_runs_plot(
+            panels, path,
+            f"torchkiln bench --preset {plan.preset}: {first.model}, {first.dtype}, "
+            f"backend {first.backend}",
+        )  # fmt: skip
+    print(f"wrote {path}")
