@@ -184,6 +184,9 @@ class Manifest:
     skipped: list[dict[str, str]] = attrs.Factory(list)
     """``{"group", "kind", "reason"}`` for every entry that could not be precompiled."""
     format: int = FORMAT_VERSION
+    cpu_isa: dict[str, Any] | None = None
+    """Inductor on CPU: the ISA probe's answers, the CPU's capabilities and the compiler
+    (:mod:`torchkiln.isa_probe`); loading answers the probe from them when they match."""
 
     def group(self, name: str) -> GroupArtifacts | None:
         return next((g for g in self.groups if g.name == name), None)
@@ -209,6 +212,7 @@ class Manifest:
             groups=groups,
             skipped=list(data.get("skipped", [])),
             format=int(data["format"]),
+            cpu_isa=data.get("cpu_isa"),
         )
 
 

@@ -42,6 +42,7 @@ from torchkiln.artifacts import (
 )
 from torchkiln.cache import apply_cache_dir
 from torchkiln.config import CompileConfig
+from torchkiln.isa_probe import recorded_probes
 from torchkiln.plugin_manager import PluginManager, get_plugin_manager
 from torchkiln.progress import make_progress
 from torchkiln.region_compiler import REGION_ATTR, Compiler, decompile, state_of
@@ -220,6 +221,16 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {first}"[:500]
 
 
+def _recording_probes(
+    environment: dict[str, Any], record: dict[str, Any]
+) -> contextlib.AbstractContextManager[None]:
+    """Inductor on CPU: record its ISA probe's answers (and put the probe's test libraries
+    into the kernel directory, even when this process probed earlier)."""
+    if environment["backend"] == "inductor" and environment["device"] == "cpu":
+        return recorded_probes(record)
+    return contextlib.nullcontext()
+
+
 def _fresh_directory(path: str | Any) -> Path:
     directory = Path(path).expanduser().resolve()
     if directory.exists() and not directory.is_dir():
@@ -285,7 +296,10 @@ def precompile(
     compiler = Compiler(plan, cfg, pm, make_progress(cfg, plan))
     compiler.group_hooks.append(recorder.hook)
     args, kwargs = _as_call(example_inputs)
-    with apply_cache_dir(directory / KERNELS_DIR):
+    first = plan.groups[0].regions[0].module  # the loader checks against the same module
+    environment = environment_key(cfg, first)
+    probes: dict[str, Any] = {}
+    with apply_cache_dir(directory / KERNELS_DIR), _recording_probes(environment, probes):
         compiler(model)
         try:
             for kind in kinds:
@@ -294,8 +308,7 @@ def precompile(
                     model(*args, **kwargs)
         finally:
             decompile(model)
-    first = plan.groups[0].regions[0].module  # the loader checks against the same module
-    manifest = Manifest(environment=environment_key(cfg, first), skipped=recorder.skipped)
+    manifest = Manifest(environment=environment, skipped=recorder.skipped, cpu_isa=probes or None)
     for name, group in recorder.groups.items():
         called = {entry.kind for entry in group.entries} | {
             s["kind"] for s in recorder.skipped if s["group"] == name

@@ -37,6 +37,7 @@ from torchkiln.artifacts import (
     structure_hash,
 )
 from torchkiln.config import CompileConfig
+from torchkiln.isa_probe import answered_probes
 from torchkiln.region_plan import RegionGroup
 
 logger = logging.getLogger("torchkiln")
@@ -222,10 +223,13 @@ class ArtifactLoader:
             copy_kernels(kernels, Path(current_cache_dir()))
         closure = closure_data(shared)
         entries = []
-        for entry in saved.entries:
-            data = (self.directory / entry.file).read_bytes()
-            fn = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=closure)
-            entries.append((entry.kind, fn))
+        assert self.manifest is not None
+        # Loading the first function loads its kernels, and inductor probes the CPU first.
+        with answered_probes(self.manifest.cpu_isa):
+            for entry in saved.entries:
+                data = (self.directory / entry.file).read_bytes()
+                fn = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=closure)
+                entries.append((entry.kind, fn))
         names = shared.__code__.co_freevars
         frame_closure = {name: closure[f"closure:{name}"] for name in names}
         return PrecompiledGroup(saved.name, entries, frame_closure, compiled, self.strict)

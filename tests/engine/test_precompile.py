@@ -343,8 +343,16 @@ INDUCTOR_LOADER = textwrap.dedent(
     import json, sys
     import torch
     from torch._dynamo.utils import counters, get_compilation_metrics
+    from torch._inductor import cpu_vec_isa
     import torchkiln
     from precompile_models import inputs, stack
+
+    probe_children = []  # inductor's ISA probe: one child process per dlopen check
+    real_probe_load = cpu_vec_isa.VecISA._probe_load
+    def counted(isa, path):
+        probe_children.append(str(isa))
+        return real_probe_load(isa, path)
+    cpu_vec_isa.VecISA._probe_load = counted
 
     model = torchkiln.compile(stack(), artifacts=sys.argv[1], artifacts_strict=True)
     with torch.no_grad():
@@ -356,34 +364,23 @@ INDUCTOR_LOADER = textwrap.dedent(
         "frames": len([m for m in get_compilation_metrics() if m.co_name]),
         "fxgraph_misses": counters["inductor"]["fxgraph_cache_miss"],
         "diff": (out - expected).abs().max().item(),
+        "probe_children": len(probe_children),
+        "isa": str(cpu_vec_isa.pick_vec_isa()),
     }))
     """
 )
 
 
-@pytest.mark.slow  # one inductor compile of a small block, then a new process loads it
-def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The same compiler in both processes (it is part of inductor's kernel keys): a wrapper
-    # that records every call, then runs the real one.
-    fresh_cache, calls = tmp_path / "fresh-cache", tmp_path / "compiler-calls.txt"
-    compiler = tmp_path / "logged-g++"
-    compiler.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec g++ "$@"\n')
-    compiler.chmod(0o755)
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(compiler)))
-    directory = tmp_path / "artifacts"
-    result = torchkiln.precompile(stack(), inputs(), directory, kinds=["inference"])
-    assert result.skipped == [] and result.manifest.environment["backend"] == "inductor"
-    assert any((directory / "kernels").rglob("*.so"))  # the compiled C++ kernels travel along
-    assert ".cpp" in calls.read_text()  # the precompile did compile C++ through the wrapper
-    calls.unlink()
+def _load_in_new_process(
+    directory: Path, cache: Path, compiler: Path, calls: Path
+) -> tuple[dict[str, object], list[str]]:
+    """Load ``directory`` in a new process with the empty inductor cache ``cache``; its result
+    and the C++ files it compiled (through the logging ``compiler``)."""
+    calls.unlink(missing_ok=True)
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-        TORCHINDUCTOR_CACHE_DIR=str(fresh_cache),
+        TORCHINDUCTOR_CACHE_DIR=str(cache),
         CXX=str(compiler),
     )
     done = subprocess.run(
@@ -395,12 +392,54 @@ def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    compiled = [c for c in calls.read_text().splitlines() if ".cpp" in c] if calls.exists() else []
+    return json.loads(done.stdout.strip().splitlines()[-1]), compiled
+
+
+@pytest.mark.slow  # two inductor compiles of a small block, then two new processes load it
+def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same compiler in every process (it is part of inductor's kernel keys): a wrapper
+    # that records every call, then runs the real one.
+    calls = tmp_path / "compiler-calls.txt"
+    compiler = tmp_path / "logged-g++"
+    compiler.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec g++ "$@"\n')
+    compiler.chmod(0o755)
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(compiler)))
+    # This process compiles the same blocks first: inductor has then probed the CPU and holds
+    # the kernels in memory, and the precompile must still put everything into DIR/kernels.
+    earlier = torchkiln.compile(stack(), progress="off")
+    with torch.no_grad():
+        earlier(inputs())
+    torchkiln.decompile(earlier)
+    directory = tmp_path / "artifacts"
+    result = torchkiln.precompile(stack(), inputs(), directory, kinds=["inference"])
+    assert result.skipped == [] and result.manifest.environment["backend"] == "inductor"
+    assert any((directory / "kernels").rglob("*.so"))  # the compiled C++ kernels travel along
+    assert ".cpp" in calls.read_text()  # the precompile did compile C++ through the wrapper
+    record = result.manifest.cpu_isa
+    assert record is not None and record["probes"] and all(record["probes"].values())
+
+    # Same CPU and compiler: the ISA probe is answered from the record, no child is started.
+    loaded, compiled = _load_in_new_process(directory, tmp_path / "cache-1", compiler, calls)
     assert loaded["frames"] == 0 and loaded["fxgraph_misses"] == 0
     assert loaded["diff"] < 1e-5
-    compiled = [c for c in calls.read_text().splitlines() if ".cpp" in c] if calls.exists() else []
     assert compiled == []  # no C++ compile: the kernels came from the artifacts
-    assert any(fresh_cache.rglob("*.so"))
+    assert loaded["probe_children"] == 0
+    assert any((tmp_path / "cache-1").rglob("*.so"))
+
+    # Another compiler version recorded: the probe runs as usual (its test libraries came
+    # with the artifacts, so it still compiles nothing) and picks the same ISA.
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["cpu_isa"]["compiler"] = "g++=some other version"
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    probed, compiled = _load_in_new_process(directory, tmp_path / "cache-2", compiler, calls)
+    assert probed["probe_children"] > 0
+    assert compiled == [] and probed["fxgraph_misses"] == 0 and probed["diff"] < 1e-5
+    assert probed["isa"] == loaded["isa"]
 
 
 def test_a_transformers_decoder_with_its_kv_cache_loads_without_tracing(tmp_path: Path) -> None:

@@ -1,0 +1,184 @@
+"""Inductor's CPU vector-ISA probe, recorded at precompile and answered at load.
+
+Before inductor (CPU) loads or compiles its first kernel in a process, it decides which
+vector instruction set to build for (``torch._inductor.cpu_vec_isa.valid_vec_isa_list``):
+for every candidate the CPU advertises (AVX-512 VNNI, AVX-512, AVX2, ...) it compiles a tiny
+test library (``VecISA.check_build``, kept in the inductor cache) and starts a Python child
+that ``dlopen``s it, plus one more build-and-load per extension (AVX-512 BF16, VNNI, AMX).
+On a 2-core machine that is six children, 1.5-2 s, paid once per process: the largest part
+of a precompiled first call.
+
+The probe answers one question: *can this compiler build code with these flags, and can the
+result be loaded?* The answer decides the ISA, and with it the compile flags that are part
+of every kernel's cache key; it does not guard the kernels themselves.
+
+At precompile, :func:`recorded_probes` records every ``check_build`` answer (the ISA, the
+flags, a hash of the test code) together with the CPU's capabilities and the compiler's
+version; a process that had already probed re-probes so that nothing is missing, and the test
+libraries land in ``DIR/kernels`` with the kernels.
+
+At load, :func:`answered_probes` answers ``check_build`` from that record, without building or
+starting a child, only when this machine has the same CPU capabilities and the same compiler
+version (and the same torch, which the artifact directory's key already checks). Then the
+answers are the ones the probe would give here, and inductor picks the same ISA and finds the
+precompiled kernels by their keys. A question the record does not hold goes to the real
+probe. On any difference, or when this process has already probed, nothing is changed: the
+probe runs (or has run) as usual.
+
+Torch keeps the answers for the rest of the process (``functools.cache``), as it does after
+its own probe; the substitute itself is removed when loading ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import platform
+from collections.abc import Callable, Iterator
+from typing import Any
+
+logger = logging.getLogger("torchkiln")
+
+CAPABILITIES = ("avx2", "avx512", "avx512_bf16", "vnni", "amx_tile", "amx_fp16")
+"""``torch.cpu._is_<name>_supported()``: the CPU features the probe's candidates depend on."""
+
+
+def _isa_module() -> Any | None:
+    """``torch._inductor.cpu_vec_isa`` when it has the probe this module knows, else None."""
+    try:
+        from torch._inductor import cpu_vec_isa
+    except ImportError:  # pragma: no cover - a torch without inductor
+        return None
+    probe = getattr(getattr(cpu_vec_isa, "VecISA", None), "check_build", None)
+    listing = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
+    if probe is None or not hasattr(listing, "cache_info"):
+        return None
+    return cpu_vec_isa
+
+
+def cpu_capabilities() -> dict[str, Any]:
+    import torch
+
+    found: dict[str, Any] = {"machine": platform.machine()}
+    for name in CAPABILITIES:
+        check = getattr(torch.cpu, f"_is_{name}_supported", None)
+        found[name] = bool(check()) if callable(check) else None
+    return found
+
+
+def compiler_version() -> str:
+    """Inductor's C++ compiler and its version text (one ``-v`` call, cached by torch)."""
+    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
+
+    compiler = get_cpp_compiler()
+    return f"{compiler}={get_compiler_version_info(compiler)}"
+
+
+def probe_key(isa: Any, code: str) -> str:
+    """One probe: the ISA, the flags it builds with now, and the test code."""
+    digest = hashlib.sha256(code.encode()).hexdigest()[:16]
+    return f"{isa}|{isa.build_arch_flags()}|{digest}"
+
+
+def already_probed() -> bool:
+    """Whether this process has decided its ISA (then there is nothing to record or save)."""
+    module = _isa_module()
+    return module is None or module.valid_vec_isa_list.cache_info().currsize > 0
+
+
+def _forget_probe(module: Any) -> None:
+    """Drop torch's in-process probe answers so that the next use probes again (same
+    answers: same machine, same compiler), this time in the current cache directory."""
+    module.valid_vec_isa_list.cache_clear()
+    for cls in [module.VecISA, *_subclasses(module.VecISA)]:
+        for attribute in vars(cls).values():
+            if callable(getattr(attribute, "cache_clear", None)):
+                attribute.cache_clear()
+    for isa in getattr(module, "supported_vec_isa_list", ()):
+        # What an extension probe found (``_is_avx512_bf16_supported``) is kept on the
+        # instance and changes the flags, and so the keys, of the next probes: back to the
+        # class default, as in a new process.
+        for name in [n for n in vars(isa) if n.startswith("_is_") and n.endswith("_supported")]:
+            delattr(isa, name)
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    subclass: type
+    for subclass in cls.__subclasses__():
+        found += [subclass, *_subclasses(subclass)]
+    return found
+
+
+@contextlib.contextmanager
+def _probe_replaced(module: Any, replacement: Callable[..., bool]) -> Iterator[None]:
+    original = module.VecISA.__dict__["check_build"]
+    module.VecISA.check_build = replacement
+    try:
+        yield
+    finally:
+        module.VecISA.check_build = original
+
+
+@contextlib.contextmanager
+def recorded_probes(record: dict[str, Any]) -> Iterator[None]:
+    """Fill ``record`` with every probe answer inductor needs while this context is open.
+
+    Call it with the artifact's kernel directory as the inductor cache directory: a process
+    that already probed probes again, so the test libraries are written there too.
+    """
+    module = _isa_module()
+    if module is None or platform.machine() not in ("x86_64", "AMD64"):
+        yield
+        return
+    if already_probed():
+        _forget_probe(module)
+    probe = module.VecISA.check_build
+    answers: dict[str, bool] = {}
+
+    def recording(isa: Any, code: str) -> bool:
+        key = probe_key(isa, code)  # before the probe: it may change the flags it reports
+        answers[key] = bool(probe(isa, code))
+        return answers[key]
+
+    with _probe_replaced(module, recording):
+        yield
+        module.valid_vec_isa_list()  # the whole decision, even if nothing compiled needed it
+    record.update(cpu=cpu_capabilities(), compiler=compiler_version(), probes=answers)
+
+
+def probe_mismatch(record: dict[str, Any] | None) -> str | None:
+    """Why ``record`` cannot answer this machine's probe (None: it can)."""
+    if not record or not record.get("probes"):
+        return "the artifacts hold no probe answers"
+    cpu = cpu_capabilities()
+    if record.get("cpu") != cpu:
+        return f"CPU capabilities differ (precompiled on {record.get('cpu')}, here {cpu})"
+    if record.get("compiler") != compiler_version():
+        return "the C++ compiler (or its version) differs"
+    return None
+
+
+@contextlib.contextmanager
+def answered_probes(record: dict[str, Any] | None) -> Iterator[None]:
+    """While loading: answer inductor's ISA probe from ``record`` when it fits this machine."""
+    module = _isa_module()
+    if module is None or already_probed():
+        yield
+        return
+    reason = probe_mismatch(record)
+    if reason is not None:
+        logger.info("torchkiln: inductor's CPU ISA probe runs as usual: %s", reason)
+        yield
+        return
+    assert record is not None
+    answers: dict[str, bool] = record["probes"]
+    probe = module.VecISA.check_build
+
+    def answering(isa: Any, code: str) -> bool:
+        known = answers.get(probe_key(isa, code))
+        return bool(probe(isa, code)) if known is None else known
+
+    with _probe_replaced(module, answering):
+        yield
