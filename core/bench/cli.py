@@ -149,6 +149,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="FILE.png",
         help="draw first call vs depth and steady state per strategy (needs matplotlib)",
     )
+    p.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="run nothing: print the tables and targets of a JSON file a bench wrote (also one "
+        "a stopped run left), and draw --plot from it",
+    )
     p.add_argument("--cache-root", help="keep the per-cell cache directories under this folder")
     p.set_defaults(handler=run_bench)
     return p
@@ -157,6 +163,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_bench(args: argparse.Namespace) -> int:
     """Run the bench described by ``args``; 0 when every cell that ran produced numbers
     (cells skipped for the time budget included), else 1."""
+    if args.from_json:
+        from torchkiln.bench.replay import replay
+
+        return replay(args.from_json, args.plot_path)
     from torchkiln.bench.execute import run_plan
     from torchkiln.bench.plan import plan_from_args
 

@@ -28,8 +28,7 @@ class PlannedCell:
 
     @property
     def label(self) -> str:
-        s = self.step.settings
-        return f"{self.cell.label} ({s.workload}, mode {mode_name(s.mode)})"
+        return f"{self.cell.label} ({self.step.context})"
 
     def command(self) -> list[str]:
         output = Path("SCRATCH") / self.cell.strategy / "result.json"

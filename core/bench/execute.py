@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -75,7 +76,8 @@ def _title(plan: BenchPlan, settings: BenchSettings) -> str:
 
 def run_plan(plan: BenchPlan, args: argparse.Namespace) -> int:
     """Execute ``plan`` (``--dry-run``: print it instead); 0 when every cell that ran produced
-    numbers (cells skipped for the time budget do not count as failures), else 1."""
+    numbers (cells skipped for the time budget do not count as failures), else 1; 130 when
+    interrupted (Ctrl-C, SIGINT), after printing and saving the cells that finished."""
     if getattr(args, "dry_run", False):
         from torchkiln.bench.dry_run import render_plan
 
@@ -87,50 +89,74 @@ def run_plan(plan: BenchPlan, args: argparse.Namespace) -> int:
         from torchkiln.bench.plot import require_matplotlib
 
         require_matplotlib()
-    environment = collect_environment(plan.runs[0].device)
-    steps = plan.steps()
-    progress = BenchProgress(sum(count_steps(step.settings) for step in steps))
-    budget = plan.budget_seconds
-    deadline = None if budget is None else time.monotonic() + budget
-    results: list[list[CellResult]] = [[] for _ in plan.runs]
-    started = time.perf_counter()
-
-    def save(complete: bool) -> None:
-        if plan.json_path:
-            wall = time.perf_counter() - started
-            document = bench_document(plan, environment, results, wall, complete)
-            write_json_atomically(Path(plan.json_path), document)
-
-    for step in steps:
-        before = list(results[step.run])
-
-        def on_cell(partial: list[CellResult], run: int = step.run, done=before) -> None:
-            results[run] = done + partial
-            save(complete=False)
-
-        results[step.run] = before + run_bench_cells(
-            step.settings, cache_root=args.cache_root, deadline=deadline,
-            on_cell=on_cell, progress=progress,
-        )  # fmt: skip
-    progress.finish()
-    wall = time.perf_counter() - started
-    for settings, run_results in zip(plan.runs, results, strict=True):
-        targets = check_targets(run_results, settings.workload)
-        print(
-            _title(plan, settings)
-            + render_all(settings.to_dict(), environment, run_results, targets)
-        )
-        print()
-    every = [r for run_results in results for r in run_results]
-    skipped = sum(1 for r in every if r.skipped)
-    note = f", {skipped} skipped (time budget {plan.budget_minutes:g} min)" if skipped else ""
-    print(f"{len(every) - skipped} cells in {wall / 60:.1f} min{note}")
-    save(complete=True)
-    if plan.json_path:
-        print(f"wrote {plan.json_path}")
+    execution = _Execution(plan, collect_environment(plan.runs[0].device))
+    interrupted = False
+    try:
+        execution.run(args.cache_root)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: the tables below hold the cells that finished", file=sys.stderr)
+    every = execution.report(interrupted)
     if plan.plot_path is not None:
-        _plot(plan, results, plan.plot_path)
+        _plot(plan, execution.results, plan.plot_path)
+    if interrupted:
+        return 130
     return 0 if all(r.failure is None for r in every) else 1
+
+
+class _Execution:
+    """The results of a plan as it runs, saved after every cell."""
+
+    def __init__(self, plan: BenchPlan, environment: dict[str, Any]):
+        self.plan = plan
+        self.environment = environment
+        self.results: list[list[CellResult]] = [[] for _ in plan.runs]
+        self.started = time.perf_counter()
+
+    def save(self, complete: bool) -> None:
+        if self.plan.json_path:
+            wall = time.perf_counter() - self.started
+            document = bench_document(self.plan, self.environment, self.results, wall, complete)
+            write_json_atomically(Path(self.plan.json_path), document)
+
+    def run(self, cache_root: str | None) -> None:
+        steps = self.plan.steps()
+        progress = BenchProgress(sum(count_steps(step.settings) for step in steps))
+        budget = self.plan.budget_seconds
+        deadline = None if budget is None else time.monotonic() + budget
+        for step in steps:
+            before = list(self.results[step.run])
+            progress.context = step.context if len(self.plan.runs) > 1 else ""
+
+            def on_cell(partial: list[CellResult], run: int = step.run, done=before) -> None:
+                self.results[run] = done + partial
+                self.save(complete=False)
+
+            self.results[step.run] = before + run_bench_cells(
+                step.settings, cache_root=cache_root, deadline=deadline,
+                on_cell=on_cell, progress=progress,
+            )  # fmt: skip
+        progress.finish()
+
+    def report(self, interrupted: bool) -> list[CellResult]:
+        """Print every run's table and targets, save the final JSON; return every cell."""
+        wall = time.perf_counter() - self.started
+        for settings, run_results in zip(self.plan.runs, self.results, strict=True):
+            targets = check_targets(run_results, settings.workload)
+            rendered = render_all(settings.to_dict(), self.environment, run_results, targets)
+            print(_title(self.plan, settings) + rendered)
+            print()
+        every = [r for run_results in self.results for r in run_results]
+        skipped = sum(1 for r in every if r.skipped)
+        note = (
+            f", {skipped} skipped (time budget {self.plan.budget_minutes:g} min)" if skipped else ""
+        )
+        stop = ", then interrupted" if interrupted else ""
+        print(f"{len(every) - skipped} cells in {wall / 60:.1f} min{note}{stop}")
+        self.save(complete=not interrupted)
+        if self.plan.json_path:
+            print(f"wrote {self.plan.json_path}")
+        return every
 
 
 def _plot(plan: BenchPlan, results: list[list[CellResult]], path: str) -> None:

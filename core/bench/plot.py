@@ -63,7 +63,8 @@ def write_plot(results: Sequence[CellResult], path: str | Path, title: str) -> P
     for axis in (first_axis, steady_axis):
         axis.set_xticks(depths)
         axis.grid(True, alpha=0.3)
-        axis.legend()
+        if axis.get_legend_handles_labels()[0]:  # nothing measured (a stopped run): no legend
+            axis.legend()
     figure.suptitle(title)
     figure.tight_layout()
     target = Path(path)

@@ -83,10 +83,9 @@ class Step:
     """The run's settings narrowed to this one depth."""
 
     @property
-    def label(self) -> str:
-        s = self.settings
-        depth = "" if s.depths[0] is None else f"depth {s.depths[0]} "
-        return f"{depth}{s.workload} mode {mode_name(s.mode)}"
+    def context(self) -> str:
+        """What tells this run apart from the plan's others: ``forward, mode default``."""
+        return f"{self.settings.workload}, mode {mode_name(self.settings.mode)}"
 
 
 def execution_order(plan: list[BenchSettings]) -> list[Step]:

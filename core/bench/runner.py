@@ -262,11 +262,14 @@ class BenchProgress:
     """``[3/10] depth 16 batch 1 regional: cold run (2 m 10 s elapsed)`` on ``stream``.
 
     One progress can span several :func:`run_bench_cells` calls (a preset's runs): each call
-    numbers its steps from ``done`` on and advances it."""
+    numbers its steps from ``done`` on and advances it, and ``context`` (``forward, mode
+    default``) tells the runs apart. After each cell, one line says what it measured, so a
+    log of a run that was stopped still has the numbers."""
 
     def __init__(self, total: int, stream: TextIO | None = None):
         self.total = total
         self.done = 0
+        self.context = ""
         self.stream = stream if stream is not None else sys.stderr
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self.started = time.perf_counter()
@@ -275,7 +278,7 @@ class BenchProgress:
         elapsed = time.perf_counter() - self.started
         remaining = self.total - index
         text = (
-            f"[{index + 1}/{self.total}] {label}: {phase} run "
+            f"[{index + 1}/{self.total}] {self._where(label)}: {phase} run "
             f"({_minutes(elapsed)} elapsed, {remaining - 1} more to go)"
         )
         if self.live:
@@ -284,10 +287,25 @@ class BenchProgress:
             self.stream.write(text + "\n")
         self.stream.flush()
 
-    def failed(self, label: str, failure: RunFailure) -> None:
+    def _where(self, label: str) -> str:
+        return f"{label} ({self.context})" if self.context else label
+
+    def _line(self, text: str) -> None:
         prefix = "\r\x1b[K" if self.live else ""
-        self.stream.write(f"{prefix}{label}: {failure.run} run failed: {failure.message}\n")
+        self.stream.write(f"{prefix}{text}\n")
         self.stream.flush()
+
+    def failed(self, label: str, failure: RunFailure) -> None:
+        self._line(f"{self._where(label)}: {failure.run} run failed: {failure.message}")
+
+    def measured(self, label: str, result: CellResult) -> None:
+        steady = "" if result.steady is None else f", steady {result.steady * 1000:.2f} ms"
+        first = result.cold_first_call
+        first_text = "-" if first is None else f"{first:.2f} s"
+        self._line(f"{self._where(label)}: first call {first_text}{steady}")
+
+    def skipped(self, label: str, why: str) -> None:
+        self._line(f"{self._where(label)}: skipped ({why})")
 
     def finish(self) -> None:
         if self.live:
@@ -415,6 +433,7 @@ def _run_or_skip(
     progress.done += 1
     cell_settings = _cell_settings(settings, deadline)
     if cell_settings is None:
+        progress.skipped(cell.label, SKIPPED_BUDGET)
         return CellResult(cell, skipped=SKIPPED_BUDGET)
     notify = lambda phase: progress.show(index, cell.label, phase)  # noqa: E731
     result = run_cell(cell_settings, cell, scratch, merged, notify)
@@ -424,4 +443,6 @@ def _run_or_skip(
         result.steady_samples = result.cold.get("steady_seconds")
         if not result.steady_samples:
             result.steady_failure = "the first-call run timed no steady-state calls"
+    if result.ok:
+        progress.measured(cell.label, result)
     return result

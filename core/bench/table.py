@@ -95,28 +95,41 @@ def render_targets(targets: Sequence[Target]) -> str:
     return "\n".join(lines)
 
 
+def _steady_where(settings: dict[str, Any]) -> str:
+    if settings.get("steady_in_first_call"):
+        return f"{settings.get('steady_iters')} calls timed in the first-call process"
+    return "all strategies of a row group timed in alternating rounds in one process"
+
+
+def _precision(settings: dict[str, Any]) -> str:
+    """``, bfloat16, mode reduce-overhead`` (nothing for the float32 default mode)."""
+    dtype = settings.get("dtype") or "float32"
+    mode = settings.get("mode")
+    return ("" if dtype == "float32" else f", {dtype}") + (f", mode {mode}" if mode else "")
+
+
 def render_header(settings: dict[str, Any], environment: dict[str, Any]) -> str:
     workload = settings.get("workload") or ("train" if settings.get("train") else "forward")
     if workload == "generate":
         return (
-            f"torchkiln bench: model {settings['model']}, prompt {settings['seq']} tokens, "
+            f"torchkiln bench: model {settings['model']}{_precision(settings)}, prompt "
+            f"{settings['seq']} tokens, "
             f"generate {settings.get('new_tokens')} tokens (greedy, default KV cache), "
             f"backend {settings['backend']}, device {environment.get('device_name')}, "
             f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}\n"
             "first call = time to the first generated token (strategy applied, prefill "
             "compiled and run) in a fresh process with an empty inductor cache; warm = the "
             "same with that cache kept;\nsteady = median time per decoded token after warm-up, "
-            "all strategies of a row group timed in alternating rounds in one process; "
-            "max |diff| = generated tokens that differ from eager"
+            f"{_steady_where(settings)}; max |diff| = generated tokens that differ from eager"
         )
     mode = "forward+backward" if workload == "train" else "forward (no_grad)"
     return (
-        f"torchkiln bench: model {settings['model']}, seq {settings['seq']}, "
+        f"torchkiln bench: model {settings['model']}{_precision(settings)}, seq {settings['seq']}, "
         f"backend {settings['backend']}, {mode}, device {environment.get('device_name')}, "
         f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}\n"
         "first call = compile + first call in a fresh process with an empty inductor cache; "
-        "warm = the same with that cache kept;\nsteady = median call after warm-up, all "
-        "strategies of a row group timed in alternating rounds in one process"
+        "warm = the same with that cache kept;\nsteady = median call after warm-up, "
+        f"{_steady_where(settings)}"
     )
 
 

@@ -295,7 +295,8 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
         return _step(call_target, model, inputs, args.train)()
 
     first_seconds, output = _timed(first, args.device)
-    first_out = _first_tensor(output).detach()
+    # A copy: under CUDA graphs (reduce-overhead) the next replay overwrites the output.
+    first_out = _first_tensor(output).detach().clone()
     counts_after_first = _dynamo_counts()
     step = _step(call_target, model, inputs, args.train)
     later = [_timed(step, args.device)[0] for _ in range(args.warmup)]

@@ -191,17 +191,6 @@ def test_a_plan_of_several_runs_is_one_json_document_and_one_plot(tmp_path: Path
 # --- dtype and mode reach the worker ------------------------------------------------------------
 
 
-def test_a_bf16_cell_runs_in_bf16(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "bench.json"
-    code = main(["bench", "--model", "toy", "--depths", "1", "--batch", "1", "--seq", "8",
-                 "--dtype", "bf16", "--backend", "aot_eager", "--strategies", "full",
-                 "--no-warm", "--steady-iters", "2", "--json", str(out)])  # fmt: skip
-    assert code == 0, capsys.readouterr().err
-    (cell,) = json.loads(out.read_text())["cells"]
-    assert cell["cold"]["dtype"] == "bfloat16" and cell["cold"]["output_dtype"] == "bfloat16"
-    assert cell["cold"]["max_abs_diff"] == 0.0 and cell["steady_median_seconds"] > 0
-
-
 class _Recorder:
     """Calls through to ``function`` and keeps the keyword arguments of every call."""
 
@@ -236,3 +225,63 @@ def test_mode_reaches_every_compiled_strategy(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setattr(accelerate.utils, "compile_regions", regions)
         worker._apply_strategy("accelerate", toy(1), "inductor", mode=mode)
         assert regions.calls == [{"backend": "inductor", "mode": mode}]
+
+
+# --- a plan of several runs, end to end on the CPU ----------------------------------------------
+
+
+def test_a_plan_of_several_runs_end_to_end_and_replayed_from_its_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    import attrs
+
+    from torchkiln.bench.plan import BenchPlan
+
+    one = attrs.evolve(
+        make_settings(model="toy", depths="1,2", batch="1", seq=8, strategies="eager,full",
+                      backend="eager", steady_iters=3, warm=False),
+        steady_in_first_call=True,
+    )  # fmt: skip
+    two = attrs.evolve(one, strategies=("full",), dtype="bfloat16")
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    plan = BenchPlan("gpu", (one, two), 30.0, str(out), str(png))
+    assert execute.run_plan(plan, argparse.Namespace(cache_root=None, dry_run=False)) == 0
+    captured = capsys.readouterr()
+    document = json.loads(out.read_text())
+    assert document["complete"] is True and len(document["runs"]) == 2
+    first, second = ([(c["depth"], c["strategy"]) for c in r["cells"]] for r in document["runs"])
+    assert first == [(2, "eager"), (2, "full"), (1, "eager"), (1, "full")]  # deeper first
+    assert second == [(2, "full"), (1, "full")]
+    for run in document["runs"]:
+        for cell in run["cells"]:
+            # the steady state comes from the first-call process: 3 timed calls, no shared run
+            assert len(cell["steady_seconds"]) == 3 and cell["steady_failure"] is None
+            assert cell["cold"]["output_dtype"] == run["settings"]["dtype"]  # bf16 in run two
+            assert cell["cold"]["dtype"] == run["settings"]["dtype"]
+            assert cell["cold"]["max_abs_diff"] == 0.0
+    assert "3 calls timed in the first-call process" in captured.out
+    assert "model toy, bfloat16, seq 8" in captured.out
+    # the order the cells ran in: depth 2 of both runs, then depth 1
+    ran = re.findall(
+        r"depth (\d) batch 1 (\w+) \(forward, mode default\): first call", captured.err
+    )
+    assert ran == [("2", "eager"), ("2", "full"), ("2", "full"), ("1", "eager"), ("1", "full"),
+                   ("1", "full")]  # fmt: skip
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    replot = tmp_path / "again.png"
+    assert main(["bench", "--from-json", str(out), "--plot", str(replot)]) == 0
+    replayed = capsys.readouterr().out
+    assert replayed.count("=== forward, mode default ===") == 2
+    assert replot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_from_json_refuses_what_a_bench_did_not_write(tmp_path: Path) -> None:
+    from torchkiln.bench.replay import load_runs
+
+    (tmp_path / "other.json").write_text('{"cells": []}')
+    with pytest.raises(BenchError, match="not written by torchkiln bench --json"):
+        load_runs(tmp_path / "other.json")
+    with pytest.raises(BenchError, match="cannot read a bench JSON document"):
+        load_runs(tmp_path / "missing.json")
