@@ -128,7 +128,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--steady-iters",
         type=int,
         default=None,
-        help="timed calls per run (default 30; 20 with --preset gpu)",
+        help="timed calls per run (default 30; with --preset gpu 20 forward, 10 generate)",
     )
     p.add_argument("--no-warm", dest="warm", action="store_false", help="skip the warm-cache runs")
     p.add_argument(

@@ -94,7 +94,8 @@ def _run_line(index: int, run: BenchSettings) -> str:
     batches = ", ".join(map(str, run.batches))
     return (
         f"  {index}. {run.workload}, mode {mode_name(run.mode)}: "
-        f"{', '.join(run.strategies)} at depths {depths}, batch {batches}"
+        f"{', '.join(run.strategies)} at depths {depths}, batch {batches}, "
+        f"{run.steady_iters} steady calls"
     )
 
 
@@ -107,7 +108,7 @@ def render_plan(plan: BenchPlan) -> str:
         f"torchkiln bench --preset {plan.preset} --dry-run: nothing is run",
         f"model {first.model}, {first.dtype}, device {first.device}, backend {first.backend}, "
         f"seq {first.seq}, generate {first.new_tokens} new tokens, warm runs "
-        f"{'on' if first.warm else 'off'}, {first.steady_iters} steady calls timed {steady}",
+        f"{'on' if first.warm else 'off'}, steady state timed {steady}",
         _parameters_line(plan),
         _budget_line(plan),
         f"outputs: JSON {plan.json_path or '(none: --json)'} (rewritten after every cell), "

@@ -107,16 +107,17 @@ def gpu_runs(args: argparse.Namespace) -> list[BenchSettings]:
         model=args.model or GPU_MODEL, depths=args.depths or ",".join(map(str, GPU_DEPTHS)),
         batch=args.batch or ",".join(map(str, GPU_BATCHES)), seq=args.seq,
         strategies=_gpu_strategies(args), backend=args.backend, device=args.device or "cuda",
-        steady_iters=args.steady_iters or GPU_STEADY_ITERS, warm=False,
+        steady_iters=args.steady_iters or GPU_STEADY_ITERS["forward"], warm=False,
         timeout=args.timeout or GPU_TIMEOUT, new_tokens=args.new_tokens,
         dtype=args.dtype or GPU_DTYPE, check_device=not args.dry_run,
     )  # fmt: skip
     for mode in GPU_MODES:
         check_mode(mode, base.device)
+    given = {"steady_iters": base.steady_iters} if args.steady_iters else {}
     return gpu_plan(
         strategies=base.strategies, depths=base.depths, device=base.device, model=base.model,
         batches=base.batches, seq=base.seq, backend=base.backend, dtype=base.dtype,
-        steady_iters=base.steady_iters, timeout=base.timeout, new_tokens=base.new_tokens,
+        timeout=base.timeout, new_tokens=base.new_tokens, **given,
     )  # fmt: skip
 
 

@@ -421,6 +421,17 @@ def _steady_or_skip(
     run_steady(steady_settings, results, scratch, merged)
 
 
+def _stopped_by_budget(result: CellResult, ran: BenchSettings, asked: BenchSettings) -> bool:
+    """Whether the cell's first-call run timed out only because the budget cut its timeout."""
+    failure = result.failure
+    return (
+        failure is not None
+        and failure.returncode is None
+        and result.cold is None
+        and ran.timeout < asked.timeout
+    )
+
+
 def _run_or_skip(
     settings: BenchSettings,
     cell: Cell,
@@ -437,7 +448,12 @@ def _run_or_skip(
         return CellResult(cell, skipped=SKIPPED_BUDGET)
     notify = lambda phase: progress.show(index, cell.label, phase)  # noqa: E731
     result = run_cell(cell_settings, cell, scratch, merged, notify)
-    if result.failure is not None:
+    if _stopped_by_budget(result, cell_settings, settings):
+        # Started in time but cut short by the budget: not a failure of the strategy.
+        result.skipped = f"{SKIPPED_BUDGET} (stopped {BUDGET_GRACE_SECONDS:g} s past it)"
+        result.failure = None
+        progress.skipped(cell.label, result.skipped)
+    elif result.failure is not None:
         progress.failed(cell.label, result.failure)
     elif settings.steady_in_first_call and result.cold is not None:
         result.steady_samples = result.cold.get("steady_seconds")
