@@ -11,6 +11,7 @@ from torch import nn
 from torchkiln.cache import apply_cache_dir, check_cache_dir
 from torchkiln.compile_report import CompileReport, build_report
 from torchkiln.config import CompileConfig
+from torchkiln.cuda_graph_steps import install_step_marker, uses_cuda_graphs
 from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.distributed_result import DistributedResult
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
@@ -186,6 +187,8 @@ def _compile_checked(
         # Compilation is lazy: pointing the caches there now covers the first call; the
         # process-wide variable is put back by decompile (an explicit, documented option).
         add_undo(result.module, apply_cache_dir(cfg.cache_dir).restore)
+    if state is not None and cfg.enabled and region_plan.region_count > 1 and uses_cuda_graphs(cfg):
+        add_undo(result.module, install_step_marker(result.module))
     if state is not None:
         state.report_causes = declared_causes(pm)
     if state is not None and cfg.report:
