@@ -221,6 +221,9 @@ def _dynamo_counts() -> dict[str, Any]:
         "fxgraph_cache_misses": int(inductor["fxgraph_cache_miss"]),
         "aotautograd_cache_hits": int(aot["autograd_cache_hit"]),
         "aotautograd_cache_misses": int(aot["autograd_cache_miss"]),
+        # reduce-overhead: graphs inductor ran without CUDA graphs (mutated inputs, CPU tensors,
+        # dynamic shapes...); nonzero means the mode's numbers are partly the default mode's.
+        "cudagraph_skips": int(inductor["cudagraph_skips"]),
     }
 
 

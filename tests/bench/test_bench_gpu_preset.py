@@ -302,3 +302,21 @@ def test_from_json_refuses_what_a_bench_did_not_write(tmp_path: Path) -> None:
         load_runs(tmp_path / "other.json")
     with pytest.raises(BenchError, match="cannot read a bench JSON document"):
         load_runs(tmp_path / "missing.json")
+
+
+def test_the_gpu_script_is_valid_bash_and_its_bench_command_parses() -> None:
+    import shutil
+    import subprocess
+
+    script = Path(__file__).parents[2] / "examples" / "gpu_bench.sh"
+    bash = shutil.which("bash")
+    if bash is not None:
+        subprocess.run([bash, "-n", str(script)], check=True)
+    text = script.read_text()
+    assert "python3 -m torchkiln bench --preset gpu" in text and "PYTHONUNBUFFERED=1" in text
+    assert "pip install" not in text  # it installs nothing
+    plan = _plan("--preset", "gpu", "--budget-minutes", "8", "--json", "o/bench-gpu.json",
+                 "--plot", "o/bench-gpu.png", "--dry-run")  # fmt: skip
+    assert (plan.json_path, plan.plot_path, plan.budget_minutes) == (
+        "o/bench-gpu.json", "o/bench-gpu.png", 8.0
+    )  # fmt: skip
