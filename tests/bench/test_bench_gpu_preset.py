@@ -33,6 +33,10 @@ def test_gpu_preset_dry_run_prints_the_plan_and_runs_nothing(
     assert main(["bench", "--preset", "gpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []  # no JSON, no plot, no cache: nothing ran
+    if not torch.cuda.is_available():  # without --dry-run, it needs the GPU it plans for
+        assert main(["bench", "--preset", "gpu"]) == 2
+        assert "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
+        assert list(tmp_path.iterdir()) == []
     plan = _plan("--preset", "gpu", "--dry-run")
     assert (plan.preset, plan.budget_minutes) == ("gpu", 8.0)
     assert (plan.json_path, plan.plot_path) == ("bench-gpu.json", "bench-gpu.png")
