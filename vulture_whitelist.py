@@ -24,3 +24,5 @@ _.global_var; WORKLOAD_HELP; _.end
 # report fields read by users and to_dict(); the manager's dispatch found by hook name
 # (plugin_faults.call_hook); an attrs validator
 recompile_reasons; _.wrap_distributed; _compiles
+# DirectDispatch.direct_calls: read by tests/engine/test_direct_dispatch.py and the bench
+_.direct_calls

@@ -18,6 +18,7 @@ import attrs
 import cattrs
 
 from torchkiln.config import (
+    DISPATCH_CHOICES,
     FLOAT_DTYPES,
     PROGRESS_CHOICES,
     REGION_ERROR_POLICIES,
@@ -285,6 +286,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     )
     add("regions.rest", _choice(config.regions.rest, REST_POLICIES, "a rest policy"))
     add("progress", _choice(config.progress, PROGRESS_CHOICES, "a progress setting"))
+    add("dispatch", _choice(config.dispatch, DISPATCH_CHOICES, "a dispatch setting"))
     precision = config.distributed.fsdp2.mixed_precision
     for name in ("param_dtype", "reduce_dtype", "output_dtype"):
         value = getattr(precision, name)

@@ -32,6 +32,7 @@ from torch import nn
 
 from torchkiln import compile_events
 from torchkiln.config import CompileConfig
+from torchkiln.dispatch import DirectDispatch, direct_dispatch_hook
 from torchkiln.double_compile import first_call_check, group_function_check
 from torchkiln.dynamo_metrics import CompileRecord, MetricsMark, Window
 from torchkiln.errors import RegionCompileError, TorchkilnError
@@ -118,6 +119,8 @@ class CompileState:
     first_calls_done: bool = False
     codes: dict[str, types.CodeType] = attrs.Factory(dict)
     """Group -> its compiled function's code object (Dynamo's cache entries hang off it)."""
+    dispatchers: dict[str, DirectDispatch] = attrs.Factory(dict)
+    """Group -> its direct dispatcher (``dispatch="direct"``, groups torch.compile compiled)."""
     report_causes: tuple[Any, ...] = ()
     """Named causes the plugins declared (``ReportCause``), tried before the built-in ones."""
     records_before: MetricsMark | None = None
@@ -403,7 +406,12 @@ class Compiler:
         shared = group_function(group, index, _wrap_traced(type(modules[0]).forward, preparations))
         state.code_names[group.name] = shared.__code__.co_name
         state.codes[group.name] = shared.__code__
-        compiled_shared, error = self._compile(shared, group, preparations, self.group_hooks)
+        hooks = list(self.group_hooks)
+        if self.config.dispatch in ("direct", "reduced"):
+            # last: only what torch.compile returned qualifies, not what another hook put there
+            reduced = self.config.dispatch == "reduced"
+            hooks.append(direct_dispatch_hook(state.dispatchers, reduced))
+        compiled_shared, error = self._compile(shared, group, preparations, hooks)
         compiled_shared = _named_forward(compiled_shared)  # once per group, not per region
         for region, module in zip(group.regions, modules, strict=True):
             region_state = RegionState(

@@ -328,6 +328,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "cache_dir": ("/tmp/kiln-cache", "/tmp/kiln-cache"),
     "artifacts": ("/tmp/kiln-artifacts", "/tmp/kiln-artifacts"),
     "artifacts_strict": ("true", True),
+    "dispatch": ("DYNAMO", "dynamo"),
     "progress": ("off", "off"),
     "report": ("true", True),
 }
