@@ -83,7 +83,7 @@ def settings_from_args(args: argparse.Namespace, preset: str = "default") -> Ben
         steady_iters=args.steady_iters or DEFAULT_STEADY_ITERS, warm=args.warm,
         timeout=args.timeout or DEFAULT_TIMEOUT, workload=args.workload,
         new_tokens=args.new_tokens, dtype=args.dtype or "float32", mode=args.mode,
-        check_device=not getattr(args, "dry_run", False),
+        dispatch=getattr(args, "dispatch", None), check_device=not getattr(args, "dry_run", False),
     )  # fmt: skip
 
 

@@ -140,6 +140,8 @@ def worker_command(
         command += ["--artifacts", str(artifacts)]
     if settings.mode is not None:
         command += ["--mode", settings.mode]
+    if settings.dispatch is not None:
+        command += ["--dispatch", settings.dispatch]
     if depth is not None:
         command += ["--depth", str(depth)]
     if settings.train:

@@ -123,6 +123,8 @@ class BenchSettings:
     """The model's parameter dtype (``float32``, ``bfloat16`` or ``float16``)."""
     mode: str | None = None
     """``torch.compile`` mode for every compiled strategy; ``None`` is torch's default."""
+    dispatch: str | None = None
+    """The torchkiln strategies' ``dispatch`` setting; ``None``: torchkiln's default."""
     steady_in_first_call: bool = False
     """Time the steady state in the first-call process (after its warm-up calls) instead of
     a shared steady-state process per depth and batch: half the processes and compiles, at
@@ -215,6 +217,7 @@ def make_settings(
     dtype: str = "float32",
     mode: str | None = None,
     check_device: bool = True,
+    dispatch: str | None = None,
 ) -> BenchSettings:
     """Validate command-line style values into :class:`BenchSettings`.
 
@@ -261,6 +264,7 @@ def make_settings(
         preset="quick" if quick else "default",
         dtype=check_dtype(dtype),
         mode=mode,
+        dispatch=dispatch,
     )
 
 

@@ -53,6 +53,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="the model's dtype (torch name)")
     p.add_argument("--mode", default=None, help="torch.compile mode of every compiled strategy")
+    p.add_argument("--dispatch", default=None, help="the torchkiln strategies' dispatch setting")
     p.add_argument(
         "--steady-here",
         action="store_true",
@@ -117,6 +118,10 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     return model, inputs.to(args.device) if hasattr(inputs, "to") else inputs
 
 
+DISPATCH: list[str | None] = [None]
+"""``--dispatch``, set once by :func:`main` (every torchkiln strategy of the process uses it)."""
+
+
 def _config(
     strategy: str, backend: str, artifacts: str | None = None, mode: str | None = None
 ) -> Any:
@@ -129,9 +134,11 @@ def _config(
     extra: dict[str, Any] = (
         {"artifacts": artifacts, "artifacts_strict": True} if strategy == "precompiled" else {}
     )
+    dispatch = {"dispatch": DISPATCH[0]} if DISPATCH[0] is not None else {}
     return CompileConfig(
         backend=backend,
         mode=mode,
+        **dispatch,
         regions=RegionsConfig(strategy=selector),
         progress="off",
         **extra,
@@ -269,6 +276,7 @@ def _common(args: argparse.Namespace, torch_import_seconds: float) -> dict[str, 
         "device": args.device,
         "dtype": args.dtype,
         "mode": args.mode,
+        "dispatch": args.dispatch,
         "train": args.train,
         "workload": args.workload,
         "startup_seconds": START_WALL - args.spawned_at if args.spawned_at is not None else None,
@@ -444,6 +452,7 @@ def measure_precompile(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
+    DISPATCH[0] = args.dispatch
     if args.precompile:
         result = measure_precompile(args)
     else:

@@ -320,3 +320,16 @@ def test_documented_commands_are_valid() -> None:
         args = parser.parse_args(shlex.split(command, comments=True)[1:])
         args.dry_run = True  # validate only: a documented GPU command is valid on the CPU too
         assert plan_from_args(args).runs
+
+
+def test_dispatch_reaches_the_torchkiln_strategies_workers(tmp_path: Path) -> None:
+    code, data = _bench_json(
+        tmp_path, "--strategies", "regional", "--no-warm", "--backend", "eager",
+        "--dispatch", "reduced",
+    )  # fmt: skip
+    assert code == 0
+    (cell,) = data["cells"]
+    assert cell["failure"] is None and cell["steady_failure"] is None
+    assert cell["cold"]["dispatch"] == "reduced"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--dispatch", "fast"])
