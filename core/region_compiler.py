@@ -9,8 +9,9 @@ untouched. Unlike ``nn.Module.compile()`` this also compiles ``torch.nn`` built-
 object per group, hence one Dynamo cache per group shared by all of its regions).
 
 The first call of each region goes through a shim that times it, reads Dynamo's records,
-applies the region error policy and reports progress; it then installs the bare compiled
-function, so nothing of torchkiln stays on the forward path.
+applies the region error policy and reports progress; it then installs the compiled function:
+``torch.compile``'s, or (``dispatch="direct"``, the default) torchkiln's dispatcher in place of
+``torch.compile``'s per-call wrapper (:mod:`torchkiln.dispatch`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "steady_state_guards
 VARIANTS = [
     "full",
     "regional",
+    "regional, dispatch=dynamo",
+    "regional, dispatch=reduced",
     "regional, skip nn-module guards",
     "regional, skip global guards",
     "regional, skip_guard_eval_unsafe",
