@@ -168,19 +168,29 @@ _ENTRY_COUNT: Callable[[types.CodeType], int] = len  # type: ignore[assignment]
 _DICT_VERSION: Callable[[dict[Any, Any]], int] = len
 
 
-def _bind_torch() -> None:
+def _bind_torch() -> bool:
     """Look torch's pieces up once (the call path must not import): Dynamo is imported by the
-    time a group is compiled, so this costs nothing extra."""
+    time a group is compiled, so this costs nothing extra. ``False`` when this torch lacks one
+    of them (then groups keep ``torch.compile``'s own wrapper)."""
     global _EVAL_FRAME, _DYNAMO_CONFIG, _IS_COMPILING, _ENTRY_COUNT, _DICT_VERSION
-    import torch
-    import torch._dynamo.config as dynamo_config
-    import torch._dynamo.eval_frame as eval_frame
-    from torch._C._dynamo.eval_frame import _get_total_cache_entry_count
-    from torch._C._dynamo.guards import dict_version
+    try:
+        import torch
+        import torch._dynamo.config as dynamo_config
+        import torch._dynamo.eval_frame as eval_frame
+        from torch._C._dynamo.eval_frame import (
+            _debug_get_cache_entry_list,  # noqa: F401  (used by _refresh)
+            _get_total_cache_entry_count,
+        )
+        from torch._C._dynamo.guards import dict_version
 
+        stance = eval_frame._stance
+        stance.stance, stance.skip_guard_eval_unsafe, dynamo_config.compiled_autograd  # noqa: B018
+    except (ImportError, AttributeError):
+        return False
     _EVAL_FRAME, _DYNAMO_CONFIG = eval_frame, dynamo_config
     _IS_COMPILING, _ENTRY_COUNT = torch.compiler.is_compiling, _get_total_cache_entry_count
     _DICT_VERSION = dict_version
+    return True
 
 
 def direct_dispatch_hook(
@@ -195,8 +205,8 @@ def direct_dispatch_hook(
             function, types.FunctionType
         ):
             return compiled
-        if _EVAL_FRAME is None:
-            _bind_torch()
+        if _EVAL_FRAME is None and not _bind_torch():
+            return compiled  # a torch without these pieces: its own wrapper it is
         dispatch = found[group.name] = DirectDispatch(function, compiled, reduced)
         return _as_function(dispatch, getattr(compiled, "__name__", "forward"))
 

@@ -6,6 +6,8 @@ guard filters, with guard evaluation skipped, and hierarchically; prints each me
 ratio to full compile::
 
     python examples/steady_state_guards.py --depth 16 --batch 1 --rounds 40 [--json out.json]
+    python examples/steady_state_guards.py --model llama-1b --device cuda --dtype bfloat16 \
+        --variant full --variant regional --variant "regional, dispatch=reduced"
 
 See docs/guide.md, "Steady state: the cost of a block boundary".
 """
@@ -13,6 +15,7 @@ See docs/guide.md, "Steady state: the cost of a block boundary".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -24,7 +27,7 @@ import torch
 from torch import nn
 
 import torchkiln
-from torchkiln.examples import example_inputs, llama
+from torchkiln.examples import BUILDS_ON_DEVICE, example_inputs, load_model
 
 
 def variants(base: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
@@ -57,29 +60,55 @@ def variants(base: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
     }
 
 
-def timed_call(model: nn.Module, inputs: dict[str, torch.Tensor], skip_guards: bool) -> float:
-    if skip_guards:
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            started = time.perf_counter()
-            model(**inputs)
-            return time.perf_counter() - started
-    started = time.perf_counter()
-    model(**inputs)
-    return time.perf_counter() - started
+def timed_call(
+    model: nn.Module, inputs: dict[str, torch.Tensor], skip_guards: bool, device: str
+) -> float:
+    synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    stance = (
+        torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+        if skip_guards
+        else contextlib.nullcontext()
+    )
+    with stance:
+        synchronize()
+        started = time.perf_counter()
+        model(**inputs)
+        synchronize()
+        return time.perf_counter() - started
+
+
+def build(args: argparse.Namespace) -> nn.Module:
+    """The model in its dtype on its device (a model that builds on its device does so)."""
+    dtype = getattr(torch, args.dtype)
+    if args.model in BUILDS_ON_DEVICE:
+        return load_model(args.model, device=args.device, dtype=dtype, depth=args.depth)
+    return load_model(args.model, depth=args.depth).to(device=args.device, dtype=dtype)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama", help="a built-in example (llama, llama-1b)")
     parser.add_argument("--depth", type=int, default=16)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--variant", action="append", help="time this variant (repeat it; default: every one)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    base = llama(depth=args.depth)
-    inputs = {"input_ids": example_inputs(base, args.batch, args.seq)}
+    base = build(args)
+    inputs = {"input_ids": example_inputs(base, args.batch, args.seq).to(args.device)}
     models = variants(base)
+    if args.variant:
+        chosen = args.variant
+        unknown = sorted(set(chosen) - set(models))
+        if unknown:
+            parser.error(f"unknown variants {unknown}; choose from {list(models)}")
+        models = {name: models[name] for name in chosen}
     samples: dict[str, list[float]] = {name: [] for name in models}
     with torch.no_grad():
         for name, (model, _) in models.items():
@@ -91,12 +120,15 @@ def main() -> None:
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
                 model, skip = models[name]
-                samples[name].append(timed_call(model, inputs, skip))
+                samples[name].append(timed_call(model, inputs, skip, args.device))
     medians = {name: statistics.median(times) for name, times in samples.items()}
-    full = medians["full"]
-    print(f"\ndepth {args.depth}, batch {args.batch}, seq {args.seq}, {args.rounds} rounds")
+    reference = medians.get("full", next(iter(medians.values())))
+    print(
+        f"\n{args.model} depth {args.depth}, batch {args.batch}, seq {args.seq}, "
+        f"{args.device} {args.dtype}, {args.rounds} rounds"
+    )
     for name, median in medians.items():
-        print(f"{name:36s} {median * 1e3:8.2f} ms   x full {median / full:.3f}")
+        print(f"{name:36s} {median * 1e3:8.2f} ms   x full {median / reference:.3f}")
     if args.json:
         args.json.write_text(
             json.dumps(
