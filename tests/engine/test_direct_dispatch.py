@@ -203,3 +203,21 @@ def test_an_unknown_dispatch_setting_is_refused_with_the_choices():
         ConfigError, match=r"'fast' is not a dispatch setting; allowed: direct, dynamo, reduced"
     ):
         torchkiln.compile(blocks(), backend="eager", dispatch="fast")
+
+
+def test_generation_under_each_dispatch_equals_eager():
+    """Prefill and decode compile different entries (the cache is empty, then filled): the
+    first decode call must not run the prefill graph, under ``reduced`` either."""
+    pytest.importorskip("transformers")
+    from torchkiln.examples import example_inputs, llama
+
+    base = llama(depth=3, hidden_size=64, heads=4, kv_heads=2, intermediate_size=128)
+    ids = example_inputs(base, 1, 12)
+    expected = base.generate(ids, max_new_tokens=6, do_sample=False)
+    for dispatch in ("direct", "reduced"):
+        model = torchkiln.compile(
+            copy.deepcopy(base), backend="eager", progress="off", dispatch=dispatch
+        )
+        for _ in range(2):
+            assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False), expected)
+        assert dispatcher(model).direct_calls > 0
