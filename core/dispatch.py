@@ -21,6 +21,7 @@ What it leaves out: the profiler's ``Torch-Compiled Region`` range around each b
 
 from __future__ import annotations
 
+import sys
 import types
 import weakref
 from collections.abc import Callable
@@ -206,11 +207,33 @@ def direct_dispatch_hook(
         ):
             return compiled
         if _EVAL_FRAME is None and not _bind_torch():
-            return compiled  # a torch without these pieces: its own wrapper it is
-        dispatch = found[group.name] = DirectDispatch(function, compiled, reduced)
+            _say_once("this torch lacks Dynamo's cache-entry API", "every group")
+            return compiled
+        try:
+            dispatch = DirectDispatch(function, compiled, reduced)
+        except (AttributeError, TypeError, ValueError) as error:  # a function of another shape
+            _say_once(f"{type(error).__name__}: {error}", f"group {group.name!r}")
+            return compiled
+        found[group.name] = dispatch
         return _as_function(dispatch, getattr(compiled, "__name__", "forward"))
 
     return hook
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(reason: str, scope: str) -> None:
+    """Direct dispatch is an optimisation: when it cannot be set up the group keeps
+    ``torch.compile``'s wrapper, and says so once."""
+    if reason in _SAID:
+        return
+    _SAID.add(reason)
+    print(
+        f"torchkiln: direct dispatch is off for {scope} ({reason}); it runs through "
+        "torch.compile's wrapper",
+        file=sys.stderr,
+    )
 
 
 def _as_function(dispatch: DirectDispatch, name: str) -> Callable[..., Any]:

@@ -134,11 +134,11 @@ def _config(
     extra: dict[str, Any] = (
         {"artifacts": artifacts, "artifacts_strict": True} if strategy == "precompiled" else {}
     )
-    dispatch = {"dispatch": DISPATCH[0]} if DISPATCH[0] is not None else {}
+    if DISPATCH[0] is not None:
+        extra["dispatch"] = DISPATCH[0]
     return CompileConfig(
         backend=backend,
         mode=mode,
-        **dispatch,
         regions=RegionsConfig(strategy=selector),
         progress="off",
         **extra,
