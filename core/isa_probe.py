@@ -163,6 +163,9 @@ def probe_mismatch(record: dict[str, Any] | None) -> str | None:
 @contextlib.contextmanager
 def answered_probes(record: dict[str, Any] | None) -> Iterator[None]:
     """While loading: answer inductor's ISA probe from ``record`` when it fits this machine."""
+    if not record:  # not inductor on CPU: nothing to answer, and no inductor import
+        yield
+        return
     module = _isa_module()
     if module is None or already_probed():
         yield
@@ -172,7 +175,6 @@ def answered_probes(record: dict[str, Any] | None) -> Iterator[None]:
         logger.info("torchkiln: inductor's CPU ISA probe runs as usual: %s", reason)
         yield
         return
-    assert record is not None
     answers: dict[str, bool] = record["probes"]
     probe = module.VecISA.check_build
 

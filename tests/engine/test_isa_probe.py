@@ -188,3 +188,16 @@ def test_no_record_or_a_process_that_probed_changes_nothing(
     real_probe = loading.VecISA.check_build
     with isa_probe.answered_probes(record):
         assert loading.VecISA.check_build is real_probe
+
+
+def test_artifacts_without_a_record_do_not_touch_inductor(
+    monkeypatch: pytest.MonkeyPatch, machine: dict[str, Any]
+) -> None:
+    """aot_eager or GPU artifacts hold no record: loading them imports nothing of inductor's."""
+
+    def no_inductor() -> None:
+        raise AssertionError("the probe module was looked up")
+
+    monkeypatch.setattr(isa_probe, "_isa_module", no_inductor)
+    with isa_probe.answered_probes(None):
+        pass
