@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from torchkiln.bench.runner import CellResult
 from torchkiln.bench.settings import BenchError
@@ -65,13 +66,7 @@ def write_plot(results: Sequence[CellResult], path: str | Path, title: str) -> P
         axis.grid(True, alpha=0.3)
         if axis.get_legend_handles_labels()[0]:  # nothing measured (a stopped run): no legend
             axis.legend()
-    figure.suptitle(title)
-    figure.tight_layout()
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(target, dpi=110)
-    plt.close(figure)
-    return target
+    return _save(figure, title, path)
 
 
 def write_runs_plot(
@@ -112,6 +107,13 @@ def write_runs_plot(
             else:
                 axis.text(0.5, 0.5, "not measured", ha="center", va="center",
                           transform=axis.transAxes)  # fmt: skip
+    return _save(figure, title, path)
+
+
+def _save(figure: Any, title: str, path: str | Path) -> Path:
+    """Title, lay out, write and close ``figure``."""
+    import matplotlib.pyplot as plt
+
     figure.suptitle(title)
     figure.tight_layout()
     target = Path(path)

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -114,20 +115,28 @@ LOADER = textwrap.dedent(
 )
 
 
-def run_loader(directory: Path, backend: str = "aot_eager") -> dict[str, float]:
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+def run_script(code: str, *args: str, **env: str) -> dict[str, Any]:
+    """Run ``code`` in a new Python process (tests/ importable, ``env`` added to the
+    environment); the JSON object its last line prints."""
+    environment = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        **env,
     )
     done = subprocess.run(
-        [sys.executable, "-c", LOADER, str(directory), backend],
+        [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
-        env=env,
+        env=environment,
         timeout=600,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def run_loader(directory: Path, backend: str = "aot_eager") -> dict[str, Any]:
+    return run_script(LOADER, str(directory), backend)
 
 
 def test_a_new_process_runs_inference_and_training_without_tracing(artifacts: Path) -> None:
@@ -377,23 +386,11 @@ def _load_in_new_process(
     """Load ``directory`` in a new process with the empty inductor cache ``cache``; its result
     and the C++ files it compiled (through the logging ``compiler``)."""
     calls.unlink(missing_ok=True)
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-        TORCHINDUCTOR_CACHE_DIR=str(cache),
-        CXX=str(compiler),
+    result = run_script(
+        INDUCTOR_LOADER, str(directory), TORCHINDUCTOR_CACHE_DIR=str(cache), CXX=str(compiler)
     )
-    done = subprocess.run(
-        [sys.executable, "-c", INDUCTOR_LOADER, str(directory)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
     compiled = [c for c in calls.read_text().splitlines() if ".cpp" in c] if calls.exists() else []
-    return json.loads(done.stdout.strip().splitlines()[-1]), compiled
+    return result, compiled
 
 
 @pytest.mark.slow  # two inductor compiles of a small block, then two new processes load it
