@@ -19,4 +19,5 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "torchkiln.plugins.tvm",
     "torchkiln.plugins.accelerate_config",
     "torchkiln.plugins.transformers_models",
+    "torchkiln.plugins.transformers_nested",
 )

@@ -1,0 +1,287 @@
+"""Built-in plugin: side-effect-free nested blocks for transformers decoder layers
+(``regions="hierarchical"``).
+
+Under the ``hierarchical`` strategy each repeated block is a
+``torch.compiler.nested_compile_region``: Dynamo traces the first block and stamps that trace
+out at the other call sites, but only when the traced block has no side effects that outlive
+it. A transformers decoder layer with its KV cache (the default config) calls
+``cache.update(...)``, which assigns the cache layer's ``keys`` / ``values`` (and initialises
+it lazily): a side effect, so Dynamo traces every one of the N blocks again
+(``subgraph_reuse: not eligible -- subgraph has side effects`` with
+``TORCH_LOGS=hierarchical_compile``).
+
+This plugin splits each block call in two:
+
+* an *outer* step, traced inline in the whole-model graph (not nested): it reads the layer's
+  cached keys and values (none yet in prefill), calls the nested step, and then writes the
+  keys and values it returns into the real cache layer (a side effect of the outer graph,
+  which Dynamo replays as usual);
+* a *nested* step (the function marked with ``nested_compile_region``), with only tensors,
+  constants and the block in and tensors out: it runs the block's own ``forward`` with a
+  :class:`NestedLayerCache`, a cache view created inside the step whose ``update``
+  concatenates the past and the new keys / values, exactly as transformers' ``DynamicLayer``
+  does, and keeps the result. Nothing outside the step changes, so its trace is reused.
+
+Handled: a ``transformers.Cache`` that keeps ``Cache.update`` (no override, no offloading)
+whose layer for the block is a plain ``DynamicLayer`` (``DynamicCache``, the default of
+``generate`` and of a model called with ``use_cache=True``). Anything else (another layer
+kind such as sliding-window or static, an ``EncoderDecoderCache``, a block with no single
+``layer_idx``) runs the block's marked ``forward`` with the real cache, exactly as the
+``hierarchical`` plugin alone does; the plugin says so once per group and reason on stderr
+(``torchkiln: transformers nested blocks: ...``). A call without a cache is not split either.
+
+The nested cache view answers ``update`` and ``get_seq_length`` (what decoder layers ask of
+the cache); any other attribute raises an ``AttributeError`` naming this plugin.
+
+This plugin replaces the ``forward`` the ``hierarchical`` plugin installs on the blocks it
+handles: its ``prepare_group`` runs last (``trylast``), and a later preparation's forward for
+the same module wins (see :class:`~torchkiln.plugin.GroupPreparation`). Disable the plugin
+(``torchkiln.transformers_nested``) to get the plain hierarchical behaviour back.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.plugin import CompileConfig, GroupPreparation, RegionGroup, RegionPlan, hookimpl
+from torchkiln.plugins.transformers_models import (
+    cache_parameter,
+    is_transformers_module,
+    layer_index_owner,
+    unsupported_reason,
+)
+
+HIERARCHICAL = "hierarchical"
+
+
+class NestedLayerCache:
+    """One layer's KV cache inside a nested block call: created by the nested step itself, so
+    updating it is no side effect outside the step.
+
+    ``update`` does what ``DynamicLayer.update`` does (concatenate along the sequence
+    dimension, return the whole keys and values) and keeps the result for the outer step to
+    write into the real cache layer.
+    """
+
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None):
+        self.keys = keys
+        self.values = values
+        self.updated = False
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # torch.cat also in prefill: DynamicLayer concatenates onto an empty tensor, which gives
+        # a fresh contiguous copy; the same here, so attention sees the same layout as eager.
+        past_keys = () if self.keys is None else (self.keys,)
+        past_values = () if self.values is None else (self.values,)
+        self.keys = torch.cat([*past_keys, key_states], dim=-2)
+        self.values = torch.cat([*past_values, value_states], dim=-2)
+        self.updated = True
+        return self.keys, self.values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"torchkiln's nested cache view (plugin torchkiln.transformers_nested) has no "
+            f"{name!r}: it answers update and get_seq_length only. Disable the plugin "
+            "torchkiln.transformers_nested to run this block with the real cache."
+        )
+
+
+def nested_step(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """The pure step for one block class's ``forward``, marked with ``nested_compile_region``.
+
+    ``step(block, past_keys, past_values, slot, args, kwargs)`` runs ``forward`` with a
+    :class:`NestedLayerCache` put at ``slot`` (a position in ``args`` or a keyword) and returns
+    ``(output, keys, values)``, or ``(output,)`` when the block did not update the cache.
+    """
+
+    def run_with_local_cache(
+        block: nn.Module,
+        past_keys: torch.Tensor | None,
+        past_values: torch.Tensor | None,
+        slot: int | str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> tuple[Any, ...]:
+        view = NestedLayerCache(past_keys, past_values)
+        if isinstance(slot, int):
+            args = (*args[:slot], view, *args[slot + 1 :])
+        else:
+            kwargs = {**kwargs, slot: view}
+        output = forward(block, *args, **kwargs)
+        if not view.updated:
+            return (output,)
+        return output, view.keys, view.values
+
+    run_with_local_cache.__qualname__ = f"{getattr(forward, '__qualname__', 'forward')}.nested"
+    return torch.compiler.nested_compile_region(run_with_local_cache)
+
+
+@attrs.define(eq=False)
+class NestedBlocks:
+    """Per nested group: how each block's call is split (see the module doc)."""
+
+    group: str
+    parameter: str
+    position: int | None
+    cache_class: Any
+    """transformers' ``Cache`` (typed ``Any``: transformers is imported lazily)."""
+    layer_class: Any
+    """transformers' ``DynamicLayer``: the one layer kind the nested view reproduces."""
+    plain: Callable[..., Any]
+    """The block class's ``forward`` marked as is (the real cache goes in): the fallback."""
+    step: Callable[..., Any]
+    """:func:`nested_step` of the block class's ``forward``."""
+
+    def forward(self, owner: Any, block: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        """The block's call, split into outer (traced inline) and nested (pure) steps.
+
+        ``owner`` is the submodule whose ``layer_idx`` is the block's index into the cache.
+        """
+        slot, cache = self._find_cache(args, kwargs)
+        if cache is None:
+            return self.plain(block, *args, **kwargs)
+        layer, reason = self._layer(owner.layer_idx, cache)
+        if layer is None:
+            self._note(reason)
+            return self.plain(block, *args, **kwargs)
+        if isinstance(slot, int):
+            args = (*args[:slot], None, *args[slot + 1 :])
+        else:
+            kwargs = {**kwargs, slot: None}
+        past = layer.is_initialized and layer.keys.numel() > 0
+        result = self.step(
+            block,
+            layer.keys if past else None,
+            layer.values if past else None,
+            slot,
+            args,
+            kwargs,
+        )
+        if len(result) == 3:
+            _, keys, values = result
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            layer.keys = keys
+            layer.values = values
+        return result[0]
+
+    def _find_cache(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        if self.position is not None and len(args) > self.position:
+            return self.position, args[self.position]
+        for key in (
+            (self.parameter, "past_key_values") if self.parameter == "cache" else (self.parameter,)
+        ):
+            if kwargs.get(key) is not None:
+                return key, kwargs[key]
+        return None, None
+
+    def _layer(self, index: int, cache: Any) -> tuple[Any, str]:
+        """Layer ``index`` of ``cache`` if it is a ``DynamicLayer``, else ``None`` and why."""
+        if not isinstance(cache, self.cache_class):
+            return None, f"{type(cache).__name__} is not a transformers Cache"
+        reason = unsupported_reason(cache, self.cache_class)
+        if reason is not None:
+            return None, reason
+        layers = getattr(cache, "layers", None)
+        if not isinstance(layers, list):
+            return None, f"{type(cache).__name__} has no per-layer list"
+        if len(layers) <= index and getattr(cache, "layer_class_to_replicate", None) is not None:
+            while len(layers) <= index:  # what Cache.update would do first
+                layers.append(cache.layer_class_to_replicate())
+        if len(layers) <= index:
+            return None, f"{type(cache).__name__} has no layer {index}"
+        layer = layers[index]
+        if type(layer) is not self.layer_class:
+            return (
+                None,
+                f"{type(cache).__name__} holds a {type(layer).__name__}, not a DynamicLayer",
+            )
+        return layer, ""
+
+    def _note(self, reason: str) -> None:
+        """Say once per group and reason on stderr: at trace time under Dynamo (no graph
+        break, nothing in the graph), else right away."""
+        message = (
+            f"torchkiln: transformers nested blocks: group {self.group!r}: {reason}, so the "
+            "block runs with the real cache and Dynamo traces it at every call site "
+            "(see docs/hierarchical.md)"
+        )
+        torch._dynamo.comptime.comptime(_say_while_tracing, lambda: _say(message))
+
+
+_SAID: set[str] = set()
+"""Messages already printed (each is said once per process)."""
+
+
+def _say(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        print(message, file=sys.stderr)
+
+
+def _say_while_tracing(ctx: Any) -> None:
+    # runs for real while Dynamo traces _note; the message is a constant of that trace
+    _say(ctx.get_local("message").as_python_constant())
+
+
+def nested_blocks(group: RegionGroup) -> NestedBlocks | None:
+    """The split for ``group``'s blocks, or ``None`` when they are not transformers decoder
+    layers (a cache parameter and one integer ``layer_idx`` each)."""
+    blocks = [region.module for region in group.regions]
+    if not blocks or not is_transformers_module(blocks[0]):
+        return None
+    if len({type(block) for block in blocks}) != 1:
+        return None
+    parameter = cache_parameter(blocks[0])
+    owners = [layer_index_owner(block) for block in blocks]
+    if parameter is None or any(owner is None for owner in owners):
+        return None
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    forward = type(blocks[0]).forward
+    return NestedBlocks(
+        group.name,
+        parameter[0],
+        parameter[1],
+        Cache,
+        DynamicLayer,
+        torch.compiler.nested_compile_region(forward),
+        nested_step(forward),
+    )
+
+
+@hookimpl(trylast=True)
+def prepare_group(
+    model: nn.Module, plan: RegionPlan, group: RegionGroup, config: CompileConfig
+) -> GroupPreparation | None:
+    """Hierarchical plans: install the split forward on transformers decoder layers.
+
+    Runs after the ``hierarchical`` plugin's ``prepare_group`` (``trylast``), so the forward it
+    installs replaces the plain marked one on the blocks it handles; other blocks keep it.
+    """
+    if plan.selector != HIERARCHICAL or not group.nested:
+        return None
+    forwards = []
+    for nested_group in group.nested:
+        split = nested_blocks(nested_group)
+        if split is None:
+            continue
+        for region in nested_group.regions:
+            # a partial, as the hierarchical plugin does (a bound method reuses the nested
+            # subgraph with the previous block's weights in torch 2.13)
+            owner = layer_index_owner(region.module)
+            forward = functools.partial(split.forward, owner, region.module)
+            forwards.append((region.module, forward))
+    return GroupPreparation(forwards=tuple(forwards)) if forwards else None

@@ -1,0 +1,160 @@
+"""``torchkiln.transformers_nested``: hierarchical compilation of a default-config Llama (KV
+cache on) traces the decoder layer once and stamps the trace out at every other layer, with
+outputs and generated tokens equal to eager's."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch._dynamo.utils import compilation_time_metrics
+
+import torchkiln
+from torchkiln.examples import example_inputs, llama
+from torchkiln.plugin_manager import PluginManager
+from torchkiln.plugins.transformers_nested import NestedLayerCache
+from torchkiln.testing import isolated_plugin_manager
+
+pytest.importorskip("transformers")
+
+NESTED = "torchkiln.transformers_nested"
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(reset_dynamo: None) -> None:
+    """Trace counts are this test's own (``torch._dynamo.reset()`` clears them)."""
+
+
+def small_llama(depth: int) -> torch.nn.Module:
+    """The default LlamaConfig (KV cache on), small sizes."""
+    return llama(depth, hidden_size=64, heads=4, kv_heads=2, intermediate_size=128,
+                 vocab_size=256)  # fmt: skip
+
+
+def traces() -> tuple[int, int]:
+    """(nested subgraphs Dynamo traced, call sites that reused a trace) since the reset."""
+    return (
+        len(compilation_time_metrics.get("invoke_subgraph_trace", [])),
+        len(compilation_time_metrics.get("invoke_subgraph_reuse_stamp_out", [])),
+    )
+
+
+def without_nested() -> PluginManager:
+    return PluginManager(entry_points=False, env={"TORCHKILN_DISABLED_PLUGINS": NESTED})
+
+
+def compile_hierarchical(model: torch.nn.Module, backend: str = "eager", plugins=None) -> None:
+    torchkiln.compile(model, regions="hierarchical", backend=backend, progress="off",
+                      plugins=plugins or isolated_plugin_manager())  # fmt: skip
+
+
+@pytest.mark.parametrize("depth", [2, 5])
+def test_the_decoder_layer_is_traced_once_with_the_kv_cache_on(depth: int) -> None:
+    model = small_llama(depth)
+    assert model.config.use_cache
+    inputs = example_inputs(model, batch=2, seq=12)
+    with torch.no_grad():
+        expected = model(inputs)
+    compile_hierarchical(model)
+    with torch.no_grad():
+        actual = model(inputs)
+    assert traces() == (1, depth - 1)
+    assert torch.equal(actual.logits, expected.logits)
+    for layer, (got, want) in enumerate(zip(actual.past_key_values.layers,
+                                            expected.past_key_values.layers, strict=True)):  # fmt: skip
+        assert torch.equal(got.keys, want.keys), layer
+        assert torch.equal(got.values, want.values), layer
+    report = torchkiln.report(model)
+    assert [(r.path, r.graphs, r.graph_breaks) for r in report.regions] == [("", 1, {})]
+
+
+def test_without_the_plugin_every_layer_is_traced() -> None:
+    """The problem this plugin solves: the cache update is a side effect, so no reuse."""
+    depth = 3
+    model = small_llama(depth)
+    compile_hierarchical(model, plugins=without_nested())
+    with torch.no_grad():
+        model(example_inputs(model, batch=1, seq=8))
+    assert traces() == (depth, 0)
+
+
+@pytest.mark.parametrize("depth", [2, 4])
+def test_generate_gives_eager_tokens_and_traces_independent_of_depth(depth: int) -> None:
+    model = small_llama(depth)
+    inputs = example_inputs(model, batch=1, seq=8)
+    with torch.no_grad():
+        expected = model.generate(inputs, max_new_tokens=8, do_sample=False)
+    compile_hierarchical(model)
+    with torch.no_grad():
+        actual = model.generate(inputs, max_new_tokens=8, do_sample=False)
+    assert torch.equal(actual, expected)
+    traced, stamped = traces()
+    # prefill (no past), then decode steps until the shapes go dynamic: one trace each,
+    # the same number at every depth; every other layer reuses it
+    assert traced == 3
+    assert stamped == traced * (depth - 1)
+
+
+def test_a_training_step_with_labels_matches_eager() -> None:
+    model = small_llama(3).train()
+    twin = copy.deepcopy(model)
+    inputs = example_inputs(model, batch=2, seq=10)
+    compile_hierarchical(model, backend="aot_eager")
+    loss = model(inputs, labels=inputs).loss
+    expected = twin(inputs, labels=inputs).loss
+    torch.testing.assert_close(loss, expected, rtol=0, atol=0)
+    loss.backward()
+    expected.backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7, msg=name)
+    assert traces() == (1, 2)
+
+
+def test_a_cache_layer_it_does_not_reproduce_falls_back_and_says_so(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class TaggedLayer(DynamicLayer):
+        """A DynamicLayer subclass: one whose update the plugin cannot vouch for."""
+
+    model = small_llama(3)
+    inputs = example_inputs(model, batch=1, seq=6)
+
+    def run() -> torch.Tensor:
+        cache = DynamicCache()
+        cache.layer_class_to_replicate = TaggedLayer
+        with torch.no_grad():
+            return model(inputs, cache=cache).logits
+
+    expected = run()
+    compile_hierarchical(model)
+    assert torch.equal(run(), expected)
+    err = capfd.readouterr().err
+    assert err.count("torchkiln: transformers nested blocks:") == 1
+    assert "DynamicCache holds a TaggedLayer, not a DynamicLayer" in err
+    assert traces() == (3, 0), "the fallback is the plain hierarchical one: every layer traced"
+
+
+def test_decompile_removes_the_split_forwards() -> None:
+    model = small_llama(2)
+    compile_hierarchical(model)
+    assert all("forward" in layer.__dict__ for layer in model.model.layers)
+    torchkiln.decompile(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_the_nested_view_concatenates_like_dynamic_layer() -> None:
+    first, second = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 1, 4)
+    view = NestedLayerCache(None, None)
+    assert view.get_seq_length() == 0
+    keys, values = view.update(first, first * 2, 0)
+    assert torch.equal(keys, first) and torch.equal(values, first * 2)
+    view = NestedLayerCache(keys, values)
+    keys, _ = view.update(second, second, 0)
+    assert torch.equal(keys, torch.cat([first, second], dim=-2))
+    assert view.get_seq_length() == 4
+    with pytest.raises(AttributeError, match="answers update and get_seq_length only"):
+        view.is_sliding  # noqa: B018
