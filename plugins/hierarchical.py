@@ -11,7 +11,10 @@ groups (asked for through the plugin manager, so ``regions.classes`` and ``regio
 apply, and a disabled or overriding plugin is respected). This plugin's ``prepare_group``
 marks each block class's ``forward`` function once and binds it per instance, through the
 public :class:`~torchkiln.plugin.GroupPreparation`; :func:`torchkiln.decompile` removes the
-marks.
+marks. A model-adapter plugin may install its own forward on the same blocks from a later
+``prepare_group`` (``trylast``): the later preparation's forward wins. The built-in
+``torchkiln.transformers_nested`` does so for transformers decoder layers, so that their nested
+region has no KV-cache side effect and is traced once (docs/hierarchical.md).
 
 Where torch has no ``nested_compile_region`` the selector falls back to regional compilation
 (the ``repeated`` plan) and says so in ``plan.reason``. Nesting one marked region inside
