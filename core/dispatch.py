@@ -10,9 +10,11 @@ once per block call.
 guards with Dynamo's own guard manager (all of them: the same check Dynamo makes, so the same
 inputs recompile) and runs the matching entry's compiled bytecode as a plain function. On any
 miss, and whenever the fast path could differ from Dynamo's (an outer trace, a stance other
-than ``default``, an entry with a graph break, compiled autograd), it calls the
+than ``default``, an entry with a graph break), it calls the
 ``torch.compile`` wrapper instead, which recompiles, records the recompile and applies the
-stance exactly as without torchkiln. The table of entries is rebuilt whenever Dynamo's count
+stance exactly as without torchkiln. A group compiled while
+``torch._dynamo.config.compiled_autograd`` is on keeps the wrapper for every call: that
+wrapper turns compiled autograd on around each call. The table of entries is rebuilt whenever Dynamo's count
 of entries for the group's code changes (a recompile, ``torch._dynamo.reset()``).
 
 What it leaves out: the profiler's ``Torch-Compiled Region`` range around each block call.
@@ -152,14 +154,11 @@ def _nothing() -> None:
 
 def _plain_call() -> bool:
     """Whether this call may skip ``torch.compile``'s wrapper: not traced by an outer compile,
-    under the ``default`` stance with guards evaluated, compiled autograd off."""
+    under the ``default`` stance with guards evaluated. (Compiled autograd is decided once,
+    by :func:`direct_dispatch_hook`: torch reads its setting when ``torch.compile`` builds the
+    wrapper, not per call.)"""
     stance = _EVAL_FRAME._stance  # rebound by torch.compiler.set_stance: read it each call
-    return (
-        stance.stance == "default"
-        and not stance.skip_guard_eval_unsafe
-        and not _IS_COMPILING()
-        and not _DYNAMO_CONFIG.compiled_autograd
-    )
+    return stance.stance == "default" and not stance.skip_guard_eval_unsafe and not _IS_COMPILING()
 
 
 _EVAL_FRAME: Any = None
@@ -208,6 +207,11 @@ def direct_dispatch_hook(
             return compiled
         if _EVAL_FRAME is None and not _bind_torch():
             _say_once("this torch lacks Dynamo's cache-entry API", "every group")
+            return compiled
+        if _DYNAMO_CONFIG.compiled_autograd:
+            # torch.compile's wrapper (built just now, with this setting) turns compiled
+            # autograd on around every call; only that wrapper may run the group.
+            _say_once("torch._dynamo.config.compiled_autograd is on", f"group {group.name!r}")
             return compiled
         try:
             dispatch = DirectDispatch(function, compiled, reduced)

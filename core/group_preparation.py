@@ -7,6 +7,7 @@ The engine applies every preparation it gets for a group, in hook order, and und
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -37,6 +38,13 @@ class GroupPreparation:
     """Wraps the *compiled* function. The wrapper runs eagerly on every call of every region in
     the group: a forward-path cost (one Python call), so use it only for what cannot be traced
     (converting a cache object Dynamo cannot handle, say), and document it."""
+    trace_settings: Callable[[], AbstractContextManager[Any]] | None = None
+    """A context manager factory for settings Dynamo needs while it *traces* the group's
+    function (``torch.compiler.config.dynamic_sources``, say). The engine enters it around
+    every call that goes through ``torch.compile``'s own entry, where Dynamo may trace: first
+    calls, calls that miss every compiled entry (a recompile), and every call under
+    ``dispatch="dynamo"``. Calls dispatched directly to compiled code (the default steady
+    state, :mod:`torchkiln.dispatch`) skip it, so compile-time settings cost nothing there."""
     forwards: tuple[tuple[nn.Module, Callable[..., Any]], ...] = attrs.field(
         default=(), converter=_forward_pairs
     )

@@ -48,6 +48,7 @@ from torchkiln.progress import make_progress
 from torchkiln.region_compiler import REGION_ATTR, Compiler, decompile, state_of
 from torchkiln.region_plan import RegionGroup
 from torchkiln.resolve import ConfigArg, resolve_config
+from torchkiln.trace_settings import trace_settings_of
 
 INSTALLED = ("forward", REGION_ATTR)
 MAX_VARIANTS = 4
@@ -203,7 +204,7 @@ class EntryRecorder:
                 warnings.filterwarnings(
                     "ignore", message="The .grad attribute of a Tensor that is not"
                 )
-                with _plain_module(module):
+                with _plain_module(module), trace_settings_of(compiled):
                     aot = compiled.aot_compile(((module, *args), kwargs))
             seconds = time.perf_counter() - started
             relative = entry_file(self.indexes[group.name], group.name, self.kind, variants)

@@ -41,6 +41,7 @@ from torchkiln.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_faults import bad_result, culprit, raised_in
 from torchkiln.progress import ProgressObserver
 from torchkiln.region_plan import Region, RegionGroup, RegionPlan
+from torchkiln.trace_settings import with_trace_settings
 
 STATE_ATTR = "_torchkiln_compiled"
 REGION_ATTR = "_torchkiln_region"
@@ -466,6 +467,7 @@ class Compiler:
             )
             if not callable(compiled):
                 raise bad_result("compile_region", self._backend_plugin(), compiled, "a callable")
+            compiled = with_trace_settings(compiled, preparations)
             in_hook = True
             for hook in hooks or ():
                 compiled = hook(group, fn, compiled)

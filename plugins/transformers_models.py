@@ -43,11 +43,12 @@ class's module name, without importing anything).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -59,10 +60,24 @@ from torchkiln.plugin import CompileConfig, GroupPreparation, RegionGroup, Regio
 MARK_LAYER_INDEX_DYNAMIC = True
 """Trace every ``layer_idx`` as symbolic from the first compile (see :data:`LAYER_INDEX_SOURCE`)."""
 LAYER_INDEX_SOURCE = r".*\.layer_idx$"
-"""``torch.compiler.config.dynamic_sources`` entry set while a block runs: the block reads its
-``layer_idx`` to pass it to the cache, and Dynamo would first specialise it (a guard
-``layer_idx == 0``) and only then recompile with it symbolic: two graphs where one does."""
+"""``torch.compiler.config.dynamic_sources`` entry set while Dynamo may trace a block: the block
+reads its ``layer_idx`` to pass it to the cache, and Dynamo would first specialise it (a guard
+``layer_idx == 0``) and only then recompile with it symbolic: two graphs where one does. Set
+through ``GroupPreparation.trace_settings``, so calls that run compiled code do not pay it."""
 compiler_config = torch.compiler.config
+
+
+@contextlib.contextmanager
+def layer_index_dynamic() -> Iterator[None]:
+    """:data:`LAYER_INDEX_SOURCE` added to ``torch.compiler.config.dynamic_sources``, then
+    the previous value restored."""
+    sources = compiler_config.dynamic_sources
+    compiler_config.dynamic_sources = f"{sources},{LAYER_INDEX_SOURCE}"
+    try:
+        yield
+    finally:
+        compiler_config.dynamic_sources = sources
+
 
 CACHE_PARAMETERS = ("cache", "past_key_values", "past_key_value", "layer_past")
 """Names transformers decoder layers give their cache parameter (``cache`` since 5.x)."""
@@ -371,7 +386,6 @@ class BlockAdapter:
         """``compiled(module, *args, **kwargs)`` with the cache argument replaced by the block's
         :class:`LayerCache` and the output collector in its compile-friendly mode."""
         name, position, collector = self.parameter, self.position, self.collector
-        mark_dynamic = MARK_LAYER_INDEX_DYNAMIC
         layer_view = self.layer_view
         encoder_decoder_view = self.encoder_decoder_view
 
@@ -403,16 +417,11 @@ class BlockAdapter:
             own = block_outputs(collected)
             collector.global_var = own
             collector.compiling = True
-            sources = compiler_config.dynamic_sources if mark_dynamic else None
-            if sources is not None:
-                compiler_config.dynamic_sources = f"{sources},{LAYER_INDEX_SOURCE}"
             try:
                 output = compiled(module, *args, **kwargs)
             finally:
                 collector.global_var = None
                 collector.compiling = False
-                if sources is not None:
-                    compiler_config.dynamic_sources = sources
             if own is not collected and collected is not None and own is not None:
                 merge_block_outputs(collected, own)
             return output
@@ -479,4 +488,7 @@ def prepare_group(
     adapter = block_adapter(group.name, blocks)
     if adapter is None:
         return None
-    return GroupPreparation(wrap_call=adapter.wrap_call)
+    return GroupPreparation(
+        wrap_call=adapter.wrap_call,
+        trace_settings=layer_index_dynamic if MARK_LAYER_INDEX_DYNAMIC else None,
+    )

@@ -158,6 +158,19 @@ def test_a_group_with_a_graph_break_stays_on_torch_compile():
     assert dispatcher(model).direct_calls == 0
 
 
+def test_a_group_compiled_with_compiled_autograd_on_keeps_torch_compiles_wrapper(capfd):
+    """torch.compile's wrapper, built while compiled autograd is on, enables it around every
+    call; direct dispatch would skip that, so the group keeps the wrapper (and says so)."""
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        eager, model = compiled_pair()
+    assert state_of(model).dispatchers == {}
+    assert "torch._dynamo.config.compiled_autograd is on" in capfd.readouterr().err
+    x = torch.randn(4, 8)
+    warm(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), eager(x))
+
+
 def test_dispatch_dynamo_installs_no_dispatcher_and_decompile_restores():
     _, model = compiled_pair(dispatch="dynamo")
     assert state_of(model).dispatchers == {}

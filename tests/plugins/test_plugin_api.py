@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import re
 import sys
 import textwrap
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +213,65 @@ def test_prepare_group_wraps_traced_and_compiled_functions_and_undoes_on_decompi
     torchkiln.decompile(model)
     assert log[-2:] == ["a:undo", "b:undo"]  # reverse order
     torch.testing.assert_close(model.blocks[0](x), eager[0])
+
+
+class TraceSettingsPlugin:
+    """Prepares every group with trace settings that record each time they are entered, and
+    (through ``comptime``, which runs only while Dynamo traces) whether a trace ran inside."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.entered = 0
+        self.traced_inside: list[bool] = []
+
+    @torchkiln.hookimpl
+    def prepare_group(self, group: Any) -> Any:
+        return GroupPreparation(trace_settings=self.settings, wrap_traced=self.traced)
+
+    @contextlib.contextmanager
+    def settings(self) -> Iterator[None]:
+        self.entered += 1
+        self.active = True
+        try:
+            yield
+        finally:
+            self.active = False
+
+    def traced(self, fn: Any) -> Any:
+        from torch._dynamo.comptime import comptime
+
+        def record(ctx: Any) -> None:
+            self.traced_inside.append(self.active)
+
+        def wrapper(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            comptime(record)  # a function made outside the trace: Dynamo calls it while tracing
+            return fn(module, *args, **kwargs)
+
+        return wrapper
+
+
+@pytest.mark.parametrize("dispatch", ["direct", "dynamo"])
+def test_trace_settings_hold_while_dynamo_traces_and_only_then_under_direct_dispatch(
+    reset_dynamo: None, dispatch: str
+) -> None:
+    plugin = TraceSettingsPlugin()
+    pm = isolated_plugin_manager()
+    pm.register(plugin, name="trace-settings")
+    model = Stack(depth=3)
+    torchkiln.compile(model, backend="eager", plugins=pm, progress="off", dispatch=dispatch)
+    x = torch.randn(2, 8)
+    expected = Stack(depth=3)(x)
+    torch.testing.assert_close(model(x), expected)  # the first calls: one compile
+    traces, first = len(plugin.traced_inside), plugin.entered
+    assert traces and all(plugin.traced_inside)  # (Dynamo may restart a trace: 1-2 traces)
+    assert 1 <= first <= 3
+    for _ in range(3):  # steady: 9 block calls, through torch.compile only under "dynamo"
+        torch.testing.assert_close(model(x), expected)
+    assert plugin.entered == first + (0 if dispatch == "direct" else 9)
+    assert len(plugin.traced_inside) == traces
+    model(torch.randn(5, 8))  # a new shape: a recompile, traced inside the settings again
+    assert len(plugin.traced_inside) > traces and all(plugin.traced_inside)
+    assert plugin.entered == (4 if dispatch == "direct" else 15)
 
 
 def test_prepare_group_forwards_are_installed_and_restored() -> None:
