@@ -351,10 +351,11 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
 def _backend_problems(
     config: CompileConfig, sources: Mapping[str, str], plugins: Any
 ) -> list[ConfigProblem]:
-    declared = plugins.backends(include_torch=False)
-    known = plugins.backends()
     source = sources.get("backend", "")
-    if config.backend not in known:
+    found = plugins.backend(config.backend)
+    if found is None:
+        declared = plugins.backends(include_torch=False)
+        known = plugins.backends()
         # Torch's debugging and testing-only backends work by name but are not advertised.
         torch_only = sorted(
             n for n in set(known) - set(declared) if "testing_only" not in n and "minifier" not in n
@@ -372,7 +373,7 @@ def _backend_problems(
                 source,
             )
         ]
-    spec = known[config.backend].spec
+    spec = found.spec
     problems = []
     availability = spec.probe()
     if not availability.available:

@@ -149,9 +149,9 @@ def _compile_checked(
 ) -> Any:
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
     if cfg.enabled and cfg.artifacts is not None:
-        from torchkiln.precompiled import artifact_hook
+        from torchkiln.precompiled import artifact_group_loader
 
-        compiler.group_hooks.append(artifact_hook(cfg, pm))
+        compiler.group_loader = artifact_group_loader(cfg, pm)
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
     strategy = cfg.distributed.strategy
     declared = pm.distributed_strategies().get(strategy)

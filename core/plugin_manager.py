@@ -473,7 +473,7 @@ class PluginManager(pluggy.PluginManager):
     def compile_region(self, fn: Any, group: Any, config: Any, backend: str) -> Any:
         """The declaring plugin's ``compile_region`` for ``backend``; for a name only torch
         knows, ``torch.compile`` with the configured options."""
-        declared = self.backends().get(backend)
+        declared = self.backend(backend)
         if declared is None:
             raise PluginError(f"no plugin declares the backend {backend!r}{self.missing_hint()}")
         if declared.spec.origin == "torch":
@@ -545,6 +545,15 @@ class PluginManager(pluggy.PluginManager):
                         "torch",
                     )
         return declared
+
+    def backend(self, name: str) -> Declared[BackendSpec] | None:
+        """The backend ``name`` as :meth:`backends` gives it, without listing torch's
+        registry when a plugin declares the name (listing it imports every Dynamo backend
+        module and scans the entry points: a cost ``torchkiln.compile`` need not pay)."""
+        declared = self._declared("declare_backends", "backend").get(name)
+        if declared is not None:
+            return declared
+        return self.backends().get(name)
 
     def selectors(self) -> dict[str, Declared[SelectorSpec]]:
         return self._declared("declare_selectors", "selector")

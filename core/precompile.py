@@ -109,7 +109,7 @@ def kind_context(model: nn.Module, kind: str) -> Iterator[None]:
 
 
 def _check_backend(config: CompileConfig, plugins: PluginManager) -> None:
-    declared = plugins.backends().get(config.backend)
+    declared = plugins.backend(config.backend)
     spec = declared.spec if declared is not None else None
     if spec is None or not getattr(spec, "precompile", False):
         who = f"plugin {declared.plugin!r}" if declared is not None else "no plugin"

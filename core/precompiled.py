@@ -7,11 +7,14 @@ the saved guards of each loaded function (torch's C++ guard manager, the same ch
 runs) and calls the first that matches; no Dynamo frame is entered. A call no artifact fits
 (another shape, grad mode, dtype) is never run by a wrong function: it warns once and goes to
 the group's normally compiled function, which traces and compiles as usual (under
-``artifacts_strict`` it raises instead).
+``artifacts_strict`` it raises instead). That function is built on the first such call, not
+before: a group whose calls all fit never builds a ``torch.compile`` wrapper, so loading does
+not import the backend's compile stack (inductor's ``compile_fx``) for nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -76,7 +79,7 @@ class PrecompiledGroup:
         group: str,
         entries: list[tuple[str, Any]],
         closure: dict[str, Any],
-        fallback: Callable[..., Any],
+        compile_group: Callable[[], Callable[..., Any]],
         strict: bool,
     ):
         self.group = group
@@ -84,7 +87,9 @@ class PrecompiledGroup:
         self._entries = [(fn._artifacts.guard_manager.check, fn.fn) for _, fn in entries]
         self._loaded = [fn for _, fn in entries]
         self._closure = closure
-        self._fallback = fallback
+        self._compile_group = compile_group
+        self._fallback: Callable[..., Any] | None = None
+        """The group's normally compiled function, built by the first call that needs it."""
         self._strict = strict
         self.hits = 0
         self.misses = 0
@@ -116,6 +121,8 @@ class PrecompiledGroup:
             warnings.warn(message, ArtifactWarning, stacklevel=4)
         elif self._strict:
             raise ArtifactError(f"precompiled group {self.group!r} does not fit this call")
+        if self._fallback is None:
+            self._fallback = self._compile_group()
         return self._fallback(module, *args, **kwargs)
 
 
@@ -158,7 +165,7 @@ class ArtifactLoader:
         except ArtifactError as error:
             self._reject("any group", str(error))
             return False
-        declared = plugins.backends().get(config.backend)
+        declared = plugins.backend(config.backend)
         if declared is None or not getattr(declared.spec, "precompile", False):
             self._reject(
                 "any group",
@@ -174,19 +181,20 @@ class ArtifactLoader:
         self.manifest = manifest
         return True
 
-    def wrap_group(
+    def load_group(
         self,
         group: RegionGroup,
         shared: Callable[..., Any],
-        compiled: Callable[..., Any],
+        compile_group: Callable[[], Callable[..., Any]],
         config: CompileConfig,
         plugins: Any,
-    ) -> Callable[..., Any]:
-        """The group's compiled function: precompiled when its artifacts fit, else
-        ``compiled`` unchanged (after a warning, or an error under ``strict``)."""
+    ) -> PrecompiledGroup | None:
+        """The group served by its loaded functions when its artifacts fit (``compile_group``
+        builds the normally compiled function for the calls they do not fit), else ``None``
+        after a warning (an error under ``strict``): the group compiles as usual."""
         module = group.regions[0].module
         if not self.check(module, config, plugins):
-            return compiled
+            return None
         assert self.manifest is not None
         saved = self.manifest.group(group.name)
         reason = _group_mismatch(saved, module, self.manifest)
@@ -194,7 +202,7 @@ class ArtifactLoader:
             assert saved is not None
             try:
                 started = time.perf_counter()
-                precompiled = self._load(saved, shared, compiled)
+                precompiled = self._load(saved, shared, compile_group)
                 self.load_seconds += time.perf_counter() - started
             except Exception as error:
                 reason = f"loading failed: {type(error).__name__}: {error}"[:500]
@@ -210,10 +218,13 @@ class ArtifactLoader:
                 return precompiled
         self.rejected[group.name] = reason
         self._reject(f"group {group.name!r}", reason)
-        return compiled
+        return None
 
     def _load(
-        self, saved: GroupArtifacts, shared: Callable[..., Any], compiled: Callable[..., Any]
+        self,
+        saved: GroupArtifacts,
+        shared: Callable[..., Any],
+        compile_group: Callable[[], Callable[..., Any]],
     ) -> PrecompiledGroup:
         from torchkiln.cache import current_cache_dir
         from torchkiln.precompile import closure_data
@@ -225,14 +236,24 @@ class ArtifactLoader:
         entries = []
         assert self.manifest is not None
         # Loading the first function loads its kernels, and inductor probes the CPU first.
-        with answered_probes(self.manifest.cpu_isa):
+        with answered_probes(self.manifest.cpu_isa), self._templates_deferred():
             for entry in saved.entries:
                 data = (self.directory / entry.file).read_bytes()
                 fn = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=closure)
                 entries.append((entry.kind, fn))
         names = shared.__code__.co_freevars
         frame_closure = {name: closure[f"closure:{name}"] for name in names}
-        return PrecompiledGroup(saved.name, entries, frame_closure, compiled, self.strict)
+        return PrecompiledGroup(saved.name, entries, frame_closure, compile_group, self.strict)
+
+    def _templates_deferred(self) -> contextlib.AbstractContextManager[None]:
+        """Inductor: its kernel templates, which a loaded function never renders, are parsed
+        on first use rather than while the generated module imports them."""
+        assert self.manifest is not None
+        if self.manifest.environment.get("backend") != "inductor":
+            return contextlib.nullcontext()
+        from torchkiln.deferred_templates import deferred_templates
+
+        return deferred_templates()
 
 
 def _group_mismatch(
@@ -255,13 +276,15 @@ def _group_mismatch(
     return None
 
 
-def artifact_hook(config: CompileConfig, plugins: Any) -> Callable[..., Any]:
-    """The :class:`~torchkiln.region_compiler.Compiler` group hook for ``config.artifacts``."""
+def artifact_group_loader(config: CompileConfig, plugins: Any) -> Callable[..., Any]:
+    """The :class:`~torchkiln.region_compiler.Compiler` group loader for ``config.artifacts``."""
     assert config.artifacts is not None
     loader = ArtifactLoader(config.artifacts, config.artifacts_strict)
 
-    def hook(group: RegionGroup, shared: Callable[..., Any], compiled: Any) -> Callable[..., Any]:
-        return loader.wrap_group(group, shared, compiled, config, plugins)
+    def load(
+        group: RegionGroup, shared: Callable[..., Any], compile_group: Callable[[], Any]
+    ) -> PrecompiledGroup | None:
+        return loader.load_group(group, shared, compile_group, config, plugins)
 
-    hook.loader = loader  # type: ignore[attr-defined]
-    return hook
+    load.loader = loader  # type: ignore[attr-defined]
+    return load

@@ -24,6 +24,7 @@ import itertools
 import sys
 import time
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -309,6 +310,14 @@ GroupHook = Callable[[RegionGroup, Callable[..., Any], Callable[..., Any]], Call
 function ``compile_region`` returned for the group's shared function (before any
 ``GroupPreparation.wrap_call``); what it returns is installed for every region of the group."""
 
+GroupLoader = Callable[[RegionGroup, Callable[..., Any], Callable[[], Any]], Any]
+"""``loader(group, group_function, compile_group) -> function or None``: serves a group's
+shared function without compiling it (precompiled artifacts). ``compile_group()`` returns the
+group's normally compiled function (``compile_region``, then every group hook); the loader
+calls it only when a call needs it, so a group it serves builds no ``torch.compile`` wrapper
+(nor imports the backend's compile stack) until then. ``None``: the group compiles as usual.
+What it returns is installed like a hook's result; errors it raises propagate as they are."""
+
 
 class Compiler:
     """Compiles one plan's regions in place."""
@@ -324,6 +333,7 @@ class Compiler:
         self.group_hooks: list[GroupHook] = []
         """Each may replace a group's compiled function (precompiled artifacts do). Errors they
         raise propagate as they are (they are not compile failures of the region)."""
+        self.group_loader: GroupLoader | None = None
         self._backend_owner: str | _Missing | None = _MISSING
 
     def __call__(self, root: nn.Module) -> None:
@@ -413,7 +423,12 @@ class Compiler:
             # last: only what torch.compile returned qualifies, not what another hook put there
             reduced = self.config.dispatch == "reduced"
             hooks.append(direct_dispatch_hook(state.dispatchers, reduced))
-        compiled_shared, error = self._compile(shared, group, preparations, hooks)
+        loaded = self._load(shared, group, hooks)
+        compiled_shared, error = (
+            (_wrap_call(loaded, preparations), None)
+            if loaded is not None
+            else self._compile(shared, group, preparations, hooks)
+        )
         compiled_shared = _named_forward(compiled_shared)  # once per group, not per region
         for region, module in zip(group.regions, modules, strict=True):
             region_state = RegionState(
@@ -443,11 +458,31 @@ class Compiler:
     def _backend_plugin(self) -> str | None:
         """The plugin that declared the configured backend (``None``: torch's own)."""
         if self._backend_owner is _MISSING:
-            declared = self.plugins.backends().get(self.config.backend)
+            declared = self.plugins.backend(self.config.backend)
             self._backend_owner = (
                 declared.plugin if declared is not None and declared.plugin != "torch" else None
             )
         return self._backend_owner
+
+    def _load(
+        self, fn: RegionFunction, group: RegionGroup, hooks: list[GroupHook]
+    ) -> RegionFunction | None:
+        """The group loader's function for ``group``, or ``None`` (compile it)."""
+        if self.group_loader is None:
+            return None
+
+        def compile_group() -> RegionFunction:
+            compiled, error = self._compile(fn, group, [], hooks)
+            if error is not None:  # the eager policy: the calls that needed it run eagerly
+                warnings.warn(
+                    f"torchkiln: group {group.name!r} runs eagerly for the calls its loaded "
+                    f"function does not fit: {_describe_failure(error)}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return compiled
+
+        return self.group_loader(group, fn, compile_group)
 
     def _compile(
         self,

@@ -366,10 +366,19 @@ INDUCTOR_LOADER = textwrap.dedent(
     model = torchkiln.compile(stack(), artifacts=sys.argv[1], artifacts_strict=True)
     with torch.no_grad():
         out = model(inputs())
+    # Every call fit: the fallback torch.compile wrapper was never built, so inductor's
+    # compile stack was never imported.
+    compile_stack = "torch._inductor.compile_fx" in sys.modules
+    from torch._inductor.select_algorithm import TritonTemplate
+    from torchkiln.deferred_templates import DeferredTemplate
+    templates = [t.template for t in TritonTemplate.all_templates.values()]
+    deferred = all(isinstance(t, DeferredTemplate) and t._parsed is None for t in templates)
     torchkiln.decompile(model)
     with torch.no_grad():
         expected = model(inputs())
     print(json.dumps({
+        "compile_stack_imported": compile_stack,
+        "templates_deferred": deferred and len(templates) > 0,
         "frames": len([m for m in get_compilation_metrics() if m.co_name]),
         "fxgraph_misses": counters["inductor"]["fxgraph_cache_miss"],
         "diff": (out - expected).abs().max().item(),
@@ -423,6 +432,8 @@ def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
     # Same CPU and compiler: the ISA probe is answered from the record, no child is started.
     loaded, compiled = _load_in_new_process(directory, tmp_path / "cache-1", compiler, calls)
     assert loaded["frames"] == 0 and loaded["fxgraph_misses"] == 0
+    assert loaded["compile_stack_imported"] is False
+    assert loaded["templates_deferred"] is True  # parsed on first use: none was used
     assert loaded["diff"] < 1e-5
     assert compiled == []  # no C++ compile: the kernels came from the artifacts
     assert loaded["probe_children"] == 0

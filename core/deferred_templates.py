@@ -1,0 +1,79 @@
+"""Inductor's kernel templates, parsed on first use rather than at import, while precompiled
+functions load.
+
+The Python module of every function inductor compiled imports
+``torch._inductor.select_algorithm`` (for ``extern_kernels``, the matrix-product calls).
+Importing that module builds every kernel template inductor ships (Triton matrix products,
+flex attention, CuTe DSL), and each one parses its Jinja source right away
+(``KernelTemplate._template_from_string``): about 20 templates, 0.15-0.25 s on a 2-core CPU,
+the largest single part of loading a precompiled inductor function. A loaded function renders
+none of them: templates are rendered only while inductor compiles (autotuning).
+
+While torchkiln loads precompiled functions, and only if ``select_algorithm`` has not been
+imported yet, :func:`deferred_templates` makes ``_template_from_string`` return a
+:class:`DeferredTemplate`: it keeps the source and parses it, with torch's own function, the
+first time anything of the template is used (``template.render(...)``), then behaves as the
+parsed template. The templates created while loading stay deferred for the process; the ones
+created later, and ``_template_from_string`` itself, are as torch made them. Without Jinja,
+or with a torch whose ``KernelTemplate`` lacks the function, nothing is replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+SELECT_ALGORITHM = "torch._inductor.select_algorithm"
+
+
+class DeferredTemplate:
+    """A Jinja template parsed on first use by ``parse(source)`` (torch's own parser)."""
+
+    __slots__ = ("_parse", "_parsed", "_source")
+
+    def __init__(self, parse: Callable[[str], Any], source: str):
+        self._parse = parse
+        self._source = source
+        self._parsed: Any = None
+
+    @property
+    def parsed(self) -> Any:
+        if self._parsed is None:
+            self._parsed = self._parse(self._source)
+        return self._parsed
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _OWN or name.startswith("__"):  # unset (a copy before its state is set)
+            raise AttributeError(name)
+        return getattr(self.parsed, name)
+
+
+_OWN = frozenset({*DeferredTemplate.__slots__, "parsed"})
+
+
+@contextlib.contextmanager
+def deferred_templates() -> Iterator[None]:
+    """Inductor templates created inside this context are parsed on first use."""
+    if SELECT_ALGORITHM in sys.modules or importlib.util.find_spec("jinja2") is None:
+        yield  # already built (nothing to save), or torch keeps its templates as None
+        return
+    from torch._inductor.codegen import common
+
+    owner: Any = getattr(common, "KernelTemplate", None)
+    original = vars(owner).get("_template_from_string") if owner is not None else None
+    if not isinstance(original, staticmethod):  # another torch: leave it alone
+        yield
+        return
+    parse = original.__func__
+
+    def deferred(source: str) -> DeferredTemplate:
+        return DeferredTemplate(parse, source)
+
+    owner._template_from_string = staticmethod(deferred)
+    try:
+        yield
+    finally:
+        owner._template_from_string = original
