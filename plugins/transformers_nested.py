@@ -98,27 +98,75 @@ class NestedLayerCache:
         )
 
 
+def flatten_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``(spec, leaves)``: a block call's arguments as one flat list and a string saying how
+    to rebuild them (:func:`unflatten_call`).
+
+    Why: torch builds a reuse fingerprint of a nested region's arguments on every call site,
+    by tracing ``pytree.tree_flatten`` unless the arguments are already flat leaves with no
+    keywords; that generic flatten cost about as much as the rest of a reused call. Tuples and
+    lists (the position embeddings) are unpacked one level; anything else is one leaf (a
+    nested container stays whole: torch then takes its slower path, still correct).
+    """
+    parts = []
+    leaves: list[Any] = []
+    for name, value in (*(("", value) for value in args), *kwargs.items()):
+        kind = "t" if type(value) is tuple else "l" if type(value) is list else ""
+        if kind:
+            parts.append(f"{name}:{kind}{len(value)}")
+            leaves.extend(value)
+        else:
+            parts.append(f"{name}:")
+            leaves.append(value)
+    return ",".join(parts), leaves
+
+
+def unflatten_call(spec: str, leaves: tuple[Any, ...]) -> tuple[list[Any], dict[str, Any]]:
+    """The ``(args, kwargs)`` that :func:`flatten_call` flattened into ``spec`` and ``leaves``."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    index = 0
+    for part in spec.split(",") if spec else ():
+        name, kind = part.split(":")
+        if kind:
+            count = int(kind[1:])
+            items = leaves[index : index + count]
+            value: Any = tuple(items) if kind[0] == "t" else list(items)
+            index += count
+        else:
+            value = leaves[index]
+            index += 1
+        if name:
+            kwargs[name] = value
+        else:
+            args.append(value)
+    return args, kwargs
+
+
 def nested_step(forward: Callable[..., Any]) -> Callable[..., Any]:
     """The pure step for one block class's ``forward``, marked with ``nested_compile_region``.
 
-    ``step(block, past_keys, past_values, slot, args, kwargs)`` runs ``forward`` with a
-    :class:`NestedLayerCache` put at ``slot`` (a position in ``args`` or a keyword) and returns
-    ``(output, keys, values)``, or ``(output,)`` when the block did not update the cache.
+    ``step(block, slot, spec, past_keys, past_values, *leaves)`` rebuilds the block's
+    arguments (:func:`unflatten_call`), runs ``forward`` with a :class:`NestedLayerCache` put
+    at ``slot`` (a position or a keyword) and returns ``(output, keys, values)``, or
+    ``(output,)`` when the block did not update the cache. Every argument is a leaf (a tensor,
+    a constant, the block), so torch fingerprints the call cheaply.
     """
 
     def run_with_local_cache(
         block: nn.Module,
+        slot: int | str,
+        spec: str,
         past_keys: torch.Tensor | None,
         past_values: torch.Tensor | None,
-        slot: int | str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        *leaves: Any,
     ) -> tuple[Any, ...]:
         view = NestedLayerCache(past_keys, past_values)
+        args, kwargs = unflatten_call(spec, leaves)
         if isinstance(slot, int):
-            args = (*args[:slot], view, *args[slot + 1 :])
+            args[slot] = view
         else:
-            kwargs = {**kwargs, slot: view}
+            kwargs[slot] = view
         output = forward(block, *args, **kwargs)
         if not view.updated:
             return (output,)
@@ -161,13 +209,14 @@ class NestedBlocks:
         else:
             kwargs = {**kwargs, slot: None}
         past = layer.is_initialized and layer.keys.numel() > 0
+        spec, leaves = flatten_call(args, kwargs)
         result = self.step(
             block,
+            slot,
+            spec,
             layer.keys if past else None,
             layer.values if past else None,
-            slot,
-            args,
-            kwargs,
+            *leaves,
         )
         if len(result) == 3:
             _, keys, values = result
