@@ -13,7 +13,7 @@ from torch._dynamo.utils import compilation_time_metrics
 import torchkiln
 from torchkiln.examples import example_inputs, llama
 from torchkiln.plugin_manager import PluginManager
-from torchkiln.plugins.transformers_nested import NestedLayerCache
+from torchkiln.plugins.transformers_nested import NestedLayerCache, flatten_call, unflatten_call
 from torchkiln.testing import isolated_plugin_manager
 
 pytest.importorskip("transformers")
@@ -158,3 +158,16 @@ def test_the_nested_view_concatenates_like_dynamic_layer() -> None:
     assert view.get_seq_length() == 4
     with pytest.raises(AttributeError, match="answers update and get_seq_length only"):
         view.is_sliding  # noqa: B018
+
+
+def test_a_call_is_flattened_to_leaves_and_rebuilt() -> None:
+    hidden, cos, sin = torch.ones(1), torch.zeros(1), torch.full((1,), 2.0)
+    args = (hidden, None)
+    kwargs = {"position_embeddings": (cos, sin), "use_cache": True, "extra": [hidden], "m": {}}
+    spec, leaves = flatten_call(args, kwargs)
+    assert spec == ":,:,position_embeddings:t2,use_cache:,extra:l1,m:"
+    assert leaves == [hidden, None, cos, sin, True, hidden, {}]
+    rebuilt_args, rebuilt_kwargs = unflatten_call(spec, tuple(leaves))
+    assert rebuilt_args == list(args)
+    assert rebuilt_kwargs == kwargs
+    assert unflatten_call(*flatten_call((), {})) == ([], {})
