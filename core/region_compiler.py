@@ -423,7 +423,7 @@ class Compiler:
             # last: only what torch.compile returned qualifies, not what another hook put there
             reduced = self.config.dispatch == "reduced"
             hooks.append(direct_dispatch_hook(state.dispatchers, reduced))
-        loaded = self._load(shared, group, hooks)
+        loaded = self._load(shared, group, preparations, hooks)
         compiled_shared, error = (
             (_wrap_call(loaded, preparations), None)
             if loaded is not None
@@ -465,14 +465,21 @@ class Compiler:
         return self._backend_owner
 
     def _load(
-        self, fn: RegionFunction, group: RegionGroup, hooks: list[GroupHook]
+        self,
+        fn: RegionFunction,
+        group: RegionGroup,
+        preparations: list[GroupPreparation],
+        hooks: list[GroupHook],
     ) -> RegionFunction | None:
         """The group loader's function for ``group``, or ``None`` (compile it)."""
         if self.group_loader is None:
             return None
 
         def compile_group() -> RegionFunction:
-            compiled, error = self._compile(fn, group, [], hooks)
+            # The preparations' trace settings, not their wrap_call (already around the
+            # loaded function, which calls this one).
+            settings = [GroupPreparation(trace_settings=p.trace_settings) for p in preparations]
+            compiled, error = self._compile(fn, group, settings, hooks)
             if error is not None:  # the eager policy: the calls that needed it run eagerly
                 warnings.warn(
                     f"torchkiln: group {group.name!r} runs eagerly for the calls its loaded "

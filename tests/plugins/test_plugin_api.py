@@ -271,9 +271,34 @@ def test_trace_settings_hold_while_dynamo_traces_and_only_then_under_direct_disp
         torch.testing.assert_close(model(x), expected)
     assert plugin.entered == first + (0 if dispatch == "direct" else 9)
     assert len(plugin.traced_inside) == traces
+    steady = plugin.entered
     model(torch.randn(5, 8))  # a new shape: a recompile, traced inside the settings again
     assert len(plugin.traced_inside) > traces and all(plugin.traced_inside)
-    assert plugin.entered == (4 if dispatch == "direct" else 15)
+    assert plugin.entered > steady
+
+
+def test_trace_settings_hold_for_a_precompiled_groups_fallback_compile(
+    reset_dynamo: None, tmp_path: Path
+) -> None:
+    """A call the loaded artifacts do not fit is compiled normally, inside the settings."""
+    from precompile_models import inputs, stack
+
+    from torchkiln.precompiled import ArtifactWarning
+
+    torchkiln.precompile(stack(), inputs(), tmp_path, backend="aot_eager")
+    torch._dynamo.reset()
+    plugin = TraceSettingsPlugin()
+    pm = isolated_plugin_manager()
+    pm.register(plugin, name="trace-settings")
+    model = torchkiln.compile(
+        stack(), backend="aot_eager", artifacts=str(tmp_path), plugins=pm, progress="off"
+    )
+    with torch.no_grad():
+        model(inputs())  # fits: the loaded function, nothing traced
+        assert plugin.traced_inside == [] and plugin.entered == 0
+        with pytest.warns(ArtifactWarning, match="does not fit this call"):
+            model(inputs(batch=5))
+    assert plugin.traced_inside and all(plugin.traced_inside)
 
 
 def test_prepare_group_forwards_are_installed_and_restored() -> None:
