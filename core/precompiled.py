@@ -147,6 +147,7 @@ class ArtifactLoader:
         """Group name -> why its artifacts were not used."""
         self.load_seconds = 0.0
         self._checked = False
+        self._kernels_copied = False
 
     def _reject(self, what: str, reason: str) -> None:
         message = f"torchkiln: artifacts in {str(self.directory)!r} not used for {what}: {reason}"
@@ -230,8 +231,9 @@ class ArtifactLoader:
         from torchkiln.precompile import closure_data
 
         kernels = self.directory / KERNELS_DIR
-        if kernels.is_dir():
+        if not self._kernels_copied and kernels.is_dir():  # one directory for all groups
             copy_kernels(kernels, Path(current_cache_dir()))
+            self._kernels_copied = True
         closure = closure_data(shared)
         entries = []
         assert self.manifest is not None
