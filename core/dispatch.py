@@ -23,6 +23,7 @@ What it leaves out: the profiler's ``Torch-Compiled Region`` range around each b
 
 from __future__ import annotations
 
+import dis
 import sys
 import types
 import weakref
@@ -47,6 +48,10 @@ class DirectDispatch:
         self.function = function
         self.guarded = guarded
         self.entries: list[tuple[Callable[[dict[str, Any]], bool], types.FunctionType]] = []
+        self.lean: dict[types.CodeType, types.FunctionType] = {}
+        """Per entry's code: the same compiled bytecode without torch's "do not trace" wrappers
+        on the helpers it calls (:func:`lean_function`), run while no eval-frame callback is
+        set, where those wrappers do nothing."""
         self.reduced = reduced
         """``dispatch="reduced"``: a region whose module tree is unchanged since its last
         fully checked call is checked with torch's reduced guard set only (see the module)."""
@@ -86,12 +91,16 @@ class DirectDispatch:
                         for check, compiled in self.reduced_entries:
                             if check(frame_locals):
                                 self.direct_calls += 1
+                                if _EVAL_FRAME_CALLBACK() is None:
+                                    compiled = self.lean.get(compiled.__code__, compiled)
                                 return compiled(module, *args, **kwargs)
                 for check, compiled in self.entries:
                     if check(frame_locals):
                         if self.reduced:  # every guard passed: this module's state is good
                             self.verified[module] = _ModuleSnapshot(module)
                         self.direct_calls += 1
+                        if _EVAL_FRAME_CALLBACK() is None:
+                            compiled = self.lean.get(compiled.__code__, compiled)
                         return compiled(module, *args, **kwargs)
         return self.guarded(module, *args, **kwargs)
 
@@ -100,6 +109,7 @@ class DirectDispatch:
         from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
         entries: list[tuple[Callable[[dict[str, Any]], bool], types.FunctionType]] = []
+        self.lean = {}
         reduced_entries: list[tuple[Callable[[dict[str, Any]], bool], types.FunctionType]] = []
         for entry in _debug_get_cache_entry_list(self.code):
             code = entry.code
@@ -117,6 +127,9 @@ class DirectDispatch:
                 self.function.__closure__,
             )
             entries.append((entry.guard_manager.check, compiled))
+            lean = lean_function(compiled)
+            if lean is not None:
+                self.lean[code] = lean
             reduced_root = getattr(entry.guard_manager, "diff_guard_root", None)
             if reduced_root is not None:
                 reduced_entries.append((reduced_root.check, compiled))
@@ -126,6 +139,68 @@ class DirectDispatch:
         self.reduced_entries = reduced_entries if len(reduced_entries) == len(entries) else []
         self.verified = weakref.WeakKeyDictionary()  # a recompile changed what is guarded
         self.entry_count = count
+
+
+_LEAN_HELPERS = (
+    "record_pregraph_bytecode_enter",
+    "record_pregraph_bytecode_exit",
+    "call_size",
+    "call_stride",
+    "call_storage_offset",
+)
+"""Helpers in ``torch._dynamo.utils`` that compiled bytecode calls (profiler range, tensor
+sizes and strides), each wrapped by torch so that Dynamo never traces it."""
+
+
+class _LeanHelpers:
+    """A stand-in for ``torch._dynamo.utils`` in a lean function's globals: the helpers above
+    without their wrapper, anything else the module's own."""
+
+    def __init__(self, module: Any):
+        self._module = module
+        for name in _LEAN_HELPERS:
+            helper = getattr(module, name, None)
+            if helper is not None:
+                setattr(self, name, getattr(helper, "__wrapped__", helper))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_module":  # missing only while unpickling: no recursion
+            raise AttributeError(name)
+        return getattr(self._module, name)
+
+
+def lean_function(compiled: types.FunctionType) -> types.FunctionType | None:
+    """``compiled`` (an entry's bytecode as a function) with torch's "do not trace" wrappers
+    taken off what it calls: the graph's function (``__compiled_fn_*``, wrapped by
+    ``torch._dynamo.disable``) and the helpers of ``torch._dynamo.utils``. Each wrapper swaps
+    the eval-frame callback out and back in (about 1-2 us, 3 to 9 times a block call); with
+    no callback set, which is when :class:`DirectDispatch` runs the lean function, it does
+    nothing else. Its globals hold only the names the bytecode loads, taken now from the
+    group function's module (Dynamo installs them there, uniquely named); ``None`` when the
+    bytecode defines nested functions or loads a name that is missing."""
+    code = compiled.__code__
+    if any(isinstance(const, types.CodeType) for const in code.co_consts):
+        return None
+    source = compiled.__globals__
+    lean: dict[str, Any] = {"__builtins__": source.get("__builtins__", __builtins__)}
+    changed = False
+    for instruction in dis.get_instructions(code):
+        if instruction.opname != "LOAD_GLOBAL" or instruction.argval in lean:
+            continue
+        name = instruction.argval
+        if name not in source:
+            return None
+        value = source[name]
+        if name.startswith("__compiled_fn") and getattr(value, "_torchdynamo_disable", False):
+            value, changed = getattr(value, "__wrapped__", value), True
+        elif getattr(value, "__name__", None) == "torch._dynamo.utils":
+            value, changed = _LeanHelpers(value), True
+        lean[name] = value
+    if not changed:
+        return None
+    return types.FunctionType(
+        code, lean, compiled.__name__, compiled.__defaults__, compiled.__closure__
+    )
 
 
 class _ModuleSnapshot:
@@ -165,6 +240,7 @@ _EVAL_FRAME: Any = None
 _DYNAMO_CONFIG: Any = None
 _IS_COMPILING: Callable[[], bool] = bool
 _ENTRY_COUNT: Callable[[types.CodeType], int] = len  # type: ignore[assignment]
+_EVAL_FRAME_CALLBACK: Callable[[], Any] = type(None)
 _DICT_VERSION: Callable[[dict[Any, Any]], int] = len
 
 
@@ -173,6 +249,7 @@ def _bind_torch() -> bool:
     time a group is compiled, so this costs nothing extra. ``False`` when this torch lacks one
     of them (then groups keep ``torch.compile``'s own wrapper)."""
     global _EVAL_FRAME, _DYNAMO_CONFIG, _IS_COMPILING, _ENTRY_COUNT, _DICT_VERSION
+    global _EVAL_FRAME_CALLBACK
     try:
         import torch
         import torch._dynamo.config as dynamo_config
@@ -180,6 +257,7 @@ def _bind_torch() -> bool:
         from torch._C._dynamo.eval_frame import (
             _debug_get_cache_entry_list,  # noqa: F401  (used by _refresh)
             _get_total_cache_entry_count,
+            get_eval_frame_callback,
         )
         from torch._C._dynamo.guards import dict_version
 
@@ -190,6 +268,7 @@ def _bind_torch() -> bool:
     _EVAL_FRAME, _DYNAMO_CONFIG = eval_frame, dynamo_config
     _IS_COMPILING, _ENTRY_COUNT = torch.compiler.is_compiling, _get_total_cache_entry_count
     _DICT_VERSION = dict_version
+    _EVAL_FRAME_CALLBACK = get_eval_frame_callback
     return True
 
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import torchkiln
+import torchkiln.dispatch
 from torchkiln.errors import ConfigError
 from torchkiln.region_compiler import state_of
 
@@ -67,6 +68,60 @@ def test_steady_calls_are_direct_and_equal_eager():
     # 9 block calls: the first compiles (through torch.compile), the other 8 are direct
     assert dispatcher(model).direct_calls == 8
     assert entries(model) == 1
+
+
+class CountingCalls:
+    """Wraps a function and counts its calls."""
+
+    def __init__(self, function):
+        self.function = function
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.function(*args, **kwargs)
+
+
+def count_lean_calls(model) -> CountingCalls:
+    found = dispatcher(model)
+    ((code, lean),) = found.lean.items()
+    counter = CountingCalls(lean)
+    found.lean[code] = counter
+    return counter
+
+
+def test_steady_calls_run_the_lean_bytecode_without_torchs_disable_wrappers():
+    eager, model = compiled_pair()
+    x = torch.randn(2, 8)
+    warm(model, x)
+    found = dispatcher(model)
+    ((code, lean),) = found.lean.items()
+    ((_, compiled),) = found.entries
+    assert code is compiled.__code__ is lean.__code__
+    graph_fns = [name for name in lean.__globals__ if name.startswith("__compiled_fn")]
+    assert graph_fns  # the graph's function, without torch._dynamo.disable's wrapper
+    for name in graph_fns:
+        assert not getattr(lean.__globals__[name], "_torchdynamo_disable", False)
+        assert getattr(compiled.__globals__[name], "_torchdynamo_disable", False)
+    counter = count_lean_calls(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), eager(x))
+    assert counter.calls == 3
+
+
+def test_with_an_eval_frame_callback_set_the_wrapped_bytecode_runs(monkeypatch):
+    """Inside an outer compile's eager stretch Dynamo's callback is set; the disable wrappers
+    are what keep it out of the graph's runtime code, so they stay."""
+    eager, model = compiled_pair()
+    x = torch.randn(2, 8)
+    warm(model, x)
+    counter = count_lean_calls(model)
+    monkeypatch.setattr(torchkiln.dispatch, "_EVAL_FRAME_CALLBACK", lambda: object())
+    before = dispatcher(model).direct_calls
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), eager(x))
+    assert counter.calls == 0
+    assert dispatcher(model).direct_calls == before + 3
 
 
 @pytest.mark.parametrize("dispatch", ["direct", "reduced"])
