@@ -36,16 +36,6 @@ def no_compilation_metrics(fresh_dynamo: None) -> None:
     clear_compilation_metrics()
 
 
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One directory with both kinds for the 3-block stack (aot_eager), shared by the tests."""
-    directory = tmp_path_factory.mktemp("artifacts")
-    result = torchkiln.precompile(stack(), inputs(), directory, backend="aot_eager")
-    assert result.skipped == [], result.summary()
-    torch._dynamo.reset()
-    return directory
-
-
 def frames_compiled() -> int:
     """Frames Dynamo traced since the last :func:`forget_compiles` (loading an inductor
     artifact adds a metrics record without a frame: not counted)."""

@@ -27,15 +27,6 @@ sys.path.insert(0, str(TESTS))
 from precompile_models import inputs, stack  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("artifacts")
-    result = torchkiln.precompile(stack(), inputs(), directory, backend="aot_eager")
-    assert result.skipped == [], result.summary()
-    torch._dynamo.reset()
-    return directory
-
-
 @pytest.fixture
 def builds(fresh_dynamo: None, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the functions the built-in backend plugin wrapped in ``torch.compile``
@@ -115,24 +106,24 @@ def _failing_build(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(builtin_backends, "compile_with_torch", broken)
 
 
-def test_a_fallback_that_fails_to_build_runs_eagerly_under_the_eager_policy(
-    artifacts: Path, builds: list[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("policy", ["eager", "raise"])
+def test_a_fallback_that_fails_to_build_follows_the_region_error_policy(
+    artifacts: Path, builds: list[str], monkeypatch: pytest.MonkeyPatch, policy: str
 ) -> None:
-    model = _loaded(artifacts, on_region_error="eager")
+    """``eager``: the calls that needed the fallback run eagerly, with a warning; ``raise``:
+    the error, naming the cause."""
+    model = _loaded(artifacts, on_region_error=policy)
     _failing_build(monkeypatch)
     misfit = pytest.warns(ArtifactWarning, match="does not fit")
-    eagerly = pytest.warns(RuntimeWarning, match="runs eagerly .*the backend is gone")
-    with misfit, eagerly, torch.no_grad():
+    outcome = (
+        pytest.warns(RuntimeWarning, match="runs eagerly .*the backend is gone")
+        if policy == "eager"
+        else pytest.raises(RegionCompileError, match="the backend is gone")
+    )
+    out = None
+    with misfit, outcome, torch.no_grad():
         out = model(inputs(batch=5))
-    torch.testing.assert_close(out, _eager(inputs(batch=5)))
-
-
-def test_a_fallback_that_fails_to_build_raises_under_the_raise_policy(
-    artifacts: Path, builds: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model = _loaded(artifacts, on_region_error="raise")
-    _failing_build(monkeypatch)
-    misfit = pytest.warns(ArtifactWarning, match="does not fit")
-    failed = pytest.raises(RegionCompileError, match="the backend is gone")
-    with misfit, failed, torch.no_grad():
-        model(inputs(batch=5))
+    if policy == "eager":
+        torch.testing.assert_close(out, _eager(inputs(batch=5)))
+    else:
+        assert out is None
