@@ -425,10 +425,12 @@ class Compiler:
             hooks.append(direct_dispatch_hook(state.dispatchers, reduced))
         loaded = self._load(shared, group, preparations, hooks)
         compiled_shared, error = (
-            (_wrap_call(loaded, preparations), None)
+            (loaded, None)
             if loaded is not None
             else self._compile(shared, group, preparations, hooks)
         )
+        if error is None:
+            compiled_shared = _wrap_call(compiled_shared, preparations)
         compiled_shared = _named_forward(compiled_shared)  # once per group, not per region
         for region, module in zip(group.regions, modules, strict=True):
             region_state = RegionState(
@@ -448,7 +450,9 @@ class Compiler:
                 own = instance_forward_function(
                     region_state.previous_forward, preparations, group.name
                 )
-                compiled, _ = self._compile(own, group, preparations)
+                compiled, own_error = self._compile(own, group, preparations)
+                if own_error is None:
+                    compiled = _wrap_call(compiled, preparations)
                 compiled = _named_forward(compiled)
                 wrapper_code = own.__code__.co_name
             module.__dict__["forward"] = types.MethodType(
@@ -476,10 +480,8 @@ class Compiler:
             return None
 
         def compile_group() -> RegionFunction:
-            # The preparations' trace settings, not their wrap_call (already around the
-            # loaded function, which calls this one).
-            settings = [GroupPreparation(trace_settings=p.trace_settings) for p in preparations]
-            compiled, error = self._compile(fn, group, settings, hooks)
+            # No wrap_call here: it is around the loaded function, which calls this one.
+            compiled, error = self._compile(fn, group, preparations, hooks)
             if error is not None:  # the eager policy: the calls that needed it run eagerly
                 warnings.warn(
                     f"torchkiln: group {group.name!r} runs eagerly for the calls its loaded "
@@ -498,7 +500,8 @@ class Compiler:
         preparations: list[GroupPreparation],
         hooks: list[GroupHook] | None = None,
     ) -> tuple[RegionFunction, BaseException | None]:
-        """The group's compiled function, or (under the ``eager`` policy) ``fn`` and the error.
+        """The group's compiled function (inside its trace settings, before any ``wrap_call``:
+        the caller adds those), or (under the ``eager`` policy) ``fn`` and the error.
 
         A plugin raising, answering nothing for its own backend, or returning something that
         is not callable all fail here, at compile time, by the region error policy."""
@@ -514,7 +517,7 @@ class Compiler:
             for hook in hooks or ():
                 compiled = hook(group, fn, compiled)
             in_hook = False
-            return _wrap_call(compiled, preparations), None
+            return compiled, None
         except Exception as error:
             if in_hook:
                 raise  # a group hook's own error (strict artifacts), not a compile failure
