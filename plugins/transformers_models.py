@@ -71,7 +71,9 @@ def layer_index_dynamic() -> AbstractContextManager[Any]:
     """torch's config patch adding :data:`LAYER_INDEX_SOURCE` to
     ``torch.compiler.config.dynamic_sources`` (the previous value restored on exit)."""
     sources = compiler_config.dynamic_sources
-    return compiler_config.patch(dynamic_sources=f"{sources},{LAYER_INDEX_SOURCE}")
+    # torch's config modules gain ``patch`` at run time; their stubs are plain modules.
+    patch = compiler_config.patch  # type: ignore[attr-defined]
+    return patch(dynamic_sources=f"{sources},{LAYER_INDEX_SOURCE}")
 
 
 CACHE_PARAMETERS = ("cache", "past_key_values", "past_key_value", "layer_past")
