@@ -43,12 +43,12 @@ class's module name, without importing anything).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
 import weakref
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -67,13 +67,16 @@ through ``GroupPreparation.trace_settings``, so calls that run compiled code do 
 compiler_config = torch.compiler.config
 
 
-def layer_index_dynamic() -> AbstractContextManager[Any]:
-    """torch's config patch adding :data:`LAYER_INDEX_SOURCE` to
-    ``torch.compiler.config.dynamic_sources`` (the previous value restored on exit)."""
+@contextlib.contextmanager
+def layer_index_dynamic() -> Iterator[None]:
+    """:data:`LAYER_INDEX_SOURCE` added to ``torch.compiler.config.dynamic_sources``, then
+    the previous value restored."""
     sources = compiler_config.dynamic_sources
-    # torch's config modules gain ``patch`` at run time; their stubs are plain modules.
-    patch = compiler_config.patch  # type: ignore[attr-defined]
-    return patch(dynamic_sources=f"{sources},{LAYER_INDEX_SOURCE}")
+    compiler_config.dynamic_sources = f"{sources},{LAYER_INDEX_SOURCE}"
+    try:
+        yield
+    finally:
+        compiler_config.dynamic_sources = sources
 
 
 CACHE_PARAMETERS = ("cache", "past_key_values", "past_key_value", "layer_past")
