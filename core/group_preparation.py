@@ -20,25 +20,74 @@ RegionFunction = Callable[..., Any]
 def _forward_pairs(
     value: tuple[tuple[nn.Module, Callable[..., Any]], ...],
 ) -> tuple[tuple[nn.Module, Callable[..., Any]], ...]:
-    return tuple((module, forward) for module, forward in value)
+    """``forwards`` as a tuple of pairs; anything else is refused here, when the plugin builds
+    its preparation, rather than at the first call of a compiled region."""
+    allowed = "an iterable of (nn.Module, forward function) pairs"
+    if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+        raise TypeError(f"GroupPreparation.forwards must be {allowed}, got {_described(value)}")
+    pairs = []
+    for index, pair in enumerate(value):
+        if not (isinstance(pair, tuple | list) and len(pair) == 2):
+            raise TypeError(
+                f"GroupPreparation.forwards[{index}] must be an (nn.Module, forward function) "
+                f"pair, got {_described(pair)}"
+            )
+        module, forward = pair
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                f"GroupPreparation.forwards[{index}][0] must be an nn.Module, got "
+                f"{_described(module)}"
+            )
+        if not callable(forward):
+            raise TypeError(
+                f"GroupPreparation.forwards[{index}][1] must be a callable forward, got "
+                f"{_described(forward)}"
+            )
+        pairs.append((module, forward))
+    return tuple(pairs)
+
+
+def _described(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _optional_callable(what: str) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    """An attrs validator: ``None`` or a callable, else a ``TypeError`` naming the field and
+    what it takes (``what``)."""
+
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None and not callable(value):
+            raise TypeError(
+                f"GroupPreparation.{attribute.name} must be None or {what}, got {_described(value)}"
+            )
+
+    return check
 
 
 @attrs.frozen
 class GroupPreparation:
     """How one group is prepared before (and around) its compiled function.
 
-    Every field is optional; leave out what you do not need.
+    Every field is optional; leave out what you do not need. Each is checked when the
+    preparation is built: a value of the wrong kind raises ``TypeError`` naming the field.
     """
 
-    wrap_traced: Callable[[RegionFunction], RegionFunction] | None = None
+    wrap_traced: Callable[[RegionFunction], RegionFunction] | None = attrs.field(
+        default=None, validator=_optional_callable("a function that wraps the group's function")
+    )
     """Wraps the group's function ``fn(module, *args, **kwargs)`` *before* it is handed to
     ``compile_region``: the wrapper runs inside Dynamo's trace and costs nothing at run time
     (Dynamo inlines it). Use it to adapt arguments or outputs in traceable code."""
-    wrap_call: Callable[[RegionFunction], RegionFunction] | None = None
+    wrap_call: Callable[[RegionFunction], RegionFunction] | None = attrs.field(
+        default=None, validator=_optional_callable("a function that wraps the compiled function")
+    )
     """Wraps the *compiled* function. The wrapper runs eagerly on every call of every region in
     the group: a forward-path cost (one Python call), so use it only for what cannot be traced
     (converting a cache object Dynamo cannot handle, say), and document it."""
-    trace_settings: Callable[[], AbstractContextManager[Any]] | None = None
+    trace_settings: Callable[[], AbstractContextManager[Any]] | None = attrs.field(
+        default=None, validator=_optional_callable("a factory of context managers")
+    )
     """A context manager factory for settings Dynamo needs while it *traces* the group's
     function (``torch.compiler.config.dynamic_sources``, say). The engine enters it around
     every call that goes through ``torch.compile``'s own entry, where Dynamo may trace: first
@@ -51,6 +100,8 @@ class GroupPreparation:
     """``(module, forward)`` pairs: instance-level ``forward`` functions to install on
     submodules (inside the group's regions) for as long as the model stays compiled. The engine
     keeps each module's previous ``forward`` and puts it back on decompile."""
-    undo: Callable[[], None] | None = None
+    undo: Callable[[], None] | None = attrs.field(
+        default=None, validator=_optional_callable("a function taking no arguments")
+    )
     """Called by :func:`torchkiln.decompile` (and on rollback) to undo anything else the
     preparation changed. It must not raise."""

@@ -22,6 +22,7 @@ from torch._dynamo.utils import counters
 import torchkiln
 import torchkiln.plugin
 from torchkiln.plugin import GroupPreparation, PluginError, add_undo
+from torchkiln.region_compiler import state_of
 from torchkiln.testing import isolated_plugin_manager
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,6 +332,64 @@ def test_prepare_group_returning_something_else_is_refused() -> None:
     pm = isolated_plugin_manager(Wrong())
     with pytest.raises(PluginError, match=r"expected torchkiln\.plugin\.GroupPreparation or None"):
         torchkiln.compile(Stack(), backend="eager", plugins=pm)
+
+
+@pytest.mark.parametrize("field", ["wrap_traced", "wrap_call", "trace_settings", "undo"])
+def test_a_preparation_field_that_is_not_callable_is_refused_naming_the_field(field: str) -> None:
+    with pytest.raises(TypeError) as raised:
+        GroupPreparation(**{field: "not a function"})
+    message = str(raised.value)
+    assert message.startswith(f"GroupPreparation.{field} must be None or ")
+    assert message.endswith("got str 'not a function'")
+
+
+@pytest.mark.parametrize(
+    ("forwards", "expected"),
+    [
+        ("abc", r"GroupPreparation\.forwards must be an iterable of \(nn\.Module, forward"),
+        (((nn.Linear(2, 2),),), r"GroupPreparation\.forwards\[0\] must be an \(nn\.Module, "),
+        (((object(), print),), r"GroupPreparation\.forwards\[0\]\[0\] must be an nn\.Module, got"),
+        (
+            ((nn.Linear(2, 2), print), (nn.Linear(2, 2), 3)),
+            r"GroupPreparation\.forwards\[1\]\[1\] must be a callable forward, got int 3",
+        ),
+    ],
+)
+def test_malformed_forwards_are_refused_naming_the_pair(forwards: Any, expected: str) -> None:
+    with pytest.raises(TypeError, match=expected):
+        GroupPreparation(forwards=forwards)
+
+
+def test_forwards_given_as_lists_become_a_tuple_of_pairs() -> None:
+    module = nn.Linear(2, 2)
+    assert GroupPreparation(forwards=[[module, print]]).forwards == ((module, print),)
+
+
+def test_a_plugin_building_a_bad_preparation_is_named_and_the_model_is_untouched() -> None:
+    model = Stack()
+    inner = model.blocks[1].linear
+
+    class Good:
+        @torchkiln.hookimpl
+        def prepare_group(self) -> GroupPreparation:
+            return GroupPreparation(forwards=((inner, lambda x: x),))
+
+    class Bad:
+        @torchkiln.hookimpl
+        def prepare_group(self) -> GroupPreparation:
+            return GroupPreparation(wrap_call=1)  # type: ignore[arg-type]
+
+    pm = isolated_plugin_manager(Good(), Bad())
+    plugin_name = pm.get_name(next(p for p in pm.get_plugins() if isinstance(p, Bad)))
+    forward_before = model.forward
+    with pytest.raises(PluginError) as raised:
+        torchkiln.compile(model, backend="eager", plugins=pm)
+    assert str(raised.value) == (
+        f"plugin {plugin_name!r} raised in prepare_group(): TypeError: GroupPreparation.wrap_call "
+        "must be None or a function that wraps the compiled function, got int 1"
+    )
+    assert "forward" not in inner.__dict__  # the good plugin's forward was never installed
+    assert model.forward == forward_before and state_of(model) is None
 
 
 def test_add_undo_runs_on_decompile_and_refuses_an_uncompiled_model() -> None:
