@@ -104,6 +104,59 @@ def test_padding_and_varying_lengths_add_no_graph_per_layer() -> None:
     compare(llama_with(), calls, max_graphs=8)
 
 
+_RECORDED: list[torch.fx.GraphModule] = []
+
+
+def _recording_backend(graph: torch.fx.GraphModule, example_inputs: object) -> object:
+    _RECORDED.append(graph)
+    return graph.forward
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+def test_gradient_checkpointing_keeps_one_block_and_checkpoints_inside_it(reentrant: bool) -> None:
+    """``model.gradient_checkpointing_enable()`` (the Trainer's ``gradient_checkpointing=True``):
+    transformers wraps the layer class's ``forward`` in ``torch.utils.checkpoint``, so the
+    compiled block traces the checkpoint itself. One graph at depth 12 and 24, nothing eager,
+    gradients equal eager's (checkpointed too), and the graph keeps the checkpoint region
+    (``tag_activation_checkpoint``) for the partitioner to recompute in the backward."""
+    if "kiln_test_recording" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(_recording_backend, name="kiln_test_recording")
+    ids = token_ids()
+    graphs = {}
+    for depth in (12, 24):
+        model = llama_with(depth).train()
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": reentrant}
+        )
+        compiled = copy.deepcopy(model)
+        expected = model(ids, labels=ids).loss
+        expected.backward()
+        torch._dynamo.reset()
+        counters.clear()
+        _RECORDED.clear()
+        torchkiln.compile(compiled, backend="kiln_test_recording")
+        for _ in range(2):  # a second step reuses the graph
+            compiled.zero_grad()
+            actual = compiled(ids, labels=ids).loss
+            actual.backward()
+        torch.testing.assert_close(actual, expected)
+        for (name, ours), theirs in zip(
+            compiled.named_parameters(), model.parameters(), strict=True
+        ):
+            torch.testing.assert_close(ours.grad, theirs.grad, msg=name)
+        assert eager_regions(compiled) == ()
+        assert sum(counters["graph_break"].values()) == 0
+        graphs[depth] = counters["stats"]["unique_graphs"]
+        checkpoints = [
+            node
+            for graph in _RECORDED
+            for node in graph.graph.nodes
+            if node.target is torch.ops.higher_order.tag_activation_checkpoint
+        ]
+        assert len(_RECORDED) == 1 and len(checkpoints) == 1, depth
+    assert graphs == {12: 1, 24: 1}
+
+
 def test_a_cache_that_overrides_update_runs_it_outside_the_graph(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
