@@ -1,0 +1,43 @@
+"""examples/decode_time_split.py (quoted in docs/generation.md) splits a regional generate()'s
+time into graphs, guards, the rest of each block call and the model's code around the blocks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "decode_time_split.py"
+PARTS = ["graphs", "guards", "block call, rest", "outside the blocks"]
+
+
+def test_every_block_call_is_split_into_its_parts(tmp_path: Path) -> None:
+    out = tmp_path / "split.json"
+    arguments = ["--depth", "2", "--new-tokens", "4", "--rounds", "2", "--json", str(out)]
+    process = subprocess.run(
+        [sys.executable, str(SCRIPT), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert process.returncode == 0, process.stderr[-4000:]
+    data = json.loads(out.read_text())
+    # 4 new tokens: the prefill forward and 3 decode forwards, 2 blocks each, one graph each
+    # (no graph break), and at least one guard check per block call.
+    assert data["block_calls"] == 8
+    assert data["graph_calls"] == 8
+    assert data["guard_checks"] >= 8
+    assert list(data["median_seconds"]) == PARTS
+    assert len(data["samples_seconds"]) == 2
+    for sample in data["samples_seconds"]:
+        assert all(sample[part] > 0 for part in PARTS), sample
+    assert len(data["per_token_seconds"]["regional"]) == 2
+    assert "full" not in data["per_token_seconds"]  # only with --compare-full
+    for part in PARTS:
+        assert f"  {part:20s}" in process.stdout
