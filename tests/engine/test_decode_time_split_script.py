@@ -4,29 +4,20 @@ time into graphs, guards, the rest of each block call and the model's code aroun
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from example_scripts import run_example
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "decode_time_split.py"
 PARTS = ["graphs", "guards", "block call, rest", "outside the blocks"]
 
 
 def test_every_block_call_is_split_into_its_parts(tmp_path: Path) -> None:
     out = tmp_path / "split.json"
     arguments = ["--depth", "2", "--new-tokens", "4", "--rounds", "2", "--json", str(out)]
-    process = subprocess.run(
-        [sys.executable, str(SCRIPT), *arguments],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert process.returncode == 0, process.stderr[-4000:]
+    process = run_example("decode_time_split.py", *arguments)
     data = json.loads(out.read_text())
     # 4 new tokens: the prefill forward and 3 decode forwards, 2 blocks each, one graph each
     # (no graph break), and at least one guard check per block call.

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from example_scripts import run_example
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "steady_state_guards.py"
 VARIANTS = [
     "full",
     "regional",
@@ -28,14 +25,7 @@ VARIANTS = [
 def test_every_variant_is_timed_in_alternating_rounds(tmp_path):
     out = tmp_path / "steady.json"
     arguments = ["--depth", "2", "--seq", "16", "--rounds", "3", "--json", str(out)]
-    process = subprocess.run(
-        [sys.executable, str(SCRIPT), *arguments],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert process.returncode == 0, process.stderr[-4000:]
+    process = run_example("steady_state_guards.py", *arguments)
     data = json.loads(out.read_text())
     assert list(data["median_s"]) == VARIANTS
     assert all(len(data["samples_s"][name]) == 3 for name in VARIANTS)
