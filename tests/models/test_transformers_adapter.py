@@ -104,6 +104,49 @@ def test_padding_and_varying_lengths_add_no_graph_per_layer() -> None:
     compare(llama_with(), calls, max_graphs=8)
 
 
+GENERATE_OPTIONS = {
+    "beam search": {"num_beams": 2},
+    "sampling": {"do_sample": True, "top_k": 20},
+    "penalties": {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2},
+    "scores and hidden states": {
+        "output_scores": True,
+        "output_hidden_states": True,
+        "return_dict_in_generate": True,
+    },
+}
+
+
+@pytest.mark.parametrize("options", list(GENERATE_OPTIONS.values()), ids=list(GENERATE_OPTIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_generate_options_users_pass_keep_the_graphs_of_plain_generate(
+    options: dict[str, object], dtype: torch.dtype
+) -> None:
+    """Beam search (the cache reordered between steps), sampling, logits processors and
+    returned scores and hidden states change what happens around the blocks, not inside them:
+    3 graphs at depth 12 and 13 (prefill, first decode step, symbolic length), as plain
+    ``generate()``, nothing eager, no break, the same token ids as eager (same seed)."""
+    ids = token_ids()
+    mask = torch.ones_like(ids)
+    graphs = {}
+    for depth in (12, 13):
+        model = llama_with(depth).to(dtype)
+        compiled = copy.deepcopy(model)
+        torch._dynamo.reset()
+        counters.clear()
+        torchkiln.compile(compiled, backend="eager")
+        results = []
+        for target in (model, compiled):
+            torch.manual_seed(5)
+            with torch.no_grad():
+                out = target.generate(ids, attention_mask=mask, max_new_tokens=6, **options)
+            results.append(out.sequences if hasattr(out, "sequences") else out)
+        assert torch.equal(results[0], results[1]), depth
+        assert eager_regions(compiled) == ()
+        assert sum(counters["graph_break"].values()) == 0
+        graphs[depth] = counters["stats"]["unique_graphs"]
+    assert graphs == {12: GRAPHS["generate"], 13: GRAPHS["generate"]}
+
+
 _RECORDED: list[torch.fx.GraphModule] = []
 
 
