@@ -8,15 +8,31 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+_ISA_FLAGS = (("avx2", "avx2"), ("avx512f", "avx512"), ("amx_tile", "amx"))
+"""``/proc/cpuinfo`` flags worth naming with the model (what inductor's CPU kernels use)."""
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, else ``platform.processor()``)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name, with its family, model number and vector extensions when Linux
+    says them (``/proc/cpuinfo``; virtual machines often name only "Intel(R) Xeon(R)
+    Processor", and ratios between strategies differ between CPUs); else
+    ``platform.processor()``."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text(errors="replace") if path.exists() else ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor says it for all
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip().lower(), value.strip())
+    name = fields.get("model name")
+    if not name:
+        return platform.processor() or platform.machine()
+    details = [f"{key} {fields[key]}" for key in ("cpu family", "model") if fields.get(key)]
+    flags = set(fields.get("flags", "").split())
+    details += [label for flag, label in _ISA_FLAGS if flag in flags]
+    return f"{name} ({', '.join(details)})" if details else name
 
 
 def _version(distribution: str) -> str | None:
