@@ -19,7 +19,8 @@ in alternating rounds, so the per-token ratio and the split come from one proces
     python examples/decode_time_split.py --depth 2 --new-tokens 4 --rounds 1 --json split.json
 
 The instrumentation wraps Python callables (a ``time.perf_counter`` pair around each), a few
-hundred nanoseconds per block call. See docs/generation.md, "Where decode time goes".
+hundred nanoseconds per block call; it patches inductor's ``CompiledFxGraph.__call__`` for the
+rest of this script's process, so run it on its own. See docs/generation.md, "Where decode time goes".
 """
 
 from __future__ import annotations
