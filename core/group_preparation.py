@@ -56,7 +56,7 @@ def _optional_callable(what: str) -> Callable[[Any, attrs.Attribute[Any], Any], 
     """An attrs validator: ``None`` or a callable, else a ``TypeError`` naming the field and
     what it takes (``what``)."""
 
-    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if value is not None and not callable(value):
             raise TypeError(
                 f"GroupPreparation.{attribute.name} must be None or {what}, got {_described(value)}"
