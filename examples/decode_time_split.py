@@ -48,13 +48,11 @@ class Clock:
     """Seconds and calls, per part, since the last :meth:`clear`."""
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
         self.clear()
 
     def clear(self) -> None:
-        self.seconds = dict.fromkeys(("graph", "guard", "block"), 0.0)
-        self.calls = dict.fromkeys(("graph", "guard", "block"), 0)
+        self.seconds: dict[str, float] = dict.fromkeys(("graph", "guard", "block"), 0.0)
+        self.calls: dict[str, int] = dict.fromkeys(("graph", "guard", "block"), 0)
 
     def timed(self, part: str, call: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -120,8 +118,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.compare_full:
         full = copy.deepcopy(base)
         full.compile(backend="inductor")
-    for model in (regional, full):
-        for _ in range(3 if model is not None else 0):  # compile prefill and decode, settle
+    for model in (regional, full) if full is not None else (regional,):
+        for _ in range(3):  # compile the prefill and the decode steps, then settle
             generate_once(model, inputs, args.new_tokens)
 
     clock = Clock()
