@@ -24,7 +24,7 @@ from torchkiln.hooks import hookimpl
 
 if TYPE_CHECKING:
     from torchkiln.cache import load_cache_artifacts, save_cache_artifacts
-    from torchkiln.config import CompileConfig
+    from torchkiln.configuration.config import CompileConfig
     from torchkiln.distributed import distributed_result, full_state_dict, unwrap
     from torchkiln.pipeline import compile, decompile, is_compiled, plan, report
     from torchkiln.plugin_manager import PluginManager, get_plugin_manager
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
-    "CompileConfig": "torchkiln.config",
+    "CompileConfig": "torchkiln.configuration.config",
     "PluginManager": "torchkiln.plugin_manager",
     "get_plugin_manager": "torchkiln.plugin_manager",
     "compile": "torchkiln.pipeline",

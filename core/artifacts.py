@@ -31,7 +31,7 @@ import attrs
 import torch
 from torch import nn
 
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 from torchkiln.errors import TorchkilnError
 
 FORMAT_VERSION = 1

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from torchkiln.config_values import describe
+from torchkiln.configuration.config_values import describe
 from torchkiln.errors import TorchkilnError
 
 # Sub-commands that live with their own feature: (module, function adding the parser).

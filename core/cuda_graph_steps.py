@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 
 CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 """``torch.compile`` modes that turn on inductor's CUDA graphs (``triton.cudagraphs``)."""

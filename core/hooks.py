@@ -27,7 +27,7 @@ import pluggy
 if TYPE_CHECKING:
     from torch import nn
 
-    from torchkiln.config import CompileConfig
+    from torchkiln.configuration.config import CompileConfig
     from torchkiln.declarations import BackendSpec, DistributedSpec, SelectorSpec
     from torchkiln.distributed_result import DistributedResult
     from torchkiln.group_preparation import GroupPreparation

@@ -10,7 +10,7 @@ from torch import nn
 
 from torchkiln.cache import apply_cache_dir, check_cache_dir
 from torchkiln.compile_report import CompileReport, build_report
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 from torchkiln.cuda_graph_steps import install_step_marker, uses_cuda_graphs
 from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.distributed_result import DistributedResult

@@ -19,7 +19,7 @@ documented in :mod:`torchkiln.hooks`.
 
 from __future__ import annotations
 
-from torchkiln.config import (
+from torchkiln.configuration.config import (
     CompileConfig,
     DDPConfig,
     DeepSpeedConfig,

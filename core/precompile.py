@@ -41,7 +41,7 @@ from torchkiln.artifacts import (
     write_manifest,
 )
 from torchkiln.cache import apply_cache_dir
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 from torchkiln.isa_probe import recorded_probes
 from torchkiln.plugin_manager import PluginManager, get_plugin_manager
 from torchkiln.progress import make_progress

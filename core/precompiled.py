@@ -39,7 +39,7 @@ from torchkiln.artifacts import (
     read_manifest,
     structure_hash,
 )
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 from torchkiln.isa_probe import answered_probes
 from torchkiln.region_plan import RegionGroup
 

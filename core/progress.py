@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from typing import Protocol, TextIO
 
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 from torchkiln.region_plan import Region, RegionPlan
 
 _CLEAR_LINE = "\r\x1b[K"

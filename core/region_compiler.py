@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from torchkiln import compile_events
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 from torchkiln.dispatch import DirectDispatch, direct_dispatch_hook
 from torchkiln.double_compile import first_call_check, group_function_check
 from torchkiln.dynamo_metrics import CompileRecord, MetricsMark, Window

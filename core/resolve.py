@@ -11,11 +11,11 @@ from typing import Any, TypeAlias
 
 import attrs
 
-from torchkiln import config_sources as sources_
-from torchkiln.config import CompileConfig
-from torchkiln.config_validation import validate
+from torchkiln.configuration import config_sources as sources_
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.configuration.config_validation import validate
+from torchkiln.configuration.option_safety import unnamed_file_problems
 from torchkiln.errors import ConfigError, ConfigProblem, PluginError
-from torchkiln.option_safety import unnamed_file_problems
 from torchkiln.plugin_faults import bad_result
 from torchkiln.plugin_manager import PluginManager, PluginsArg, as_plugin_manager
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 if TYPE_CHECKING:
-    from torchkiln.config import CompileConfig
+    from torchkiln.configuration.config import CompileConfig
     from torchkiln.plugin_manager import PluginManager
     from torchkiln.region_plan import RegionPlan
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from torchkiln.declarations import Availability
 
 if TYPE_CHECKING:
-    from torchkiln.config import CompileConfig
+    from torchkiln.configuration.config import CompileConfig
 
 
 def compile_with_torch(

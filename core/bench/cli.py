@@ -28,7 +28,7 @@ from torchkiln.bench.settings import (
     STRATEGIES,
     WORKLOADS,
 )
-from torchkiln.config import DISPATCH_CHOICES
+from torchkiln.configuration.config import DISPATCH_CHOICES
 
 DESCRIPTION = f"""\
 Measure the cold start, warm start and steady state of each compile strategy

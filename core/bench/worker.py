@@ -128,7 +128,7 @@ def _config(
     """A complete CompileConfig: no YAML file or TORCHKILN_* variable can change the cell.
     The precompiled strategy loads strictly: artifacts that do not fit fail the cell rather
     than compile normally and pass for loaded."""
-    from torchkiln.config import CompileConfig, RegionsConfig
+    from torchkiln.configuration.config import CompileConfig, RegionsConfig
 
     selector = "hierarchical" if strategy == "hierarchical" else "auto"
     extra: dict[str, Any] = (

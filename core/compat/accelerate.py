@@ -60,7 +60,7 @@ from torchkiln.compat.unwrap import (
     uncompiled_twin,
     unwrap_containers,
 )
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 from torchkiln.region_compiler import CompileState, region_state_of, state_of
 
 __all__ = [

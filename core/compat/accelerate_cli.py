@@ -18,7 +18,7 @@ from torchkiln.compat.accelerate_settings import (
     read_yaml,
     to_overrides,
 )
-from torchkiln.yaml_reader import parse_yaml, read_config_text
+from torchkiln.configuration.yaml_reader import parse_yaml, read_config_text
 
 # Accelerate's distributed_type, as the torchkiln strategy that does the same job.
 DISTRIBUTED_HINTS = {

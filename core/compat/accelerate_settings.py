@@ -25,8 +25,8 @@ from typing import Any
 
 import attrs
 
+from torchkiln.configuration.yaml_reader import parse_yaml, read_config_text
 from torchkiln.errors import ConfigError, ConfigProblem
-from torchkiln.yaml_reader import parse_yaml, read_config_text
 
 ENV_PREFIX = "ACCELERATE_DYNAMO_"
 ENV_BACKEND = ENV_PREFIX + "BACKEND"

@@ -26,8 +26,8 @@ def measure(reader: str) -> dict[str, float | str]:
     """Run in the child: import first (not measured), then time and trace the refusal."""
     import torchkiln
     from torchkiln import cli
+    from torchkiln.configuration.yaml_reader import read_yaml_file
     from torchkiln.resolve import resolve_config
-    from torchkiln.yaml_reader import read_yaml_file
 
     pm = torchkiln.PluginManager(entry_points=False, env={})
     pm.ensure_loaded()

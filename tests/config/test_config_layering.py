@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import torchkiln
-from torchkiln.config_sources import env_name, leaf_fields
+from torchkiln.configuration.config_sources import env_name, leaf_fields
 from torchkiln.plugin import RegionPlan, SelectorSpec
 from torchkiln.resolve import resolve_config
 
@@ -72,7 +72,7 @@ def test_every_layer_in_order(pm: torchkiln.PluginManager, tmp_path: Path) -> No
     assert config.backend == "aot_eager"  # argument beats env beats file
     assert config.fullgraph is False  # env beats file
     assert config.progress == "off"  # file beats default
-    assert config.regions == torchkiln.config.RegionsConfig(
+    assert config.regions == torchkiln.configuration.config.RegionsConfig(
         strategy="classes", classes=("Block",), min_repeats=4, exclude=("head",)
     )  # a section merges field by field across layers
     assert config.on_region_error == "eager"
@@ -175,7 +175,9 @@ def test_a_compile_config_instance_is_used_as_given(
 ) -> None:
     write(tmp_path / "torchkiln.yaml", "backend: bogus\n")  # would be an error if read
     given = torchkiln.CompileConfig(
-        backend="eager", fullgraph=True, regions=torchkiln.config.RegionsConfig(classes=("Block",))
+        backend="eager",
+        fullgraph=True,
+        regions=torchkiln.configuration.config.RegionsConfig(classes=("Block",)),
     )
     resolved = resolve_config(
         given, plugins=pm, env={"TORCHKILN_BACKEND": "also-bogus"}, cwd=tmp_path
@@ -192,7 +194,7 @@ def test_a_compile_config_instance_is_used_as_given(
         pytest.param({"env": {"TORCHKILN_REGIONS": "whole"}}, id="env"),
         pytest.param({"env": {"TORCHKILN_REGIONS_STRATEGY": "WHOLE"}}, id="env-field"),
         pytest.param(
-            {"kwargs": {"regions": torchkiln.config.RegionsConfig(strategy="whole")}},
+            {"kwargs": {"regions": torchkiln.configuration.config.RegionsConfig(strategy="whole")}},
             id="attrs-section",
         ),
     ],
@@ -204,7 +206,7 @@ def test_regions_shorthand(
     resolved = resolve_config(
         config_file, plugins=pm, env=how.get("env", {}), **how.get("kwargs", {})
     )
-    assert resolved.config.regions == torchkiln.config.RegionsConfig(strategy="whole")
+    assert resolved.config.regions == torchkiln.configuration.config.RegionsConfig(strategy="whole")
 
 
 @pytest.mark.parametrize(
@@ -225,7 +227,9 @@ def test_distributed_shorthand(
     config_file = write(tmp_path / "d.yaml", yaml) if yaml else None
     config = resolve_config(config_file, plugins=pm, env=env, **kwargs).config
     assert config.distributed.strategy == "ddp"
-    assert config.distributed.ddp == torchkiln.config.DDPConfig()  # the rest stays default
+    assert (
+        config.distributed.ddp == torchkiln.configuration.config.DDPConfig()
+    )  # the rest stays default
 
 
 @pytest.mark.parametrize("spelling", ["EAGER", "Eager", "eager", " eager "])

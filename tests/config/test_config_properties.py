@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from torchkiln import ConfigError, cli  # noqa: E402
-from torchkiln.config_sources import env_fields, leaf_fields  # noqa: E402
+from torchkiln.configuration.config_sources import env_fields, leaf_fields  # noqa: E402
 from torchkiln.resolve import ResolvedConfig, resolve_config  # noqa: E402
 from torchkiln.testing import isolated_plugin_manager  # noqa: E402
 

@@ -18,9 +18,9 @@ import pytest
 
 import torchkiln
 from torchkiln import ConfigError, cli
-from torchkiln.config_values import MAX_DEPTH, MAX_VALUES
+from torchkiln.configuration.config_values import MAX_DEPTH, MAX_VALUES
+from torchkiln.configuration.yaml_reader import MAX_FILE_BYTES
 from torchkiln.resolve import resolve_config
-from torchkiln.yaml_reader import MAX_FILE_BYTES
 
 HERE = Path(__file__).parent
 
@@ -189,7 +189,7 @@ def test_aliases_and_merge_keys_within_the_limits_work(
 ) -> None:
     path = tmp_path / "run.yaml"
     # ``base``/``o`` are not fields: read them in a mapping layer we control.
-    from torchkiln.yaml_reader import read_yaml_file
+    from torchkiln.configuration.yaml_reader import read_yaml_file
 
     path.write_text(text, encoding="utf-8")
     data = read_yaml_file(path)
@@ -403,7 +403,7 @@ def test_the_alias_bomb_is_refused_within_one_cpu_second_and_100_mb() -> None:
     import time
     import tracemalloc
 
-    from torchkiln.yaml_reader import read_yaml_file
+    from torchkiln.configuration.yaml_reader import read_yaml_file
 
     cpu_before = time.process_time()
     tracemalloc.start()

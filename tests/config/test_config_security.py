@@ -22,10 +22,10 @@ from stack_model import Stack
 
 import torchkiln
 from torchkiln import ConfigError, cli, hookimpl
-from torchkiln.option_safety import _safe_from_files, inductor_settings
+from torchkiln.configuration.option_safety import _safe_from_files, inductor_settings
+from torchkiln.configuration.yaml_reader import read_yaml_file
 from torchkiln.plugin import BackendSpec
 from torchkiln.resolve import resolve_config
-from torchkiln.yaml_reader import read_yaml_file
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from config_reference import DOC, documented_block, render_table
 
 import torchkiln
 from torchkiln import ConfigError, cli
-from torchkiln.config_sources import env_name, leaf_fields
+from torchkiln.configuration.config_sources import env_name, leaf_fields
 from torchkiln.resolve import resolve_config
 
 TEXT = DOC.read_text(encoding="utf-8")

@@ -79,7 +79,7 @@ def test_declaring_and_probing_strategies_does_not_import_deepspeed():
 
 def test_deepspeed_without_its_config_says_what_to_give(monkeypatch):
     pytest.importorskip("deepspeed")
-    from torchkiln.config import CompileConfig
+    from torchkiln.configuration.config import CompileConfig
     from torchkiln.plugins.deepspeed import deepspeed_config
 
     with pytest.raises(torchkiln.DistributedError, match=r"distributed\.deepspeed\.config"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from torchkiln.config import DDPConfig
+from torchkiln.configuration.config import DDPConfig
 from torchkiln.plugins.ddp import ddp_kwargs
 
 
@@ -29,7 +29,7 @@ def test_set_fields_and_options_are_passed():
 def test_fsdp2_mixed_precision_names_become_a_policy():
     import torch
 
-    from torchkiln.config import FSDP2MixedPrecision
+    from torchkiln.configuration.config import FSDP2MixedPrecision
     from torchkiln.plugins.fsdp2 import mixed_precision_policy
 
     policy = mixed_precision_policy(

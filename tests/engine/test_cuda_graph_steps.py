@@ -17,7 +17,7 @@ from torch._inductor import cudagraph_trees
 
 import torchkiln
 from torchkiln import cuda_graph_steps
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import torch
 import torch._dynamo
 
 import torchkiln
-from torchkiln.config import CompileConfig
+from torchkiln.configuration.config import CompileConfig
 from torchkiln.examples import example_inputs, llama
 from torchkiln.progress import NullProgress, StreamProgress, make_progress
 from torchkiln.testing import isolated_plugin_manager

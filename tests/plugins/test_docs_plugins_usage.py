@@ -13,7 +13,7 @@ from stack_model import Stack
 
 import torchkiln
 from torchkiln import cli
-from torchkiln.config_sources import CONTROL_VARIABLES
+from torchkiln.configuration.config_sources import CONTROL_VARIABLES
 from torchkiln.plugin_manager import FailedPlugin, builtin_name
 from torchkiln.plugins import BUILTIN_PLUGINS
 

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from torchkiln.config import (
+from torchkiln.configuration.config import (
     DISPATCH_CHOICES,
     FLOAT_DTYPES,
     PROGRESS_CHOICES,
@@ -25,11 +25,11 @@ from torchkiln.config import (
     REST_POLICIES,
     CompileConfig,
 )
-from torchkiln.config_sources import SECTION_SHORTHANDS, dollar, section_classes
-from torchkiln.config_values import describe
+from torchkiln.configuration.config_sources import SECTION_SHORTHANDS, dollar, section_classes
+from torchkiln.configuration.config_values import describe
+from torchkiln.configuration.option_safety import option_problems
+from torchkiln.configuration.value_checks import value_problems
 from torchkiln.errors import ConfigError, ConfigProblem
-from torchkiln.option_safety import option_problems
-from torchkiln.value_checks import value_problems
 
 _TYPE_NAMES = {
     bool: "a boolean (true/false)",

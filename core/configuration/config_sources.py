@@ -19,10 +19,10 @@ from typing import Any
 
 import attrs
 
-from torchkiln.config import CompileConfig
-from torchkiln.config_values import MAX_ENV_CHARS, describe, parse_json
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.configuration.config_values import MAX_ENV_CHARS, describe, parse_json
+from torchkiln.configuration.yaml_reader import read_yaml_file
 from torchkiln.errors import ConfigProblem
-from torchkiln.yaml_reader import read_yaml_file
 
 logger = logging.getLogger("torchkiln.config")
 
@@ -103,7 +103,7 @@ def find_config_file(
     explicit: str | os.PathLike[str] | None, env: Mapping[str, str], cwd: Path
 ) -> Path | None:
     """The YAML file to read: the one given, else ``$TORCHKILN_CONFIG``, else
-    ``./torchkiln.yaml`` when it exists. Each choice is logged at INFO on ``torchkiln.config``
+    ``./torchkiln.yaml`` when it exists. Each choice is logged at INFO on ``torchkiln.configuration.config``
     with its absolute path, so a file nobody named is visible in the logs."""
     if explicit is not None:
         return _chosen(Path(explicit), "given")
@@ -126,7 +126,7 @@ def _chosen(path: Path, how: str) -> Path:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a torchkiln YAML file with a safe, size- and depth-limited loader; any problem is a
-    ConfigError (:mod:`torchkiln.yaml_reader`)."""
+    ConfigError (:mod:`torchkiln.configuration.yaml_reader`)."""
     return read_yaml_file(path)
 
 

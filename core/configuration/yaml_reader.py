@@ -7,8 +7,8 @@ What is refused, each with the field path (``$.a.b``) and the line:
 - YAML that is not JSON-like: tags other than the core ones (``!!python/...``, ``!!binary``,
   ``!!set``, ``!!omap``), dates, keys that are not strings (``1: a``, ``on: a``, ``? [a]``),
   duplicate keys;
-- nesting deeper than :data:`~torchkiln.config_values.MAX_DEPTH` and more than
-  :data:`~torchkiln.config_values.MAX_VALUES` values, with every alias counted as a full copy of
+- nesting deeper than :data:`~torchkiln.configuration.config_values.MAX_DEPTH` and more than
+  :data:`~torchkiln.configuration.config_values.MAX_VALUES` values, with every alias counted as a full copy of
   what it refers to, so an alias bomb ("billion laughs") is refused after looking at each
   distinct node once, before anything is built;
 - an alias that refers to a node containing it.
@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from torchkiln.config_values import (
+from torchkiln.configuration.config_values import (
     MAX_DEPTH,
     MAX_VALUES,
     PlainValueError,

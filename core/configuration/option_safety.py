@@ -33,8 +33,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from torchkiln.config import CompileConfig
-from torchkiln.config_values import describe, join_path
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.configuration.config_values import describe, join_path
 from torchkiln.errors import ConfigProblem
 
 UNTRUSTED_SOURCES = ("file:", "env:")

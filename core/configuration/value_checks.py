@@ -1,6 +1,6 @@
 """Range checks on structured configuration values, whatever their source.
 
-Types are checked while structuring (:mod:`torchkiln.config_validation`); this module checks
+Types are checked while structuring (:mod:`torchkiln.configuration.config_validation`); this module checks
 what a type cannot say: numbers finite and in range, a cache directory that can be one, and
 DeepSpeed settings that would import a module named in a file.
 """
@@ -11,11 +11,11 @@ import math
 import os
 from collections.abc import Mapping
 
-from torchkiln.config import CompileConfig
-from torchkiln.config_sources import dollar
-from torchkiln.config_values import INT64_MAX, describe
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.configuration.config_sources import dollar
+from torchkiln.configuration.config_values import INT64_MAX, describe
+from torchkiln.configuration.option_safety import is_untrusted
 from torchkiln.errors import ConfigProblem
-from torchkiln.option_safety import is_untrusted
 
 # DeepSpeed imports every name in this list (``torch_autocast.lower_precision_safe_modules``).
 _DEEPSPEED_IMPORTS = ("torch_autocast", "lower_precision_safe_modules")

@@ -2,7 +2,7 @@
 
 The compile fields mirror ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ``dynamic``,
 ``options``, ``disable``); the rest is torchkiln's own. Values are layered by
-:mod:`torchkiln.config_sources` and validated by :mod:`torchkiln.config_validation`.
+:mod:`torchkiln.configuration.config_sources` and validated by :mod:`torchkiln.configuration.config_validation`.
 """
 
 from __future__ import annotations
