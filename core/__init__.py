@@ -20,22 +20,22 @@ from torchkiln.errors import (
     RegionCompileError,
     TorchkilnError,
 )
-from torchkiln.hooks import hookimpl
+from torchkiln.plugin_host.hooks import hookimpl
 
 if TYPE_CHECKING:
     from torchkiln.cache import load_cache_artifacts, save_cache_artifacts
     from torchkiln.configuration.config import CompileConfig
     from torchkiln.distributed import distributed_result, full_state_dict, unwrap
     from torchkiln.pipeline import compile, decompile, is_compiled, plan, report
-    from torchkiln.plugin_manager import PluginManager, get_plugin_manager
+    from torchkiln.plugin_host.plugin_manager import PluginManager, get_plugin_manager
     from torchkiln.precompile import precompile
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "CompileConfig": "torchkiln.configuration.config",
-    "PluginManager": "torchkiln.plugin_manager",
-    "get_plugin_manager": "torchkiln.plugin_manager",
+    "PluginManager": "torchkiln.plugin_host.plugin_manager",
+    "get_plugin_manager": "torchkiln.plugin_host.plugin_manager",
     "compile": "torchkiln.pipeline",
     "decompile": "torchkiln.pipeline",
     "is_compiled": "torchkiln.pipeline",

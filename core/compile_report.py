@@ -9,7 +9,7 @@ on the forward path for this.
 
 Every reason is one line (the guard or the break, Dynamo's compile-id prefix dropped);
 identical lines are grouped, with a count; a known cause is named with its remedy
-(:mod:`torchkiln.report_causes`); Dynamo's full text is kept for ``report(verbose=True)``.
+(:mod:`torchkiln.plugin_host.report_causes`); Dynamo's full text is kept for ``report(verbose=True)``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import attrs
 
 from torchkiln import compile_events
 from torchkiln.dynamo_metrics import CompileRecord, all_records
+from torchkiln.plugin_host.report_causes import BUILTIN_CAUSES, ReportCause, match_cause
 from torchkiln.region_compiler import CompileState, RegionState
-from torchkiln.report_causes import BUILTIN_CAUSES, ReportCause, match_cause
 
 FIRST_CALLS = "first calls"
 LATER_CALLS = "later calls"

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkiln.distributed_result import DistributedResult as _DistributedResult
 from torchkiln.errors import DistributedError
+from torchkiln.plugin_host.distributed_result import DistributedResult as _DistributedResult
 from torchkiln.v1_compat import moved_names
 
 RESULT_ATTR = "_torchkiln_distributed"

@@ -9,6 +9,6 @@ __getattr__ = moved_names(
         "PROJECT_NAME": "torchkiln.plugin",
         "hookimpl": "torchkiln.plugin",
         "hookspec": "torchkiln.plugin",
-        **dict.fromkeys(HOOK_NAMES, "torchkiln.hooks"),
+        **dict.fromkeys(HOOK_NAMES, "torchkiln.plugin_host.hooks"),
     },
 )

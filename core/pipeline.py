@@ -13,18 +13,23 @@ from torchkiln.compile_report import CompileReport, build_report
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.cuda_graph_steps import install_step_marker, uses_cuda_graphs
 from torchkiln.distributed import attach, check_result, distributed_result
-from torchkiln.distributed_result import DistributedResult
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
 from torchkiln.plan_check import check_plan
-from torchkiln.plugin_faults import bad_result, call_hook
-from torchkiln.plugin_manager import Declared, PluginManager, PluginsArg, as_plugin_manager
+from torchkiln.plugin_host.distributed_result import DistributedResult
+from torchkiln.plugin_host.plugin_faults import bad_result, call_hook
+from torchkiln.plugin_host.plugin_manager import (
+    Declared,
+    PluginManager,
+    PluginsArg,
+    as_plugin_manager,
+)
+from torchkiln.plugin_host.region_plan import RegionPlan
+from torchkiln.plugin_host.report_causes import ReportCause
+from torchkiln.plugin_host.selection import planning_with
 from torchkiln.progress import make_progress
 from torchkiln.region_compiler import STATE_ATTR, Compiler, CompileState, add_undo, state_of
 from torchkiln.region_compiler import decompile as _decompile_inplace
-from torchkiln.region_plan import RegionPlan
-from torchkiln.report_causes import ReportCause
 from torchkiln.resolve import ConfigArg, ResolvedConfig, resolve_config
-from torchkiln.selection import planning_with
 from torchkiln.transaction import Snapshot
 
 logger = logging.getLogger("torchkiln")

@@ -15,8 +15,8 @@ from typing import Any
 from torch import nn
 
 from torchkiln.errors import PluginError
-from torchkiln.plugin_faults import bad_result
-from torchkiln.region_plan import EagerPart, Region, RegionGroup, RegionPlan
+from torchkiln.plugin_host.plugin_faults import bad_result
+from torchkiln.plugin_host.region_plan import EagerPart, Region, RegionGroup, RegionPlan
 from torchkiln.structure import forward_code_problems
 
 _SHOWN = 5

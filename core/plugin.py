@@ -14,7 +14,7 @@ do the same (an import-linter contract checks it)::
         return compile_with_torch(fn, config, backend="my_torch_backend_name")
 
 Names here are stable within a major version. The hook specifications themselves are
-documented in :mod:`torchkiln.hooks`.
+documented in :mod:`torchkiln.plugin_host.hooks`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from torchkiln.configuration.config import (
     FSDP2MixedPrecision,
     RegionsConfig,
 )
-from torchkiln.declarations import Availability, BackendSpec, DistributedSpec, SelectorSpec
 from torchkiln.distributed import (
     LAUNCH_HINT,
     check_not_wrapped,
@@ -37,7 +36,6 @@ from torchkiln.distributed import (
     process_group_ready,
     require_process_group,
 )
-from torchkiln.distributed_result import DistributedResult
 from torchkiln.errors import (
     ConfigError,
     ConfigProblem,
@@ -46,12 +44,25 @@ from torchkiln.errors import (
     RegionCompileError,
     TorchkilnError,
 )
-from torchkiln.group_preparation import GroupPreparation, RegionFunction
-from torchkiln.hooks import PROJECT_NAME, hookimpl, hookspec
+from torchkiln.plugin_host.declarations import (
+    Availability,
+    BackendSpec,
+    DistributedSpec,
+    SelectorSpec,
+)
+from torchkiln.plugin_host.distributed_result import DistributedResult
+from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
+from torchkiln.plugin_host.hooks import PROJECT_NAME, hookimpl, hookspec
+from torchkiln.plugin_host.region_plan import EagerPart, Region, RegionGroup, RegionPlan
+from torchkiln.plugin_host.report_causes import ReportCause
+from torchkiln.plugin_host.selection import select_with
+from torchkiln.plugin_host.torch_backends import (
+    compile_with_torch,
+    probe_import,
+    torch_backend_names,
+    torch_knows,
+)
 from torchkiln.region_compiler import add_undo
-from torchkiln.region_plan import EagerPart, Region, RegionGroup, RegionPlan
-from torchkiln.report_causes import ReportCause
-from torchkiln.selection import select_with
 from torchkiln.settings import Hold, hold_setting
 from torchkiln.structure import (
     StructureIndex,
@@ -66,12 +77,6 @@ from torchkiln.structure import (
     structural_difference,
     structure_key,
 )
-from torchkiln.torch_backends import (
-    compile_with_torch,
-    probe_import,
-    torch_backend_names,
-    torch_knows,
-)
 
 HOOK_NAMES: tuple[str, ...] = (
     "declare_backends",
@@ -83,7 +88,7 @@ HOOK_NAMES: tuple[str, ...] = (
     "prepare_group",
     "compile_region",
 )
-"""Every hook torchkiln specifies (see :mod:`torchkiln.hooks`)."""
+"""Every hook torchkiln specifies (see :mod:`torchkiln.plugin_host.hooks`)."""
 
 __all__ = [
     "HOOK_NAMES",

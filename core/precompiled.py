@@ -41,7 +41,7 @@ from torchkiln.artifacts import (
 )
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.isa_probe import answered_probes
-from torchkiln.region_plan import RegionGroup
+from torchkiln.plugin_host.region_plan import RegionGroup
 
 logger = logging.getLogger("torchkiln")
 

@@ -21,7 +21,7 @@ import sys
 from typing import Protocol, TextIO
 
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.region_plan import Region, RegionPlan
+from torchkiln.plugin_host.region_plan import Region, RegionPlan
 
 _CLEAR_LINE = "\r\x1b[K"
 

@@ -38,10 +38,10 @@ from torchkiln.dispatch import DirectDispatch, direct_dispatch_hook
 from torchkiln.double_compile import first_call_check, group_function_check
 from torchkiln.dynamo_metrics import CompileRecord, MetricsMark, Window
 from torchkiln.errors import RegionCompileError, TorchkilnError
-from torchkiln.group_preparation import GroupPreparation, RegionFunction
-from torchkiln.plugin_faults import bad_result, culprit, raised_in
+from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
+from torchkiln.plugin_host.plugin_faults import bad_result, culprit, raised_in
+from torchkiln.plugin_host.region_plan import Region, RegionGroup, RegionPlan
 from torchkiln.progress import ProgressObserver
-from torchkiln.region_plan import Region, RegionGroup, RegionPlan
 from torchkiln.trace_settings import with_trace_settings
 
 STATE_ATTR = "_torchkiln_compiled"

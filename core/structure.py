@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from torchkiln.errors import PluginError
-from torchkiln.region_plan import Region, RegionGroup, RegionPlan
+from torchkiln.plugin_host.region_plan import Region, RegionGroup, RegionPlan
 
 INDEX_ATTRIBUTE = re.compile(r"^(?:(?:layer|block|stage)_?)?(?:idx|index|id|number|num)$")
 """Integer attributes with such names (``layer_idx``, ``layer_id``, ``block_index``,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from torchkiln.group_preparation import GroupPreparation
+from torchkiln.plugin_host.group_preparation import GroupPreparation
 
 SettingsFactory = Callable[[], AbstractContextManager[Any]]
 

@@ -329,7 +329,7 @@ def test_empty_variables_count_as_unset() -> None:
 
 
 def test_the_plugin_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchkiln.plugin_manager import PluginManager
+    from torchkiln.plugin_host.plugin_manager import PluginManager
 
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "eager")
     manager = PluginManager(

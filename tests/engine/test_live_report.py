@@ -204,7 +204,7 @@ def test_known_causes_are_named_with_their_remedy_once(
     ],
 )
 def test_causes_match_dynamos_wording(kind: str, text: str, cause: str | None) -> None:
-    from torchkiln.report_causes import BUILTIN_CAUSES, match_cause
+    from torchkiln.plugin_host.report_causes import BUILTIN_CAUSES, match_cause
 
     found = match_cause(kind, [text], BUILTIN_CAUSES)
     assert (found.name if found else None) == cause

@@ -14,7 +14,7 @@ from stack_model import Stack
 import torchkiln
 from torchkiln import cli
 from torchkiln.configuration.config_sources import CONTROL_VARIABLES
-from torchkiln.plugin_manager import FailedPlugin, builtin_name
+from torchkiln.plugin_host.plugin_manager import FailedPlugin, builtin_name
 from torchkiln.plugins import BUILTIN_PLUGINS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
@@ -54,7 +54,7 @@ def test_the_environment_controls_table_names_exactly_the_plugin_controls() -> N
         "TORCHKILN_ACCELERATE_CONFIG",
         "TORCHKILN_ON_DOUBLE_COMPILE",  # docs/double-compile.md
     }
-    from torchkiln import plugin_manager
+    from torchkiln.plugin_host import plugin_manager
 
     for name in documented:  # the module docstring documents the same variables
         assert f"``{name}" in (plugin_manager.__doc__ or "")
@@ -96,7 +96,7 @@ def test_the_json_keys_table_matches_torchkiln_plugins_json(
                 continue
             assert list(entry) == fields, key
     sample_failure = FailedPlugin("x", "x", "x-dist", "1.0", "RuntimeError: boom")
-    assert list(torchkiln.plugin_manager.attrs.asdict(sample_failure)) == rows["failed"]
+    assert list(torchkiln.plugin_host.plugin_manager.attrs.asdict(sample_failure)) == rows["failed"]
 
 
 def test_the_quoted_failure_warning_is_the_real_format() -> None:

@@ -1,4 +1,4 @@
-"""docs/hooks.md documents every hook in core/hooks.py with its current signature, and every
+"""docs/hooks.md documents every hook in core/plugin_host/hooks.py with its current signature, and every
 hook has at least one test. (The page's examples run in test_plugin_docs.py.)"""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from torchkiln import hooks as hookspecs
 from torchkiln.plugin import HOOK_NAMES
+from torchkiln.plugin_host import hooks as hookspecs
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOKS_PAGE = ROOT / "docs" / "hooks.md"

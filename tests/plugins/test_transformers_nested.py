@@ -12,7 +12,7 @@ from torch._dynamo.utils import compilation_time_metrics
 
 import torchkiln
 from torchkiln.examples import example_inputs, llama
-from torchkiln.plugin_manager import PluginManager
+from torchkiln.plugin_host.plugin_manager import PluginManager
 from torchkiln.plugins.transformers_nested import NestedLayerCache, flatten_call, unflatten_call
 from torchkiln.testing import isolated_plugin_manager
 

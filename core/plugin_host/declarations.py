@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import attrs
 
-from torchkiln.report_causes import ReportCause
+from torchkiln.plugin_host.report_causes import ReportCause
 
 
 @attrs.frozen

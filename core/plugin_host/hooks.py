@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from torch import nn
 
     from torchkiln.configuration.config import CompileConfig
-    from torchkiln.declarations import BackendSpec, DistributedSpec, SelectorSpec
-    from torchkiln.distributed_result import DistributedResult
-    from torchkiln.group_preparation import GroupPreparation
-    from torchkiln.region_plan import RegionGroup, RegionPlan
+    from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
+    from torchkiln.plugin_host.distributed_result import DistributedResult
+    from torchkiln.plugin_host.group_preparation import GroupPreparation
+    from torchkiln.plugin_host.region_plan import RegionGroup, RegionPlan
 
 PROJECT_NAME = "torchkiln"
 

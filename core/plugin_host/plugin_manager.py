@@ -44,11 +44,11 @@ import attrs
 import pluggy
 from pluggy import HookImpl
 
-from torchkiln import hooks
-from torchkiln.declarations import BackendSpec, DistributedSpec, SelectorSpec
 from torchkiln.errors import PluginError
+from torchkiln.plugin_host import hooks
+from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
+from torchkiln.plugin_host.torch_backends import compile_with_torch, torch_backend_names
 from torchkiln.plugins import BUILTIN_PLUGINS
-from torchkiln.torch_backends import compile_with_torch, torch_backend_names
 
 ENTRY_POINT_GROUP = "torchkiln"
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -9,7 +9,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchkiln.declarations import Availability
+from torchkiln.plugin_host.declarations import Availability
 
 if TYPE_CHECKING:
     from torchkiln.configuration.config import CompileConfig
