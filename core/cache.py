@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from torchkiln import settings
+from torchkiln.engine import settings
 from torchkiln.errors import TorchkilnError
 
 CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"

@@ -247,7 +247,7 @@ def _add_config(commands: Any) -> None:
 
 
 def _config_show(args: argparse.Namespace) -> int:
-    from torchkiln.resolve import resolve_config
+    from torchkiln.engine.resolve import resolve_config
 
     resolved = resolve_config(args.file)
     values = attrs.asdict(resolved.config)
@@ -274,7 +274,7 @@ def _config_show(args: argparse.Namespace) -> int:
 
 
 def _config_validate(args: argparse.Namespace) -> int:
-    from torchkiln.resolve import resolve_config
+    from torchkiln.engine.resolve import resolve_config
 
     resolve_config(args.file)
     _print(f"{args.file}: valid")

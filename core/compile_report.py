@@ -3,7 +3,7 @@
 The first call of each region is measured by its first-call shim (a window over Dynamo's
 records). Everything after that is read lazily, when the report is built: Dynamo's compilation
 metrics (recompiles, graph breaks, recompile-limit hits of the group's code, at any time), the
-region each of those compiles ran for (:mod:`torchkiln.compile_events`) and Dynamo's cached
+region each of those compiles ran for (:mod:`torchkiln.engine.compile_events`) and Dynamo's cached
 guards (does a region still run compiled code after a limit hit?). Nothing of torchkiln runs
 on the forward path for this.
 
@@ -21,10 +21,10 @@ from typing import Any
 
 import attrs
 
-from torchkiln import compile_events
-from torchkiln.dynamo_metrics import CompileRecord, all_records
+from torchkiln.engine import compile_events
+from torchkiln.engine.dynamo_metrics import CompileRecord, all_records
+from torchkiln.engine.region_compiler import CompileState, RegionState
 from torchkiln.plugin_host.report_causes import BUILTIN_CAUSES, ReportCause, match_cause
-from torchkiln.region_compiler import CompileState, RegionState
 
 FIRST_CALLS = "first calls"
 LATER_CALLS = "later calls"

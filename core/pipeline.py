@@ -11,10 +11,15 @@ from torch import nn
 from torchkiln.cache import apply_cache_dir, check_cache_dir
 from torchkiln.compile_report import CompileReport, build_report
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.cuda_graph_steps import install_step_marker, uses_cuda_graphs
 from torchkiln.distributed import attach, check_result, distributed_result
+from torchkiln.engine.cuda_graph_steps import install_step_marker, uses_cuda_graphs
+from torchkiln.engine.plan_check import check_plan
+from torchkiln.engine.progress import make_progress
+from torchkiln.engine.region_compiler import STATE_ATTR, Compiler, CompileState, add_undo, state_of
+from torchkiln.engine.region_compiler import decompile as _decompile_inplace
+from torchkiln.engine.resolve import ConfigArg, ResolvedConfig, resolve_config
+from torchkiln.engine.transaction import Snapshot
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
-from torchkiln.plan_check import check_plan
 from torchkiln.plugin_host.distributed_result import DistributedResult
 from torchkiln.plugin_host.plugin_faults import bad_result, call_hook
 from torchkiln.plugin_host.plugin_manager import (
@@ -26,11 +31,6 @@ from torchkiln.plugin_host.plugin_manager import (
 from torchkiln.plugin_host.region_plan import RegionPlan
 from torchkiln.plugin_host.report_causes import ReportCause
 from torchkiln.plugin_host.selection import planning_with
-from torchkiln.progress import make_progress
-from torchkiln.region_compiler import STATE_ATTR, Compiler, CompileState, add_undo, state_of
-from torchkiln.region_compiler import decompile as _decompile_inplace
-from torchkiln.resolve import ConfigArg, ResolvedConfig, resolve_config
-from torchkiln.transaction import Snapshot
 
 logger = logging.getLogger("torchkiln")
 
@@ -228,7 +228,7 @@ def declared_causes(pm: PluginManager) -> tuple[ReportCause, ...]:
 
 
 def _roll_back(model: nn.Module, snapshot: Snapshot) -> None:
-    """Undo a compile that failed after touching the model (see :mod:`torchkiln.transaction`)."""
+    """Undo a compile that failed after touching the model (see :mod:`torchkiln.engine.transaction`)."""
     try:
         _decompile_inplace(model)  # releases process-wide settings the model held
     finally:

@@ -36,6 +36,21 @@ from torchkiln.distributed import (
     process_group_ready,
     require_process_group,
 )
+from torchkiln.engine.region_compiler import add_undo
+from torchkiln.engine.settings import Hold, hold_setting
+from torchkiln.engine.structure import (
+    StructureIndex,
+    check_group,
+    check_plan,
+    difference_kind,
+    drop_excluded,
+    forward_code_problems,
+    group_by_structure,
+    is_excluded,
+    same_structure,
+    structural_difference,
+    structure_key,
+)
 from torchkiln.errors import (
     ConfigError,
     ConfigProblem,
@@ -61,21 +76,6 @@ from torchkiln.plugin_host.torch_backends import (
     probe_import,
     torch_backend_names,
     torch_knows,
-)
-from torchkiln.region_compiler import add_undo
-from torchkiln.settings import Hold, hold_setting
-from torchkiln.structure import (
-    StructureIndex,
-    check_group,
-    check_plan,
-    difference_kind,
-    drop_excluded,
-    forward_code_problems,
-    group_by_structure,
-    is_excluded,
-    same_structure,
-    structural_difference,
-    structure_key,
 )
 
 HOOK_NAMES: tuple[str, ...] = (

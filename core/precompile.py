@@ -42,13 +42,13 @@ from torchkiln.artifacts import (
 )
 from torchkiln.cache import apply_cache_dir
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.progress import make_progress
+from torchkiln.engine.region_compiler import REGION_ATTR, Compiler, decompile, state_of
+from torchkiln.engine.resolve import ConfigArg, resolve_config
+from torchkiln.engine.trace_settings import trace_settings_of
 from torchkiln.isa_probe import recorded_probes
 from torchkiln.plugin_host.plugin_manager import PluginManager, get_plugin_manager
 from torchkiln.plugin_host.region_plan import RegionGroup
-from torchkiln.progress import make_progress
-from torchkiln.region_compiler import REGION_ATTR, Compiler, decompile, state_of
-from torchkiln.resolve import ConfigArg, resolve_config
-from torchkiln.trace_settings import trace_settings_of
 
 INSTALLED = ("forward", REGION_ATTR)
 MAX_VARIANTS = 4

@@ -279,7 +279,7 @@ def _group_mismatch(
 
 
 def artifact_group_loader(config: CompileConfig, plugins: Any) -> Callable[..., Any]:
-    """The :class:`~torchkiln.region_compiler.Compiler` group loader for ``config.artifacts``."""
+    """The :class:`~torchkiln.engine.region_compiler.Compiler` group loader for ``config.artifacts``."""
     assert config.artifacts is not None
     loader = ArtifactLoader(config.artifacts, config.artifacts_strict)
 

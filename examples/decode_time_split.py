@@ -38,8 +38,8 @@ import torch
 
 import torchkiln
 from torchkiln.bench.generate import generate_once
+from torchkiln.engine.region_compiler import state_of
 from torchkiln.examples import example_inputs, llama
-from torchkiln.region_compiler import state_of
 
 PARTS = ("graphs", "guards", "block call, rest", "outside the blocks")
 

@@ -61,7 +61,7 @@ from torchkiln.compat.unwrap import (
     unwrap_containers,
 )
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.region_compiler import CompileState, region_state_of, state_of
+from torchkiln.engine.region_compiler import CompileState, region_state_of, state_of
 
 __all__ = [
     "DynamoBackend",

@@ -42,9 +42,9 @@ from typing import Any
 import attrs
 from torch import nn
 
-from torchkiln import double_compile
 from torchkiln.compat.accelerate_settings import ENV_DYNAMIC, parse_truth
 from torchkiln.compat.unwrap import ORIG_MOD, unwrap_containers
+from torchkiln.engine import double_compile
 
 REPLACED = (
     "compile_regions",

@@ -16,7 +16,7 @@ REST_POLICIES = ("eager", "leaves")
 PROGRESS_CHOICES = ("auto", "on", "off")
 DISPATCH_CHOICES = ("direct", "dynamo", "reduced")
 """``direct``: torchkiln dispatches steady-state region calls (guards checked, the
-``torch.compile`` wrapper skipped; :mod:`torchkiln.dispatch`); ``dynamo``: every call through
+``torch.compile`` wrapper skipped; :mod:`torchkiln.engine.dispatch`); ``dynamo``: every call through
 the wrapper; ``reduced`` (unsafe, opt-in): as ``direct``, with torch's reduced guard set on
 regions whose module tree has not changed."""
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")

@@ -40,7 +40,7 @@ CONTROL_VARIABLES = frozenset(
         "TORCHKILN_STRICT_PLUGINS",
         "TORCHKILN_TRACE_PLUGINS",
         "TORCHKILN_ACCELERATE_CONFIG",
-        "TORCHKILN_ON_DOUBLE_COMPILE",  # read by torchkiln.double_compile
+        "TORCHKILN_ON_DOUBLE_COMPILE",  # read by torchkiln.engine.double_compile
     }
 )
 ENV_TRUE = ("1", "true", "yes", "on")

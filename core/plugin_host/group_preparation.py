@@ -93,7 +93,7 @@ class GroupPreparation:
     every call that goes through ``torch.compile``'s own entry, where Dynamo may trace: first
     calls, calls that miss every compiled entry (a recompile), and every call under
     ``dispatch="dynamo"``. Calls dispatched directly to compiled code (the default steady
-    state, :mod:`torchkiln.dispatch`) skip it, so compile-time settings cost nothing there."""
+    state, :mod:`torchkiln.engine.dispatch`) skip it, so compile-time settings cost nothing there."""
     forwards: tuple[tuple[nn.Module, Callable[..., Any]], ...] = attrs.field(
         default=(), converter=_forward_pairs
     )

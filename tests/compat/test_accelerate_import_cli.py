@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from torchkiln.cli import main
-from torchkiln.resolve import resolve_config
+from torchkiln.engine.resolve import resolve_config
 
 FULL = """\
 compute_environment: LOCAL_MACHINE

@@ -17,7 +17,7 @@ from accelerate_training import compare
 import torchkiln
 from torchkiln.compat import accelerate as kiln
 from torchkiln.compat.accelerate_install import REPLACED, launcher_dynamic_unforced
-from torchkiln.double_compile import DoubleCompileError, DoubleCompileWarning
+from torchkiln.engine.double_compile import DoubleCompileError, DoubleCompileWarning
 
 accelerate_other = pytest.importorskip("accelerate.utils.other")
 pytest.importorskip("accelerate.accelerator")

@@ -14,8 +14,8 @@ from torchkiln.compat.accelerate_settings import (
     to_overrides,
     torchkiln_backend,
 )
+from torchkiln.engine.resolve import ResolvedConfig, resolve_config
 from torchkiln.errors import ConfigError
-from torchkiln.resolve import ResolvedConfig, resolve_config
 
 PLUGIN = "plugin:torchkiln.accelerate_config"
 

@@ -13,7 +13,7 @@ from accelerate_helpers import compiled_graphs, llama_model, token_ids
 from torch import nn
 
 import torchkiln
-from torchkiln.double_compile import DoubleCompileWarning, policy
+from torchkiln.engine.double_compile import DoubleCompileWarning, policy
 
 
 def compile_outer(model: nn.Module) -> Callable[..., object]:

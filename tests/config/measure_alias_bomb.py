@@ -27,7 +27,7 @@ def measure(reader: str) -> dict[str, float | str]:
     import torchkiln
     from torchkiln import cli
     from torchkiln.configuration.yaml_reader import read_yaml_file
-    from torchkiln.resolve import resolve_config
+    from torchkiln.engine.resolve import resolve_config
 
     pm = torchkiln.PluginManager(entry_points=False, env={})
     pm.ensure_loaded()

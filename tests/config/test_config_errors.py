@@ -16,9 +16,9 @@ import pytest
 
 import torchkiln
 from torchkiln import ConfigError, hookimpl
+from torchkiln.engine.resolve import resolve_config
 from torchkiln.errors import ConfigProblem
 from torchkiln.plugin import BackendSpec
-from torchkiln.resolve import resolve_config
 
 BOOLEANS = "allowed: 1/true/yes/on/0/false/no/off"
 TOP_LEVEL = (

@@ -11,8 +11,8 @@ import pytest
 
 import torchkiln
 from torchkiln.configuration.config_sources import env_name, leaf_fields
+from torchkiln.engine.resolve import resolve_config
 from torchkiln.plugin import RegionPlan, SelectorSpec
-from torchkiln.resolve import resolve_config
 
 
 def write(path: Path, text: str) -> Path:

@@ -39,7 +39,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from torchkiln import ConfigError, cli  # noqa: E402
 from torchkiln.configuration.config_sources import env_fields, leaf_fields  # noqa: E402
-from torchkiln.resolve import ResolvedConfig, resolve_config  # noqa: E402
+from torchkiln.engine.resolve import ResolvedConfig, resolve_config  # noqa: E402
 from torchkiln.testing import isolated_plugin_manager  # noqa: E402
 
 QUICK = {"yaml": 200, "env": 120, "kwargs": 120, "cli": 60}

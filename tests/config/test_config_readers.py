@@ -20,7 +20,7 @@ import torchkiln
 from torchkiln import ConfigError, cli
 from torchkiln.configuration.config_values import MAX_DEPTH, MAX_VALUES
 from torchkiln.configuration.yaml_reader import MAX_FILE_BYTES
-from torchkiln.resolve import resolve_config
+from torchkiln.engine.resolve import resolve_config
 
 HERE = Path(__file__).parent
 

@@ -24,8 +24,8 @@ import torchkiln
 from torchkiln import ConfigError, cli, hookimpl
 from torchkiln.configuration.option_safety import _safe_from_files, inductor_settings
 from torchkiln.configuration.yaml_reader import read_yaml_file
+from torchkiln.engine.resolve import resolve_config
 from torchkiln.plugin import BackendSpec
-from torchkiln.resolve import resolve_config
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from config_reference import DOC, documented_block, render_table
 import torchkiln
 from torchkiln import ConfigError, cli
 from torchkiln.configuration.config_sources import env_name, leaf_fields
-from torchkiln.resolve import resolve_config
+from torchkiln.engine.resolve import resolve_config
 
 TEXT = DOC.read_text(encoding="utf-8")
 FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from torchkiln import ConfigError
-from torchkiln.resolve import resolve_config
+from torchkiln.engine.resolve import resolve_config
 
 
 def keep_all_guards(entries: list[object]) -> list[bool]:

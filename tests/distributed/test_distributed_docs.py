@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import torchkiln
-from torchkiln.resolve import resolve_config
+from torchkiln.engine.resolve import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "distributed.md"

@@ -49,8 +49,8 @@ def test_fsdp2_options_win_over_the_section():
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import torchkiln
+    from torchkiln.engine.resolve import resolve_config
     from torchkiln.plugins.fsdp2 import shard_kwargs
-    from torchkiln.resolve import resolve_config
 
     mine = MixedPrecisionPolicy(param_dtype=None)
     mesh = object()  # a user's mesh, passed through untouched (no process group needed)

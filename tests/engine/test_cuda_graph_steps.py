@@ -16,8 +16,8 @@ from stack_model import Stack
 from torch._inductor import cudagraph_trees
 
 import torchkiln
-from torchkiln import cuda_graph_steps
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine import cuda_graph_steps
 
 
 @pytest.fixture

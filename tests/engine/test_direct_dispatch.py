@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 import torchkiln
-import torchkiln.dispatch
+import torchkiln.engine.dispatch
+from torchkiln.engine.region_compiler import state_of
 from torchkiln.errors import ConfigError
-from torchkiln.region_compiler import state_of
 
 
 class ScaledBlock(nn.Module):
@@ -116,7 +116,7 @@ def test_with_an_eval_frame_callback_set_the_wrapped_bytecode_runs(monkeypatch):
     x = torch.randn(2, 8)
     warm(model, x)
     counter = count_lean_calls(model)
-    monkeypatch.setattr(torchkiln.dispatch, "_EVAL_FRAME_CALLBACK", lambda: object())
+    monkeypatch.setattr(torchkiln.engine.dispatch, "_EVAL_FRAME_CALLBACK", lambda: object())
     before = dispatcher(model).direct_calls
     with torch.no_grad():
         torch.testing.assert_close(model(x), eager(x))

@@ -11,8 +11,8 @@ import torch._dynamo
 
 import torchkiln
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.progress import NullProgress, StreamProgress, make_progress
 from torchkiln.examples import example_inputs, llama
-from torchkiln.progress import NullProgress, StreamProgress, make_progress
 from torchkiln.testing import isolated_plugin_manager
 
 

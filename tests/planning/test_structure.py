@@ -109,7 +109,7 @@ def test_group_by_structure_names_later_shapes_of_a_class() -> None:
 
 
 def test_only_block_numbers_are_left_out() -> None:
-    from torchkiln.structure import INDEX_ATTRIBUTE
+    from torchkiln.engine.structure import INDEX_ATTRIBUTE
 
     numbers = ["layer_idx", "layer_id", "layer_number", "block_index", "stage_idx", "idx"]
     assert all(INDEX_ATTRIBUTE.match(name) for name in numbers)

@@ -19,6 +19,7 @@ from torch import nn
 
 import torchkiln
 from torchkiln import ConfigError, PluginError, RegionCompileError, TorchkilnError, hookimpl
+from torchkiln.engine.resolve import resolve_config
 from torchkiln.plugin import (
     Availability,
     BackendSpec,
@@ -29,7 +30,6 @@ from torchkiln.plugin import (
     RegionPlan,
     SelectorSpec,
 )
-from torchkiln.resolve import resolve_config
 
 # --- declaration hooks ---------------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ from torch._dynamo.utils import counters
 
 import torchkiln
 import torchkiln.plugin
+from torchkiln.engine.region_compiler import state_of
 from torchkiln.plugin import GroupPreparation, PluginError, add_undo
-from torchkiln.region_compiler import state_of
 from torchkiln.testing import isolated_plugin_manager
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 A group's compiled function is what ``torch.compile`` returned; :class:`TraceSettings` wraps it
 so that every call through it runs inside the preparations' settings. Direct dispatch
-(:mod:`torchkiln.dispatch`) calls this wrapper only when no compiled entry matches (the calls
+(:mod:`torchkiln.engine.dispatch`) calls this wrapper only when no compiled entry matches (the calls
 on which Dynamo traces), and runs the compiled code itself otherwise; with
 ``dispatch="dynamo"`` every call goes through it.
 """

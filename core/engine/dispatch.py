@@ -275,7 +275,7 @@ def _bind_torch() -> bool:
 def direct_dispatch_hook(
     found: dict[str, DirectDispatch], reduced: bool = False
 ) -> Callable[..., Any]:
-    """A :data:`~torchkiln.region_compiler.GroupHook` that installs :class:`DirectDispatch` for
+    """A :data:`~torchkiln.engine.region_compiler.GroupHook` that installs :class:`DirectDispatch` for
     each group compiled by ``torch.compile`` (anything else, precompiled artifacts or a
     vendor's compiler, is left as it is), recording it in ``found`` by group name."""
 

@@ -11,7 +11,7 @@ object per group, hence one Dynamo cache per group shared by all of its regions)
 The first call of each region goes through a shim that times it, reads Dynamo's records,
 applies the region error policy and reports progress; it then installs the compiled function:
 ``torch.compile``'s, or (``dispatch="direct"``, the default) torchkiln's dispatcher in place of
-``torch.compile``'s per-call wrapper (:mod:`torchkiln.dispatch`).
+``torch.compile``'s per-call wrapper (:mod:`torchkiln.engine.dispatch`).
 """
 
 from __future__ import annotations
@@ -32,17 +32,17 @@ import attrs
 import torch
 from torch import nn
 
-from torchkiln import compile_events
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.dispatch import DirectDispatch, direct_dispatch_hook
-from torchkiln.double_compile import first_call_check, group_function_check
-from torchkiln.dynamo_metrics import CompileRecord, MetricsMark, Window
+from torchkiln.engine import compile_events
+from torchkiln.engine.dispatch import DirectDispatch, direct_dispatch_hook
+from torchkiln.engine.double_compile import first_call_check, group_function_check
+from torchkiln.engine.dynamo_metrics import CompileRecord, MetricsMark, Window
+from torchkiln.engine.progress import ProgressObserver
+from torchkiln.engine.trace_settings import with_trace_settings
 from torchkiln.errors import RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.plugin_faults import bad_result, culprit, raised_in
 from torchkiln.plugin_host.region_plan import Region, RegionGroup, RegionPlan
-from torchkiln.progress import ProgressObserver
-from torchkiln.trace_settings import with_trace_settings
 
 STATE_ATTR = "_torchkiln_compiled"
 REGION_ATTR = "_torchkiln_region"
@@ -236,7 +236,7 @@ def group_function(
 
     ``comptime(check)`` does something only while Dynamo traces the function (compiled code
     does not contain it): it reports another compile inlining this region, a double compile
-    (:mod:`torchkiln.double_compile`).
+    (:mod:`torchkiln.engine.double_compile`).
     """
     from torch._dynamo.comptime import comptime  # imported with Dynamo, not with torchkiln
 

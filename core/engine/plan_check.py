@@ -3,7 +3,7 @@
 Every check here runs in :func:`torchkiln.compile` (and :func:`torchkiln.plan`) right after
 ``select_regions`` returns, so a bad plan is refused with nothing changed, with every problem
 found (the first few) in one :class:`PluginError` naming the selector's plugin. The group
-invariant (one ``forward`` function per group) comes from :mod:`torchkiln.structure`, whose
+invariant (one ``forward`` function per group) comes from :mod:`torchkiln.engine.structure`, whose
 ``check_plan`` / ``check_group`` selector authors call in their own tests.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 
 from torch import nn
 
+from torchkiln.engine.structure import forward_code_problems
 from torchkiln.errors import PluginError
 from torchkiln.plugin_host.plugin_faults import bad_result
 from torchkiln.plugin_host.region_plan import EagerPart, Region, RegionGroup, RegionPlan
-from torchkiln.structure import forward_code_problems
 
 _SHOWN = 5
 
