@@ -9,7 +9,6 @@ from typing import Any
 from torch import nn
 
 from torchkiln.cache import apply_cache_dir, check_cache_dir
-from torchkiln.compile_report import CompileReport, build_report
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.engine.cuda_graph_steps import install_step_marker, uses_cuda_graphs
@@ -31,6 +30,7 @@ from torchkiln.plugin_host.plugin_manager import (
 from torchkiln.plugin_host.region_plan import RegionPlan
 from torchkiln.plugin_host.report_causes import ReportCause
 from torchkiln.plugin_host.selection import planning_with
+from torchkiln.reporting.compile_report import CompileReport, build_report
 
 logger = logging.getLogger("torchkiln")
 

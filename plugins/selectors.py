@@ -2,7 +2,7 @@
 ``paths``.
 
 ``repeated`` plans at the level that really repeats. A region group is a set of
-*structurally identical* modules (:mod:`torchkiln.structure`: same class, ``forward``,
+*structurally identical* modules (:mod:`torchkiln.engine.structure`: same class, ``forward``,
 parameter and buffer shapes, and plain attributes Dynamo specialises on), so each group
 compiles into one graph. Walking down from the root, the first composite module whose shape
 occurs ``regions.min_repeats`` or more times in the model is a block; a module whose shape is

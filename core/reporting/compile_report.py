@@ -129,7 +129,7 @@ class CompileReport:
 
     def __str__(self) -> str:
         try:
-            from torchkiln.report_table import render_report
+            from torchkiln.reporting.report_table import render_report
         except ImportError:
             return _plain_table(self)
         return render_report(self)
