@@ -26,5 +26,5 @@ _.global_var; WORKLOAD_HELP; _.end
 recompile_reasons; _.wrap_distributed; _compiles
 # DirectDispatch.direct_calls: read by tests/engine/test_direct_dispatch.py and the bench
 _.direct_calls
-# KernelTemplate._template_from_string: torch reads the attribute it is set on (core/deferred_templates.py)
+# KernelTemplate._template_from_string: torch reads the attribute it is set on (core/artifacts/deferred_templates.py)
 _._template_from_string

@@ -23,12 +23,12 @@ from torchkiln.errors import (
 from torchkiln.plugin_host.hooks import hookimpl
 
 if TYPE_CHECKING:
-    from torchkiln.cache import load_cache_artifacts, save_cache_artifacts
+    from torchkiln.artifacts.cache import load_cache_artifacts, save_cache_artifacts
+    from torchkiln.artifacts.precompile import precompile
     from torchkiln.configuration.config import CompileConfig
     from torchkiln.distributed import distributed_result, full_state_dict, unwrap
     from torchkiln.pipeline import compile, decompile, is_compiled, plan, report
     from torchkiln.plugin_host.plugin_manager import PluginManager, get_plugin_manager
-    from torchkiln.precompile import precompile
 
 __version__ = "0.1.0"
 
@@ -44,9 +44,9 @@ _LAZY = {
     "unwrap": "torchkiln.distributed",
     "full_state_dict": "torchkiln.distributed",
     "distributed_result": "torchkiln.distributed",
-    "save_cache_artifacts": "torchkiln.cache",
-    "load_cache_artifacts": "torchkiln.cache",
-    "precompile": "torchkiln.precompile",
+    "save_cache_artifacts": "torchkiln.artifacts.cache",
+    "load_cache_artifacts": "torchkiln.artifacts.cache",
+    "precompile": "torchkiln.artifacts.precompile",
 }
 
 

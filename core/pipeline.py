@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln.cache import apply_cache_dir, check_cache_dir
+from torchkiln.artifacts.cache import apply_cache_dir, check_cache_dir
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.engine.cuda_graph_steps import install_step_marker, uses_cuda_graphs
@@ -154,7 +154,7 @@ def _compile_checked(
 ) -> Any:
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
     if cfg.enabled and cfg.artifacts is not None:
-        from torchkiln.precompiled import artifact_group_loader
+        from torchkiln.artifacts.precompiled import artifact_group_loader
 
         compiler.group_loader = artifact_group_loader(cfg, pm)
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from torchkiln.artifacts import KINDS
+from torchkiln.artifacts.directory import KINDS
 from torchkiln.errors import TorchkilnError
 
 

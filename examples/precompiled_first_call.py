@@ -39,8 +39,8 @@ imported = time.perf_counter()
 from torch._inductor import cpu_vec_isa  # noqa: E402
 
 import torchkiln  # noqa: E402
+import torchkiln.artifacts.precompiled as precompiled  # noqa: E402
 import torchkiln.plugins.backends as backends  # noqa: E402
-import torchkiln.precompiled as precompiled  # noqa: E402
 from torchkiln.configuration.config import CompileConfig  # noqa: E402
 from torchkiln.examples import example_inputs, llama  # noqa: E402
 

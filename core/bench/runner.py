@@ -2,7 +2,7 @@
 
 Cold: a new process with a new, empty inductor cache directory. Warm: another new process
 reusing the directory the cold run filled, so the difference is what the persistent compile
-cache saves (see :mod:`torchkiln.cache`). ``eager`` has nothing to cache and runs once.
+cache saves (see :mod:`torchkiln.artifacts.cache`). ``eager`` has nothing to cache and runs once.
 Then, per depth and batch, one more process times the steady state of every strategy in
 alternating rounds, with the caches those runs filled (so it compiles warm), so that every
 strategy sees the same machine load. A worker that fails or times out is recorded on its
@@ -24,8 +24,8 @@ from typing import Any, TextIO
 
 import attrs
 
+from torchkiln.artifacts.cache import cache_dir_environment
 from torchkiln.bench.settings import COMPILED_STRATEGIES, BenchSettings, Cell
-from torchkiln.cache import cache_dir_environment
 
 STDERR_TAIL_LINES = 25
 BUDGET_GRACE_SECONDS = 45.0

@@ -9,7 +9,7 @@ import attrs
 import torch
 from torch import nn
 
-from torchkiln.cache import CACHE_DIR_ENV
+from torchkiln.artifacts.cache import CACHE_DIR_ENV
 
 
 def _forward(module: nn.Module) -> Any:

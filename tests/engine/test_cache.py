@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from torchkiln import TorchkilnError
-from torchkiln.cache import (
+from torchkiln.artifacts.cache import (
     CACHE_DIR_ENV,
     apply_cache_dir,
     cache_dir_environment,
@@ -104,7 +104,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     import torch
     from torch._dynamo.utils import counters
-    from torchkiln.cache import apply_cache_dir, load_cache_artifacts, save_cache_artifacts
+    from torchkiln.artifacts.cache import apply_cache_dir, load_cache_artifacts, save_cache_artifacts
 
     mode, cache_dir, artifacts = sys.argv[1:4]
     apply_cache_dir(cache_dir)

@@ -1,5 +1,5 @@
 """Inductor's kernel templates parsed on first use while precompiled functions load
-(``torchkiln.deferred_templates``). The whole load path with inductor is in
+(``torchkiln.artifacts.deferred_templates``). The whole load path with inductor is in
 test_precompile.py's slow test."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from torchkiln.deferred_templates import DeferredTemplate
+from torchkiln.artifacts.deferred_templates import DeferredTemplate
 
 pytest.importorskip("jinja2")
 
@@ -47,7 +47,7 @@ def test_a_copy_without_init_does_not_recurse() -> None:
 IMPORT_WHILE_DEFERRED = textwrap.dedent(
     """
     import json, sys
-    from torchkiln.deferred_templates import DeferredTemplate, deferred_templates
+    from torchkiln.artifacts.deferred_templates import DeferredTemplate, deferred_templates
     from torch._inductor.codegen.common import KernelTemplate
     original = KernelTemplate.__dict__["_template_from_string"]
     with deferred_templates():

@@ -1,5 +1,5 @@
 """Inductor's CPU ISA probe, recorded at precompile and answered at load
-(``torchkiln.isa_probe``), against a stand-in for ``torch._inductor.cpu_vec_isa``: no compiler
+(``torchkiln.artifacts.isa_probe``), against a stand-in for ``torch._inductor.cpu_vec_isa``: no compiler
 runs. The real probe, end to end, is in test_precompile.py's slow inductor test."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from torchkiln import isa_probe
+from torchkiln.artifacts.directory import isa_probe
 
 BASE_CODE, EXTENSION_CODE = "base test code", "extension test code"
 

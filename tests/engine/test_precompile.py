@@ -20,9 +20,9 @@ import torch._dynamo
 from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
 
 import torchkiln
-from torchkiln.artifacts import MANIFEST, ArtifactError, read_manifest
+from torchkiln.artifacts.directory import MANIFEST, ArtifactError, read_manifest
+from torchkiln.artifacts.precompiled import ArtifactWarning
 from torchkiln.plugin import BackendSpec
-from torchkiln.precompiled import ArtifactWarning
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
@@ -77,7 +77,7 @@ LOADER = textwrap.dedent(
     import torchkiln
     from precompile_models import inputs, stack
 
-    from torchkiln.precompiled import ArtifactWarning
+    from torchkiln.artifacts.precompiled import ArtifactWarning
 
     warnings.simplefilter("error", ArtifactWarning)  # artifacts that do not fit fail the run
     directory, backend = sys.argv[1], sys.argv[2]
@@ -360,7 +360,7 @@ INDUCTOR_LOADER = textwrap.dedent(
     # compile stack was never imported.
     compile_stack = "torch._inductor.compile_fx" in sys.modules
     from torch._inductor.select_algorithm import TritonTemplate
-    from torchkiln.deferred_templates import DeferredTemplate
+    from torchkiln.artifacts.deferred_templates import DeferredTemplate
     templates = [t.template for t in TritonTemplate.all_templates.values()]
     deferred = all(isinstance(t, DeferredTemplate) and t._parsed is None for t in templates)
     torchkiln.decompile(model)

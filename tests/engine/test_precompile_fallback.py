@@ -18,9 +18,9 @@ from torch._dynamo.utils import clear_compilation_metrics
 
 import torchkiln
 import torchkiln.plugins.backends as builtin_backends
-from torchkiln.artifacts import ArtifactError
+from torchkiln.artifacts.directory import ArtifactError
+from torchkiln.artifacts.precompiled import ArtifactWarning
 from torchkiln.errors import RegionCompileError
-from torchkiln.precompiled import ArtifactWarning
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))

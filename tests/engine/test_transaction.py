@@ -16,7 +16,7 @@ from fingerprint import Fingerprint
 from torch import nn
 
 import torchkiln
-from torchkiln.cache import CACHE_DIR_ENV
+from torchkiln.artifacts.cache import CACHE_DIR_ENV
 from torchkiln.plugin import (
     BackendSpec,
     DistributedResult,

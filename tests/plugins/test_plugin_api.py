@@ -284,7 +284,7 @@ def test_trace_settings_hold_for_a_precompiled_groups_fallback_compile(
     """A call the loaded artifacts do not fit is compiled normally, inside the settings."""
     from precompile_models import inputs, stack
 
-    from torchkiln.precompiled import ArtifactWarning
+    from torchkiln.artifacts.precompiled import ArtifactWarning
 
     torchkiln.precompile(stack(), inputs(), tmp_path, backend="aot_eager")
     torch._dynamo.reset()

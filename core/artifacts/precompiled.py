@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkiln.artifacts import (
+from torchkiln.artifacts.directory import (
     KERNELS_DIR,
     ArtifactError,
     GroupArtifacts,
@@ -39,8 +39,8 @@ from torchkiln.artifacts import (
     read_manifest,
     structure_hash,
 )
+from torchkiln.artifacts.isa_probe import answered_probes
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.isa_probe import answered_probes
 from torchkiln.plugin_host.region_plan import RegionGroup
 
 logger = logging.getLogger("torchkiln")
@@ -227,8 +227,8 @@ class ArtifactLoader:
         shared: Callable[..., Any],
         compile_group: Callable[[], Callable[..., Any]],
     ) -> PrecompiledGroup:
-        from torchkiln.cache import current_cache_dir
-        from torchkiln.precompile import closure_data
+        from torchkiln.artifacts.cache import current_cache_dir
+        from torchkiln.artifacts.precompile import closure_data
 
         kernels = self.directory / KERNELS_DIR
         if not self._kernels_copied and kernels.is_dir():  # one directory for all groups
@@ -253,7 +253,7 @@ class ArtifactLoader:
         assert self.manifest is not None
         if self.manifest.environment.get("backend") != "inductor":
             return contextlib.nullcontext()
-        from torchkiln.deferred_templates import deferred_templates
+        from torchkiln.artifacts.deferred_templates import deferred_templates
 
         return deferred_templates()
 

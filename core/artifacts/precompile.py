@@ -24,7 +24,8 @@ import attrs
 import torch
 from torch import nn
 
-from torchkiln.artifacts import (
+from torchkiln.artifacts.cache import apply_cache_dir
+from torchkiln.artifacts.directory import (
     GROUPS_DIR,
     KERNELS_DIR,
     KINDS,
@@ -40,13 +41,12 @@ from torchkiln.artifacts import (
     structure_hash,
     write_manifest,
 )
-from torchkiln.cache import apply_cache_dir
+from torchkiln.artifacts.isa_probe import recorded_probes
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import REGION_ATTR, Compiler, decompile, state_of
 from torchkiln.engine.resolve import ConfigArg, resolve_config
 from torchkiln.engine.trace_settings import trace_settings_of
-from torchkiln.isa_probe import recorded_probes
 from torchkiln.plugin_host.plugin_manager import PluginManager, get_plugin_manager
 from torchkiln.plugin_host.region_plan import RegionGroup
 

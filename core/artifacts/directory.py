@@ -186,7 +186,7 @@ class Manifest:
     format: int = FORMAT_VERSION
     cpu_isa: dict[str, Any] | None = None
     """Inductor on CPU: the ISA probe's answers, the CPU's capabilities and the compiler
-    (:mod:`torchkiln.isa_probe`); loading answers the probe from them when they match."""
+    (:mod:`torchkiln.artifacts.isa_probe`); loading answers the probe from them when they match."""
 
     def group(self, name: str) -> GroupArtifacts | None:
         return next((g for g in self.groups if g.name == name), None)
