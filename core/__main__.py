@@ -2,6 +2,6 @@
 
 import sys
 
-from torchkiln.cli import main
+from torchkiln.cli.commands import main
 
 sys.exit(main())

@@ -25,7 +25,7 @@ from torchkiln.bench.settings import (
 )
 from torchkiln.bench.table import render_table
 from torchkiln.bench.targets import check_targets
-from torchkiln.cli import build_parser, main
+from torchkiln.cli.commands import build_parser, main
 
 DOCS = Path(__file__).parents[2] / "docs" / "benchmarks.md"
 

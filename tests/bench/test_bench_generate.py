@@ -9,7 +9,7 @@ import pytest
 
 from torchkiln.bench.settings import BenchError, make_settings
 from torchkiln.bench.targets import check_targets
-from torchkiln.cli import main
+from torchkiln.cli.commands import main
 
 
 def test_workload_settings() -> None:

@@ -16,7 +16,7 @@ from torchkiln.bench.dry_run import parameter_count, planned_cells
 from torchkiln.bench.plan import plan_from_args
 from torchkiln.bench.runner import CellResult, RunFailure
 from torchkiln.bench.settings import BenchError, Cell, accelerate_available, make_settings
-from torchkiln.cli import build_parser, main
+from torchkiln.cli.commands import build_parser, main
 
 
 def _plan(*options: str) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchkiln import cli
+from torchkiln.cli import commands as cli
 
 SCRIPT = Path(sys.executable).with_name("torchkiln")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from torchkiln.cli import main
+from torchkiln.cli.commands import main
 from torchkiln.engine.resolve import resolve_config
 
 FULL = """\

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from torchkiln.cli import main
+from torchkiln.cli.commands import main
 from torchkiln.compat.accelerate_settings import BACKEND_MAP
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "migrating-from-accelerate.md"

@@ -25,7 +25,7 @@ READERS = ("yaml_reader", "resolve_config", "cli")
 def measure(reader: str) -> dict[str, float | str]:
     """Run in the child: import first (not measured), then time and trace the refusal."""
     import torchkiln
-    from torchkiln import cli
+    from torchkiln.cli import commands as cli
     from torchkiln.configuration.yaml_reader import read_yaml_file
     from torchkiln.engine.resolve import resolve_config
 

@@ -686,7 +686,7 @@ def test_config_error_is_a_value_error_and_a_torchkiln_error() -> None:
 def test_config_show_with_a_bad_env_backend_exits_non_zero_naming_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from torchkiln import cli
+    from torchkiln.cli import commands as cli
 
     monkeypatch.setenv("TORCHKILN_BACKEND", "bogus")
     assert cli.main(["config", "show"]) == 2
@@ -703,7 +703,7 @@ def test_config_show_with_a_bad_env_backend_exits_non_zero_naming_it(
 def test_config_validate_prints_the_config_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from torchkiln import cli
+    from torchkiln.cli import commands as cli
 
     path = tmp_path / "bad.yaml"
     path.write_text("regions:\n  strategy: blocks\n", encoding="utf-8")

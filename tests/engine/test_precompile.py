@@ -297,7 +297,7 @@ def test_precompile_keeps_the_model_modes(tmp_path: Path) -> None:
 
 
 def test_the_cli_writes_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from torchkiln import cli
+    from torchkiln.cli import commands as cli
 
     code = cli.main(
         [

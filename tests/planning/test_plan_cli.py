@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from torchkiln.cli import main
+from torchkiln.cli.commands import main
 
 pytest.importorskip("transformers")
 

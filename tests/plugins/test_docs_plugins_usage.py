@@ -12,7 +12,7 @@ import torch
 from stack_model import Stack
 
 import torchkiln
-from torchkiln import cli
+from torchkiln.cli import commands as cli
 from torchkiln.configuration.config_sources import CONTROL_VARIABLES
 from torchkiln.plugin_host.plugin_manager import FailedPlugin, builtin_name
 from torchkiln.plugins import BUILTIN_PLUGINS

@@ -516,7 +516,7 @@ def test_builtin_selectors_take_no_options() -> None:
 def test_plugins_listing_shows_options_and_descriptions(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torchkiln import cli
+    from torchkiln.cli import commands as cli
 
     monkeypatch.setenv("TORCHKILN_DISABLE_PLUGIN_AUTOLOAD", "1")
     assert cli.main(["plugins"]) == 0

@@ -19,7 +19,7 @@ from torchkiln.errors import TorchkilnError
 # Sub-commands that live with their own feature: (module, function adding the parser).
 EXTRA_COMMANDS = (
     ("torchkiln.bench.cli", "add_bench_parser"),
-    ("torchkiln.precompile_cli", "add_precompile_parser"),
+    ("torchkiln.cli.precompile", "add_precompile_parser"),
 )
 EXTRA_CONFIG_COMMANDS = (("torchkiln.compat.accelerate_cli", "add_import_accelerate_parser"),)
 
