@@ -25,7 +25,7 @@ from torch import nn
 
 from torchkiln.errors import DistributedError
 from torchkiln.plugin_host.distributed_result import DistributedResult as _DistributedResult
-from torchkiln.v1_compat import moved_names
+from torchkiln.v1_compat import v1_names
 
 RESULT_ATTR = "_torchkiln_distributed"
 """Key in a returned wrapper's ``__dict__`` holding its :class:`DistributedResult`."""
@@ -311,4 +311,4 @@ def check_options(
 
 
 # v1: ``from torchkiln.distributed import DistributedResult`` (now in torchkiln.plugin).
-__getattr__ = moved_names(__name__, {"DistributedResult": "torchkiln.plugin"})
+__getattr__ = v1_names(__name__)

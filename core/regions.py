@@ -1,5 +1,5 @@
 """Deprecated (plugin API v1): import these names from :mod:`torchkiln.plugin`."""
 
-from torchkiln.v1_compat import deprecated_module
+from torchkiln.v1_compat import v1_names
 
-__getattr__ = deprecated_module(__name__, ("EagerPart", "Region", "RegionGroup", "RegionPlan"))
+__getattr__ = v1_names(__name__)

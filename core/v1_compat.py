@@ -2,8 +2,12 @@
 
 Version 1 plugins imported from ``torchkiln.specs``, ``torchkiln.hookspecs``,
 ``torchkiln.regions`` and ``torchkiln.distributed``; everything a plugin needs now comes from
-:mod:`torchkiln.plugin`. The old modules resolve each old name lazily (PEP 562), warn once per
-import site, and hand back the very same object.
+:mod:`torchkiln.plugin`. :data:`V1_NAMES` is the one table of what moved where; each old module
+sets ``__getattr__ = v1_names(__name__)``, which resolves each old name lazily (PEP 562), warns
+once per import site, and hands back the very same object.
+
+New module paths are strings here, imported on use: this module imports nothing of torchkiln,
+so any layer may use it.
 """
 
 from __future__ import annotations
@@ -13,15 +17,36 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+_PLUGIN = "torchkiln.plugin"
+_HOOKS = "torchkiln.plugin_host.hooks"
 
-def moved_names(old_module: str, moved: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for ``old_module`` whose ``moved`` names now live elsewhere.
+V1_NAMES: Mapping[str, Mapping[str, str]] = {
+    "torchkiln.specs": dict.fromkeys(
+        ("Availability", "BackendSpec", "DistributedSpec", "SelectorSpec"), _PLUGIN
+    ),
+    "torchkiln.regions": dict.fromkeys(
+        ("EagerPart", "Region", "RegionGroup", "RegionPlan"), _PLUGIN
+    ),
+    "torchkiln.hookspecs": dict.fromkeys(("PROJECT_NAME", "hookimpl", "hookspec"), _PLUGIN),
+    "torchkiln.distributed": {"DistributedResult": _PLUGIN},
+}
+"""Old module -> old name -> the module to import it from now. ``torchkiln.hookspecs`` also
+gives every hook specification (:data:`torchkiln.plugin.HOOK_NAMES`) from :data:`_HOOKS`."""
 
-    :param moved: old attribute name -> the module to import it from now.
-    """
+
+def _moved_to(old_module: str, name: str) -> str | None:
+    new_module = V1_NAMES[old_module].get(name)
+    if new_module is None and old_module == "torchkiln.hookspecs":
+        hook_names = importlib.import_module(_PLUGIN).HOOK_NAMES
+        new_module = _HOOKS if name in hook_names else None
+    return new_module
+
+
+def v1_names(old_module: str) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of ``old_module``, a key of :data:`V1_NAMES`."""
 
     def __getattr__(name: str) -> Any:
-        new_module = moved.get(name)
+        new_module = _moved_to(old_module, name)
         if new_module is None:
             raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
         warnings.warn(
@@ -33,8 +58,3 @@ def moved_names(old_module: str, moved: Mapping[str, str]) -> Callable[[str], An
         return getattr(importlib.import_module(new_module), name)
 
     return __getattr__
-
-
-def deprecated_module(old_module: str, names: tuple[str, ...]) -> Callable[[str], Any]:
-    """``moved_names`` for a module whose every public name moved to :mod:`torchkiln.plugin`."""
-    return moved_names(old_module, dict.fromkeys(names, "torchkiln.plugin"))
