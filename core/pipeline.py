@@ -12,11 +12,11 @@ from torchkiln.artifacts.cache import apply_cache_dir, check_cache_dir
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.engine.cuda_graph_steps import install_step_marker, uses_cuda_graphs
-from torchkiln.engine.plan_check import check_plan
+from torchkiln.engine.plan_check import declared_by, select_plan
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import STATE_ATTR, Compiler, CompileState, add_undo, state_of
 from torchkiln.engine.region_compiler import decompile as _decompile_inplace
-from torchkiln.engine.resolve import ConfigArg, ResolvedConfig, resolve_config
+from torchkiln.engine.resolve import ConfigArg, resolve_config
 from torchkiln.engine.transaction import Snapshot
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
 from torchkiln.plugin_host.distributed_result import DistributedResult
@@ -29,39 +29,9 @@ from torchkiln.plugin_host.plugin_manager import (
 )
 from torchkiln.plugin_host.region_plan import RegionPlan
 from torchkiln.plugin_host.report_causes import ReportCause
-from torchkiln.plugin_host.selection import planning_with
 from torchkiln.reporting.compile_report import CompileReport, build_report
 
 logger = logging.getLogger("torchkiln")
-
-
-def _declared_by(plugin: str | None) -> str:
-    return f" (declared by plugin {plugin!r}, which returned None)" if plugin else ""
-
-
-def _selector_owner(pm: PluginManager, selector: str) -> str | None:
-    declared = pm.selectors().get(selector)
-    return declared.plugin if declared is not None else None
-
-
-def _plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> RegionPlan:
-    config = resolved.config
-    selector = config.regions.strategy
-    owner = _selector_owner(pm, selector)
-    with planning_with(pm):
-        plan = call_hook(pm, "select_regions", owner, model=model, config=config, selector=selector)
-    if plan is None:
-        raise PluginError(
-            f"no plugin answered select_regions for strategy {selector!r}{_declared_by(owner)}",
-            plugin=owner,
-            hook="select_regions",
-        )
-    plan = check_plan(plan, model, owner)
-    # A fallback to the whole model, or a plan that compiles nothing, is never silent.
-    fell_back = plan.selector != selector and plan.selector == "whole"
-    level = logging.WARNING if fell_back or not plan.groups else logging.INFO
-    logger.log(level, "%s", plan.reason or f"selected {plan.region_count} regions")
-    return plan
 
 
 def plan(
@@ -80,7 +50,7 @@ def plan(
     :return: each region's path and group, what stays eager and why.
     """
     pm = as_plugin_manager(plugins).ensure_loaded()
-    return _plan(model, resolve_config(config, plugins=pm, **options), pm)
+    return select_plan(model, resolve_config(config, plugins=pm, **options), pm)
 
 
 def _check_not_wrapped(model: Any) -> None:
@@ -133,7 +103,7 @@ def compile(
         if cfg.distributed.strategy == "none":
             return model
     region_plan = (
-        _plan(model, resolved, pm)
+        select_plan(model, resolved, pm)
         if cfg.enabled
         else RegionPlan("none", (), reason="compilation off")
     )
@@ -173,7 +143,7 @@ def _compile_checked(
     )
     if result is None:
         raise PluginError(
-            f"no plugin answered wrap_distributed for strategy {strategy!r}{_declared_by(owner)}",
+            f"no plugin answered wrap_distributed for strategy {strategy!r}{declared_by(owner)}",
             plugin=owner,
             hook="wrap_distributed",
         )

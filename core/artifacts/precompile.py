@@ -43,6 +43,7 @@ from torchkiln.artifacts.directory import (
 )
 from torchkiln.artifacts.isa_probe import recorded_probes
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.plan_check import select_plan
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import REGION_ATTR, Compiler, decompile, state_of
 from torchkiln.engine.resolve import ConfigArg, resolve_config
@@ -282,9 +283,7 @@ def precompile(
     resolved = resolve_config(config, plugins=pm, **options)
     cfg = attrs.evolve(resolved.config, fullgraph=True, artifacts=None, progress="off")
     _check_backend(cfg, pm)
-    from torchkiln.pipeline import _plan
-
-    plan = _plan(model, resolved, pm)
+    plan = select_plan(model, resolved, pm)
     if plan.nested:
         raise ArtifactError(
             "precompile does not support nested (hierarchical) plans: the whole model is one "

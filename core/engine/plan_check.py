@@ -9,17 +9,56 @@ invariant (one ``forward`` function per group) comes from :mod:`torchkiln.engine
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from torch import nn
 
+from torchkiln.engine.resolve import ResolvedConfig
 from torchkiln.engine.structure import forward_code_problems
 from torchkiln.errors import PluginError
-from torchkiln.plugin_host.plugin_faults import bad_result
+from torchkiln.plugin_host.plugin_faults import bad_result, call_hook
+from torchkiln.plugin_host.plugin_manager import PluginManager
 from torchkiln.plugin_host.region_plan import EagerPart, Region, RegionGroup, RegionPlan
+from torchkiln.plugin_host.selection import planning_with
+
+logger = logging.getLogger("torchkiln")
 
 _SHOWN = 5
+
+
+def declared_by(plugin: str | None) -> str:
+    """The end of a "no plugin answered" message: which plugin declared the name."""
+    return f" (declared by plugin {plugin!r}, which returned None)" if plugin else ""
+
+
+def _selector_owner(pm: PluginManager, selector: str) -> str | None:
+    declared = pm.selectors().get(selector)
+    return declared.plugin if declared is not None else None
+
+
+def select_plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> RegionPlan:
+    """The checked plan of the selector ``resolved`` names (``select_regions``), logged: what
+    :func:`torchkiln.plan` returns and :func:`torchkiln.compile` and :func:`torchkiln.precompile`
+    compile."""
+    config = resolved.config
+    selector = config.regions.strategy
+    owner = _selector_owner(pm, selector)
+    with planning_with(pm):
+        plan = call_hook(pm, "select_regions", owner, model=model, config=config, selector=selector)
+    if plan is None:
+        raise PluginError(
+            f"no plugin answered select_regions for strategy {selector!r}{declared_by(owner)}",
+            plugin=owner,
+            hook="select_regions",
+        )
+    plan = check_plan(plan, model, owner)
+    # A fallback to the whole model, or a plan that compiles nothing, is never silent.
+    fell_back = plan.selector != selector and plan.selector == "whole"
+    level = logging.WARNING if fell_back or not plan.groups else logging.INFO
+    logger.log(level, "%s", plan.reason or f"selected {plan.region_count} regions")
+    return plan
 
 
 def check_plan(plan: Any, model: nn.Module, plugin: str | None) -> RegionPlan:
