@@ -200,7 +200,7 @@ def _rebind(originals: dict[str, Any], replacements: dict[str, Any]) -> list[Bin
 
 
 def _replacements(originals: dict[str, Any]) -> dict[str, Any]:
-    from torchkiln.compat import accelerate as kiln
+    from torchkiln.compat import accelerate_helpers as kiln
 
     return {
         "compile_regions": _compiling(kiln.compile_regions, "compile_regions"),
@@ -261,7 +261,7 @@ def is_compiled_module(module: nn.Module) -> bool:
     the double compile is reported."""
     import torch
 
-    from torchkiln.compat import accelerate as kiln
+    from torchkiln.compat import accelerate_helpers as kiln
 
     if isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
         return True
@@ -269,7 +269,7 @@ def is_compiled_module(module: nn.Module) -> bool:
 
 
 def _extracting(original: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    from torchkiln.compat import accelerate as kiln
+    from torchkiln.compat import accelerate_helpers as kiln
 
     def extract_model_from_parallel(
         model: nn.Module,

@@ -1,0 +1,362 @@
+"""The Accelerate dynamo helpers on torchkiln: ``TorchDynamoPlugin``, ``compile_regions`` and its
+DeepSpeed and FSDP2 variants, ``is_compiled_module``, ``has_compiled_regions``,
+``extract_model_from_parallel``. Users import them from :mod:`torchkiln.compat.accelerate`
+(which says what is kept from Accelerate and what changed); ``install()``
+(:mod:`torchkiln.compat.accelerate_install`) puts them into Accelerate.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import warnings
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.compat.accelerate_settings import (
+    BACKEND_MAP,
+    ENV_BACKEND,
+    ENV_DYNAMIC,
+    ENV_FULLGRAPH,
+    ENV_MODE,
+    ENV_REGIONAL,
+    DynamoBackend,
+    parse_backend,
+    parse_truth,
+    torchkiln_backend,
+)
+from torchkiln.compat.unwrap import (
+    LIVE_STATUSES,
+    ORIG_MOD,
+    live_regions,
+    root_copy_without_fp32_wrapper,
+    uncompiled_twin,
+    unwrap_containers,
+)
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.region_compiler import CompileState, region_state_of, state_of
+
+__all__ = [
+    "DynamoBackend",
+    "TorchDynamoPlugin",
+    "compile_regions",
+    "compile_regions_deepspeed",
+    "compile_regions_fsdp2",
+    "extract_model_from_parallel",
+    "has_compiled_regions",
+    "is_compiled_module",
+]
+
+TORCH_COMPILE_DEFAULTS: Mapping[str, Any] = {
+    "backend": "inductor",
+    "mode": None,
+    "fullgraph": False,
+    "dynamic": None,
+    "options": None,
+    "disable": False,
+}
+"""``torch.compile``'s defaults: passed explicitly so that neither ``TORCHKILN_*`` nor
+``ACCELERATE_DYNAMO_*`` variables change what a ``compile_regions`` call means."""
+
+ACCELERATE_REGIONS: Mapping[str, str] = {"strategy": "auto", "rest": "leaves"}
+"""Accelerate's regional selection: the repeated blocks plus the rest compiled separately,
+or the whole model when it has no repeated blocks."""
+
+_PASSED_THROUGH = frozenset(f.name for f in attrs.fields(CompileConfig)) - {"distributed"}
+
+# Region module -> its root, so a block can be asked ``is_compiled_module`` on its own.
+_REGION_ROOTS: weakref.WeakKeyDictionary[nn.Module, weakref.ref[nn.Module]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+# --- TorchDynamoPlugin ------------------------------------------------------------------------
+
+
+_PLUGIN_DEFAULTS: Mapping[str, Any] = {
+    "backend": "no",
+    "mode": "default",
+    "fullgraph": False,
+    "dynamic": None,
+    "options": None,
+    "disable": False,
+    "use_regional_compilation": False,
+}
+"""What ``TorchDynamoPlugin()`` holds with no ``ACCELERATE_DYNAMO_*`` variable set (in
+``to_dict()`` form): ``to_kwargs()`` reports the fields that differ from it."""
+
+
+# A dataclass, not attrs, on purpose: code written for Accelerate's plugin may use
+# dataclasses.replace / asdict / fields on it.
+@dataclasses.dataclass
+class TorchDynamoPlugin:
+    """Accelerate's ``TorchDynamoPlugin``: same fields, defaults and environment variables.
+
+    A field left ``None`` is read from ``ACCELERATE_DYNAMO_*`` (backend ``NO``, mode
+    ``default``, fullgraph and regional compilation off when unset). One difference: a false
+    ``ACCELERATE_DYNAMO_USE_DYNAMIC`` leaves ``dynamic`` at ``None`` (``accelerate launch``
+    exports ``False`` even when nobody chose it); pass ``dynamic=False`` to force it.
+    """
+
+    backend: DynamoBackend | str | None = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        source = "argument"
+        if self.backend is None:
+            source = f"env:{ENV_BACKEND}"
+            self.backend = os.environ.get(ENV_BACKEND, "").strip() or DynamoBackend.NO
+        self.backend = parse_backend(self.backend, "$.backend", source)
+        if self.mode is None:
+            self.mode = os.environ.get(ENV_MODE, "").strip() or "default"
+        if self.fullgraph is None:
+            self.fullgraph = _env_truth(ENV_FULLGRAPH, "$.fullgraph") is True
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = _env_truth(ENV_REGIONAL, "$.regions") is True
+        if self.dynamic is None and _env_truth(ENV_DYNAMIC, "$.dynamic") is True:
+            self.dynamic = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, the backend as its lower-case name."""
+        values = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        values["backend"] = DynamoBackend(values["backend"]).value.lower()
+        return values
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The ``torch.compile`` keyword arguments that differ from the defaults (as Accelerate:
+        ``use_regional_compilation`` is not one of them)."""
+        kwargs = {k: v for k, v in self.to_dict().items() if _PLUGIN_DEFAULTS[k] != v}
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
+
+    def to_torchkiln(self) -> dict[str, Any]:
+        """Keyword options for :func:`torchkiln.compile` meaning the same as this plugin:
+        Accelerate's backend name mapped to torchkiln's, regional compilation as
+        ``regions``."""
+        backend = DynamoBackend(self.backend or DynamoBackend.NO)  # __post_init__ filled it
+        options: dict[str, Any] = {
+            "backend": torchkiln_backend(backend, "$.backend", "argument"),
+            "mode": None if self.mode in (None, "default") else self.mode,
+            "fullgraph": bool(self.fullgraph),
+            "dynamic": self.dynamic,
+            "options": dict(self.options or {}),
+            "disable": self.disable,
+        }
+        options["regions"] = (
+            dict(ACCELERATE_REGIONS) if self.use_regional_compilation else {"strategy": "whole"}
+        )
+        return options
+
+
+def _env_truth(name: str, path: str) -> bool | None:
+    raw = os.environ.get(name, "").strip()
+    return parse_truth(raw, path, f"env:{name}") if raw else None
+
+
+# --- compiling --------------------------------------------------------------------------------
+
+
+def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """Regional compilation, in place: Accelerate's ``compile_regions`` on torchkiln.
+
+    Compiles every repeated block (found in ``nn.ModuleList``, ``nn.Sequential``,
+    ``nn.ModuleDict`` and nested containers) with one compiled function per block class, and
+    each parameterised leaf outside them (``lm_head``, embeddings, final norm) on its own; a
+    model without repeated blocks is compiled whole.
+
+    :param module: the model, or a DDP / DataParallel / DeepSpeed engine holding it (the
+        module inside is compiled; the wrapper is not touched otherwise).
+    :param compile_kwargs: ``torch.compile`` arguments (``backend`` — a name or a
+        :class:`DynamoBackend` —, ``mode``, ``fullgraph``, ``dynamic``, ``options``,
+        ``disable``); torchkiln ``CompileConfig`` fields (``regions``, ``on_region_error``,
+        ``cache_dir`` ...) are accepted too.
+    :return: ``module`` itself; ``module._orig_mod is module``, so code that reads
+        ``_orig_mod`` keeps working, and ``state_dict()`` keys are unchanged.
+    """
+    state = _compile_in_place(module, compile_kwargs)
+    module.__dict__[ORIG_MOD] = module  # not a submodule: never in state_dict() or children()
+    if state is not None:  # torchkiln.decompile takes it away again
+        state.restore.append(lambda: module.__dict__.pop(ORIG_MOD, None))
+    return module
+
+
+def compile_regions_deepspeed(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """Accelerate's DeepSpeed variant (it gets ``engine.module``): the same in-place regional
+    compile as :func:`compile_regions`. Returns ``module`` (Accelerate returns ``None``)."""
+    _compile_in_place(module, compile_kwargs)
+    return module
+
+
+def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
+    """Accelerate's FSDP2 variant (called before ``fully_shard``): the same in-place regional
+    compile as :func:`compile_regions`. Block classes, hooks and paths stay as they are, so
+    ``fully_shard``'s hooks added afterwards run around the compiled blocks."""
+    _compile_in_place(module, compile_kwargs)
+    return module
+
+
+def _compile_in_place(module: nn.Module, compile_kwargs: Mapping[str, Any]) -> CompileState | None:
+    import torchkiln
+
+    target = unwrap_containers(module)
+    torchkiln.compile(target, **torchkiln_options(compile_kwargs))
+    _remember_regions(target)
+    return state_of(target)
+
+
+def torchkiln_options(compile_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``torch.compile`` keyword arguments as complete :func:`torchkiln.compile` options."""
+    unknown = sorted(set(compile_kwargs) - _PASSED_THROUGH)
+    if unknown:
+        raise TypeError(
+            f"unexpected keyword argument(s) {', '.join(unknown)}; allowed: torch.compile's "
+            f"{', '.join(TORCH_COMPILE_DEFAULTS)} and torchkiln's "
+            f"{', '.join(sorted(_PASSED_THROUGH - set(TORCH_COMPILE_DEFAULTS)))}"
+        )
+    options = {**TORCH_COMPILE_DEFAULTS, "regions": dict(ACCELERATE_REGIONS), **compile_kwargs}
+    options["backend"] = backend_name(options["backend"])
+    options["options"] = dict(options["options"] or {})
+    if options["mode"] == "default":
+        options["mode"] = None
+    options["distributed"] = "none"
+    return options
+
+
+def backend_name(backend: Any) -> str:
+    """A ``torch.compile`` / Accelerate backend argument as a torchkiln backend name."""
+    if isinstance(backend, DynamoBackend):
+        return torchkiln_backend(backend, "$.backend", "argument")
+    if isinstance(backend, str):
+        member = DynamoBackend.__members__.get(backend.strip().upper())
+        mapped = BACKEND_MAP[member].torchkiln if member is not None else None
+        return mapped or backend
+    raise TypeError(
+        f"backend must be a name, not {type(backend).__name__}: torchkiln compiles with named "
+        "backends. Register a callable with torch._dynamo.register_backend(name=...) (or as a "
+        "torchkiln plugin) and pass its name."
+    )
+
+
+def _remember_regions(root: nn.Module) -> None:
+    reference = weakref.ref(root)
+    for region in live_regions(state_of(root)):
+        _REGION_ROOTS[region.region.module] = reference
+
+
+# --- inspecting -------------------------------------------------------------------------------
+
+
+def is_compiled_module(module: nn.Module) -> bool:
+    """Whether ``module``'s own forward is compiled: a ``torch.compile`` wrapper, a model
+    torchkiln compiled whole, or one region (a block, ``lm_head``) of a torchkiln-compiled
+    model. A model compiled regionally is not (as in Accelerate): see
+    :func:`has_compiled_regions`."""
+    if isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
+        return True
+    if any(r.region.path == "" for r in live_regions(state_of(module))):
+        return True
+    reference = _REGION_ROOTS.get(module)
+    root = reference() if reference is not None else None
+    if root is not None:
+        return any(r.region.module is module for r in live_regions(state_of(root)))
+    return _looks_like_torchkiln_region(module)
+
+
+def _looks_like_torchkiln_region(module: nn.Module) -> bool:
+    """A region of a model compiled by ``torchkiln.compile`` directly (no root at hand): its
+    instance ``forward`` is torchkiln's first-call shim, or the group's compiled function
+    (named ``torchkiln_<group>_<n>``) bound to it."""
+    forward = module.__dict__.get("forward")
+    if forward is None:
+        return False
+    region = region_state_of(module)
+    if region is not None and region.status in LIVE_STATUSES:
+        return True  # torchkiln's own record of the region (its forward is named "forward")
+    if getattr(forward, "__qualname__", "").startswith("Compiler._first_call_shim."):
+        return True
+    function = getattr(forward, "__func__", None)
+    return getattr(forward, "__self__", None) is module and getattr(
+        function, "__name__", ""
+    ).startswith("torchkiln_")
+
+
+def has_compiled_regions(module: nn.Module) -> bool:
+    """Whether ``module`` or anything inside it is compiled (by torch.compile or torchkiln)."""
+    target = unwrap_containers(module)
+    for submodule in target.modules():
+        if live_regions(state_of(submodule)):
+            _remember_regions(submodule)
+            return True
+    return any(is_compiled_module(submodule) for submodule in target.modules())
+
+
+# --- unwrapping -------------------------------------------------------------------------------
+
+
+def extract_model_from_parallel(
+    model: nn.Module,
+    keep_fp32_wrapper: bool = True,
+    keep_torch_compile: bool = True,
+    recursive: bool = False,
+) -> nn.Module:
+    """The plain model behind DDP, DataParallel, FSDP (v1) or a DeepSpeed engine.
+
+    Never modifies ``model``:
+
+    * ``keep_torch_compile=False`` on a torchkiln-compiled model returns an uncompiled twin
+      that shares every parameter and buffer with it (compile is in place, so there is no
+      untouched original to hand back); on a ``torch.compile`` wrapper, its ``_orig_mod``;
+    * ``keep_fp32_wrapper=False`` drops the autocast wrapper ``Accelerator.prepare`` put on
+      ``forward`` from a copy of the root, not from the prepared model;
+    * with ``keep_torch_compile=True`` around a wrapper (``torch.compile(DDP(model))``) the
+      result is a new ``torch.compile`` wrapper of the plain module; the prepared one keeps
+      its DDP.
+
+    :raises NotImplementedError: for ``recursive=True`` (Accelerate uses it for sub-layer
+        wrappers of FSDP on XLA, which torchkiln never creates).
+    """
+    if recursive:
+        raise NotImplementedError(
+            "recursive=True unwraps wrapped sub-layers (FSDP on XLA) by rewriting the model's "
+            "children; torchkiln never wraps sub-layers and never modifies the prepared model"
+        )
+    optimized = model if isinstance(model, torch._dynamo.eval_frame.OptimizedModule) else None
+    plain = unwrap_containers(model._orig_mod if optimized is not None else model)
+    if not keep_torch_compile and live_regions(state_of(plain)):
+        plain = uncompiled_twin(plain, drop_fp32_wrapper=not keep_fp32_wrapper)
+    elif not keep_fp32_wrapper:
+        plain = _without_fp32_wrapper_keeping_compile(plain)
+    if optimized is None or not keep_torch_compile:
+        return plain
+    if optimized._orig_mod is plain:
+        return optimized
+    return torch._dynamo.eval_frame.OptimizedModule(plain, optimized.dynamo_ctx)
+
+
+def _without_fp32_wrapper_keeping_compile(plain: nn.Module) -> nn.Module:
+    if "_original_forward" not in plain.__dict__:
+        return plain
+    if any(r.region.path == "" for r in live_regions(state_of(plain))):
+        # The wrapper is inside the root's compiled code: it cannot be taken out of it.
+        warnings.warn(
+            "keep_fp32_wrapper=False on a model compiled whole: the autocast wrapper is part "
+            "of the compiled forward, so an uncompiled copy without it is returned",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return uncompiled_twin(plain, drop_fp32_wrapper=True)
+    twin = root_copy_without_fp32_wrapper(plain)
+    if ORIG_MOD in plain.__dict__:
+        twin.__dict__[ORIG_MOD] = twin
+    return twin
