@@ -11,11 +11,12 @@ from torch import nn
 from torchkiln.artifacts.cache import apply_cache_dir, check_cache_dir
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.distributed import attach, check_result, distributed_result
+from torchkiln.engine.compile_state import STATE_ATTR, CompileState, add_undo, state_of
+from torchkiln.engine.compile_state import decompile as _decompile_inplace
 from torchkiln.engine.cuda_graph_steps import install_step_marker, uses_cuda_graphs
 from torchkiln.engine.plan_check import declared_by, select_plan
 from torchkiln.engine.progress import make_progress
-from torchkiln.engine.region_compiler import STATE_ATTR, Compiler, CompileState, add_undo, state_of
-from torchkiln.engine.region_compiler import decompile as _decompile_inplace
+from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
 from torchkiln.engine.transaction import Snapshot
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError

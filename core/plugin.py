@@ -36,7 +36,7 @@ from torchkiln.distributed import (
     process_group_ready,
     require_process_group,
 )
-from torchkiln.engine.region_compiler import add_undo
+from torchkiln.engine.compile_state import add_undo
 from torchkiln.engine.settings import Hold, hold_setting
 from torchkiln.engine.structure import (
     StructureIndex,

@@ -38,7 +38,7 @@ import torch
 
 import torchkiln
 from torchkiln.bench.generate import generate_once
-from torchkiln.engine.region_compiler import state_of
+from torchkiln.engine.compile_state import state_of
 from torchkiln.examples import example_inputs, llama
 
 PARTS = ("graphs", "guards", "block call, rest", "outside the blocks")

@@ -43,9 +43,10 @@ from torchkiln.artifacts.directory import (
 )
 from torchkiln.artifacts.isa_probe import recorded_probes
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.compile_state import REGION_ATTR, decompile, state_of
 from torchkiln.engine.plan_check import select_plan
 from torchkiln.engine.progress import make_progress
-from torchkiln.engine.region_compiler import REGION_ATTR, Compiler, decompile, state_of
+from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
 from torchkiln.engine.trace_settings import trace_settings_of
 from torchkiln.plugin_host.plugin_manager import PluginManager, get_plugin_manager

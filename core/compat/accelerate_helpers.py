@@ -40,7 +40,7 @@ from torchkiln.compat.unwrap import (
     unwrap_containers,
 )
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.engine.region_compiler import CompileState, region_state_of, state_of
+from torchkiln.engine.compile_state import CompileState, region_state_of, state_of
 
 __all__ = [
     "DynamoBackend",

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from torchkiln.distributed import container_layer
-from torchkiln.engine.region_compiler import STATE_ATTR, CompileState, RegionState, state_of
+from torchkiln.engine.compile_state import STATE_ATTR, CompileState, RegionState, state_of
 
 ORIG_MOD = "_orig_mod"
 ORIGINAL_FORWARD = "_original_forward"

@@ -22,8 +22,8 @@ from typing import Any
 import attrs
 
 from torchkiln.engine import compile_events
+from torchkiln.engine.compile_state import CompileState, RegionState
 from torchkiln.engine.dynamo_metrics import CompileRecord, all_records
-from torchkiln.engine.region_compiler import CompileState, RegionState
 from torchkiln.plugin_host.report_causes import BUILTIN_CAUSES, ReportCause, match_cause
 
 FIRST_CALLS = "first calls"

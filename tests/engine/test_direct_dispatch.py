@@ -17,7 +17,7 @@ from torch import nn
 
 import torchkiln
 import torchkiln.engine.dispatch
-from torchkiln.engine.region_compiler import state_of
+from torchkiln.engine.compile_state import state_of
 from torchkiln.errors import ConfigError
 
 

@@ -14,7 +14,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import torchkiln
-from torchkiln.engine.region_compiler import STATE_ATTR
+from torchkiln.engine.compile_state import STATE_ATTR
 
 
 def compile_eager(model: nn.Module, **options: object) -> nn.Module:

@@ -21,7 +21,7 @@ from torch._dynamo.utils import counters
 
 import torchkiln
 import torchkiln.plugin
-from torchkiln.engine.region_compiler import state_of
+from torchkiln.engine.compile_state import state_of
 from torchkiln.plugin import GroupPreparation, PluginError, add_undo
 from torchkiln.testing import isolated_plugin_manager
 

@@ -1,0 +1,251 @@
+"""What a compile leaves on the model, and taking it away again.
+
+:class:`CompileState` lives in the root module's ``__dict__`` (:data:`STATE_ATTR`), a
+:class:`RegionState` in each compiled region's (:data:`REGION_ATTR`); both pickle as nothing,
+so ``torch.save(model)`` saves the plain model. :func:`decompile` restores every region by
+identity and runs the undo actions plugins added (:func:`add_undo`).
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine import compile_events
+from torchkiln.engine.dispatch import DirectDispatch
+from torchkiln.engine.dynamo_metrics import CompileRecord, MetricsMark
+from torchkiln.plugin_host.region_plan import Region, RegionPlan
+
+STATE_ATTR = "_torchkiln_compiled"
+REGION_ATTR = "_torchkiln_region"
+"""Set in each compiled region's ``__dict__`` (its :class:`RegionState`), removed by decompile."""
+
+
+class Missing(enum.Enum):
+    # An enum member, not object(): copy.deepcopy(model) must keep the sentinel identical, or
+    # decompiling the copy installs the copied sentinel as its forward.
+    MISSING = "MISSING"
+
+
+MISSING = Missing.MISSING
+"""``RegionState.previous_forward`` when the module had no instance-level ``forward``."""
+DYNAMO_TENSOR_TAG = "_dynamo_static_input_type"
+"""Set by Dynamo on every parameter and buffer it traces; decompile removes the ones it set,
+or a whole-model pickle (``torch.save(model)``) would differ from the original's."""
+
+
+@attrs.define(eq=False)
+class RegionState:
+    """What torchkiln knows about one compiled region."""
+
+    region: Region
+    group_index: int
+    module: nn.Module | None = attrs.field(default=None, repr=False)
+    """The compiled module itself: decompile restores it by identity, wherever it is now."""
+    previous_forward: Any = MISSING
+    """The instance-level ``forward`` the module had before, if any (restored by decompile)."""
+    status: str = "pending"
+    """``pending`` (no first call finished yet), ``compiled``, ``eager`` (fell back),
+    ``failed`` (its compile raised under ``on_region_error='raise'``; the next call retries)."""
+    fallback_reason: str | None = None
+    first_call_seconds: float | None = None
+    records: list[CompileRecord] = attrs.Factory(list)
+    graphs: int = 0
+    graph_breaks: dict[str, int] = attrs.Factory(dict)
+    owner: CompileState | None = attrs.field(default=None, repr=False)
+    """The root's state this region belongs to (deep copies keep the pair together)."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (_nothing, ())  # a pickled model is the plain model (see CompileState)
+
+    def __copy__(self) -> RegionState:
+        return attrs.evolve(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RegionState:
+        copied = object.__new__(RegionState)
+        memo[id(self)] = copied
+        for field in attrs.fields(RegionState):
+            object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
+        return copied
+
+
+@attrs.define(eq=False)
+class CompileState:
+    """State kept on the root module (in ``__dict__``, never as a submodule or buffer)."""
+
+    plan: RegionPlan
+    config: CompileConfig
+    regions: list[RegionState]
+    code_names: dict[str, str]
+    """Group name -> the co_name of its compiled function (to attribute later recompiles)."""
+    replaced_forwards: list[tuple[nn.Module, Any]] = attrs.Factory(list)
+    """``(module, previous forward)`` for each forward a group preparation installed on a
+    submodule (the hierarchical selector's nested blocks)."""
+    restore: list[Callable[[], None]] = attrs.Factory(list)
+    """Undo actions for anything set beyond forwards (:func:`add_undo`), run in reverse."""
+    on_first_calls_done: list[Callable[[CompileState], None]] = attrs.Factory(list)
+    tagged_before: frozenset[str] = frozenset()
+    """Parameters and buffers (by name) that carried Dynamo's tag before compiling."""
+    pending: int = 0
+    """Regions whose first call has not finished (kept as a count: the first calls of N
+    regions must cost O(N), not O(N^2))."""
+    failed_groups: dict[str, RegionState] = attrs.Factory(dict)
+    """Group -> the region where its compile failed under the ``eager`` policy."""
+    first_calls_done: bool = False
+    codes: dict[str, types.CodeType] = attrs.Factory(dict)
+    """Group -> its compiled function's code object (Dynamo's cache entries hang off it)."""
+    dispatchers: dict[str, DirectDispatch] = attrs.Factory(dict)
+    """Group -> its direct dispatcher (``dispatch="direct"``, groups torch.compile compiled)."""
+    report_causes: tuple[Any, ...] = ()
+    """Named causes the plugins declared (``ReportCause``), tried before the built-in ones."""
+    records_before: MetricsMark | None = None
+    """Dynamo's records from before this compile (never this model's)."""
+    later_records: dict[str, tuple[str, CompileRecord]] = attrs.Factory(dict)
+    """Compile id -> (group, record) of compiles after the first calls, as reports saw them
+    (Dynamo keeps only its most recent records)."""
+
+    def settle(self, region_state: RegionState, status: str) -> None:
+        """Set a region's status, keeping :attr:`pending` right."""
+        self.pending += (status == "pending") - (region_state.status == "pending")
+        region_state.status = status
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # torch.save(model) opens (and truncates) its file before pickling starts, so refusing
+        # here would destroy an existing checkpoint. Instead the pickle holds the plain model:
+        # each compiled forward pickles as ``getattr(module, "forward")`` (its function is
+        # named ``forward``), and loading ends by putting every region's own forward back.
+        pairs = [
+            (state.module, state.previous_forward)
+            for state in self.regions
+            if state.module is not None
+        ]
+        pairs += list(self.replaced_forwards)
+        return (_plain_after_load, (pairs,))
+
+    def __copy__(self) -> CompileState:
+        return attrs.evolve(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CompileState:
+        copied = object.__new__(CompileState)
+        memo[id(self)] = copied
+        for field in attrs.fields(CompileState):
+            object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
+        return copied
+
+
+def _nothing() -> None:
+    return None
+
+
+def _plain_after_load(pairs: list[tuple[nn.Module, Any]]) -> None:
+    """Run when a pickled compiled model is loaded: the regions (loaded before the root's
+    state, which pickles last) get their own forwards back and lose torchkiln's records."""
+    for module, previous in pairs:
+        module.__dict__.pop(REGION_ATTR, None)
+        restore_forward(module, previous)
+
+
+def region_state_of(module: Any) -> RegionState | None:
+    """The region state of a module torchkiln compiled as a region, else ``None``."""
+    return getattr(module, "__dict__", {}).get(REGION_ATTR)
+
+
+def state_of(model: Any) -> CompileState | None:
+    return getattr(model, "__dict__", {}).get(STATE_ATTR)
+
+
+def add_undo(model: Any, undo: Callable[[], None]) -> bool:
+    """Run ``undo`` when ``model`` is decompiled (undo actions run in reverse order of adding,
+    after the region forwards are put back).
+
+    For a ``wrap_distributed`` plugin that changes a setting after ``compile_regions``.
+
+    :return: ``False`` (and ``undo`` is not kept) when torchkiln has not compiled ``model``
+        (compilation is off, say): then there is nothing to undo with it.
+    """
+    state = state_of(model)
+    if state is None:
+        return False
+    state.restore.append(undo)
+    return True
+
+
+def restore_forward(module: nn.Module, previous: Any) -> None:
+    if previous is MISSING:
+        module.__dict__.pop("forward", None)
+    else:
+        module.__dict__["forward"] = previous
+
+
+def decompile(root: nn.Module) -> bool:
+    """Remove every compiled path torchkiln installed on ``root``; ``False`` if none.
+
+    Regions are restored by identity, wherever they are now: a block the user deleted or
+    replaced after compiling is restored too, and one failing undo never stops the others
+    (the first error is raised after all of them ran).
+    """
+    state = state_of(root)
+    if state is None:
+        return False
+    errors: list[BaseException] = []
+
+    def attempt(action: Callable[[], None]) -> None:
+        try:
+            action()
+        except Exception as error:
+            errors.append(error)
+
+    for region_state in state.regions:
+        attempt(functools.partial(_decompile_region, root, region_state))
+    for module, previous in reversed(state.replaced_forwards):
+        attempt(functools.partial(restore_forward, module, previous))
+    for undo in reversed(state.restore):
+        attempt(undo)
+    attempt(functools.partial(_untag, root, state))
+    compile_events.forget(set(state.code_names.values()))
+    del root.__dict__[STATE_ATTR]
+    if errors:
+        raise errors[0]
+    return True
+
+
+def _decompile_region(root: nn.Module, region_state: RegionState) -> None:
+    module = region_state.module
+    if module is None:  # a state made before modules were recorded
+        module = root.get_submodule(region_state.region.path)
+    if module.__dict__.get(REGION_ATTR) is region_state:
+        restore_forward(module, region_state.previous_forward)
+        del module.__dict__[REGION_ATTR]
+
+
+def _untag(root: nn.Module, state: CompileState) -> None:
+    """Drop the Dynamo tags this compile's calls added (not the ones the user had set)."""
+    tensors = dict(named_tensors(root))
+    in_root = {id(t) for t in tensors.values()}
+    for region_state in state.regions:  # regions the user detached from the model since
+        module = region_state.module
+        if module is None:
+            continue
+        prefix = f"{region_state.region.path}." if region_state.region.path else ""
+        for name, tensor in named_tensors(module):
+            if id(tensor) not in in_root:
+                tensors[prefix + name] = tensor
+    for name, tensor in tensors.items():
+        if name not in state.tagged_before:
+            tensor.__dict__.pop(DYNAMO_TENSOR_TAG, None)
+
+
+def named_tensors(root: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [
+        *root.named_parameters(remove_duplicate=False),
+        *root.named_buffers(remove_duplicate=False),
+    ]
