@@ -28,14 +28,15 @@ if TYPE_CHECKING:
     from torchkiln.configuration.config import CompileConfig
     from torchkiln.distributed import distributed_result, full_state_dict, unwrap
     from torchkiln.pipeline import compile, decompile, is_compiled, plan, report
-    from torchkiln.plugin_host.plugin_manager import PluginManager, get_plugin_manager
+    from torchkiln.plugin_host.default_manager import get_plugin_manager
+    from torchkiln.plugin_host.plugin_manager import PluginManager
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "CompileConfig": "torchkiln.configuration.config",
     "PluginManager": "torchkiln.plugin_host.plugin_manager",
-    "get_plugin_manager": "torchkiln.plugin_host.plugin_manager",
+    "get_plugin_manager": "torchkiln.plugin_host.default_manager",
     "compile": "torchkiln.pipeline",
     "decompile": "torchkiln.pipeline",
     "is_compiled": "torchkiln.pipeline",

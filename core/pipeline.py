@@ -20,14 +20,10 @@ from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
 from torchkiln.engine.transaction import Snapshot
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
+from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
 from torchkiln.plugin_host.distributed_result import DistributedResult
 from torchkiln.plugin_host.plugin_faults import bad_result, call_hook
-from torchkiln.plugin_host.plugin_manager import (
-    Declared,
-    PluginManager,
-    PluginsArg,
-    as_plugin_manager,
-)
+from torchkiln.plugin_host.plugin_manager import Declared, PluginManager
 from torchkiln.plugin_host.region_plan import RegionPlan
 from torchkiln.plugin_host.report_causes import ReportCause
 from torchkiln.reporting.compile_report import CompileReport, build_report

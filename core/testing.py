@@ -67,7 +67,7 @@ def torchkiln_clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) 
     a process-wide plugin manager built for it (the manager reads the environment when created)."""
     import os
 
-    from torchkiln.plugin_host.plugin_manager import reset_plugin_manager
+    from torchkiln.plugin_host.default_manager import reset_plugin_manager
 
     for name in list(os.environ):
         if name.startswith(("TORCHKILN_", "ACCELERATE_")):
@@ -101,7 +101,7 @@ def register_plugin(
     it declares win over built-ins of the same name.
     """
     if manager is None:
-        from torchkiln.plugin_host.plugin_manager import get_plugin_manager
+        from torchkiln.plugin_host.default_manager import get_plugin_manager
 
         manager = get_plugin_manager()
     manager.ensure_loaded()  # loaded now, so entry points cannot register after (and above) it
@@ -185,7 +185,7 @@ class BackendCheck:
 
 
 def _manager_for(plugins: PluginManager | Iterable[object] | None) -> PluginManager:
-    from torchkiln.plugin_host.plugin_manager import as_plugin_manager
+    from torchkiln.plugin_host.default_manager import as_plugin_manager
 
     return as_plugin_manager(plugins)
 

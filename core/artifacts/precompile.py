@@ -49,7 +49,8 @@ from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
 from torchkiln.engine.trace_settings import trace_settings_of
-from torchkiln.plugin_host.plugin_manager import PluginManager, get_plugin_manager
+from torchkiln.plugin_host.default_manager import get_plugin_manager
+from torchkiln.plugin_host.plugin_manager import PluginManager
 from torchkiln.plugin_host.region_plan import RegionGroup
 
 INSTALLED = ("forward", REGION_ATTR)

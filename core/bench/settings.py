@@ -72,7 +72,7 @@ def default_strategies(backend: str = "inductor") -> tuple[str, ...]:
 
 def backend_precompiles(backend: str) -> bool:
     """Whether ``backend`` declares ``BackendSpec.precompile``."""
-    from torchkiln.plugin_host.plugin_manager import get_plugin_manager
+    from torchkiln.plugin_host.default_manager import get_plugin_manager
 
     declared = get_plugin_manager().ensure_loaded().backends().get(backend.lower())
     return declared is not None and bool(getattr(declared.spec, "precompile", False))
@@ -270,7 +270,7 @@ def make_settings(
 
 def check_backend_mode(backend: str, mode: str | None) -> None:
     """Refuse a mode the backend declares it does not take (before any cell runs)."""
-    from torchkiln.plugin_host.plugin_manager import get_plugin_manager
+    from torchkiln.plugin_host.default_manager import get_plugin_manager
 
     if mode is None:
         return

@@ -86,7 +86,7 @@ def _add_plugins(commands: Any) -> None:
 
 
 def plugins_listing() -> dict[str, Any]:
-    from torchkiln.plugin_host.plugin_manager import get_plugin_manager
+    from torchkiln.plugin_host.default_manager import get_plugin_manager
 
     pm = get_plugin_manager().ensure_loaded()
 

@@ -172,7 +172,7 @@ def _torch_backends() -> list[str]:
 def _known_backends_hint() -> str:
     """`` (here: a, b, c)`` from the default plugin manager, or a pointer to the CLI."""
     try:
-        from torchkiln.plugin_host.plugin_manager import get_plugin_manager
+        from torchkiln.plugin_host.default_manager import get_plugin_manager
 
         names = sorted(get_plugin_manager().backends(include_torch=False))
     except Exception:  # an error message must not fail while being built

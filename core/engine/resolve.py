@@ -16,8 +16,9 @@ from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.config_validation import validate
 from torchkiln.configuration.option_safety import unnamed_file_problems
 from torchkiln.errors import ConfigError, ConfigProblem, PluginError
+from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
 from torchkiln.plugin_host.plugin_faults import bad_result
-from torchkiln.plugin_host.plugin_manager import PluginManager, PluginsArg, as_plugin_manager
+from torchkiln.plugin_host.plugin_manager import PluginManager
 
 ConfigArg: TypeAlias = CompileConfig | Mapping[str, Any] | str | os.PathLike[str] | None
 

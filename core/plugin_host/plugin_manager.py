@@ -34,116 +34,40 @@ import difflib
 import importlib
 import os
 import sys
-import types
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from importlib import metadata
-from typing import Any, Generic, TypeVar, Union
+from typing import Any
 
-import attrs
 import pluggy
 from pluggy import HookImpl
 
 from torchkiln.errors import PluginError
 from torchkiln.plugin_host import hooks
 from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
+from torchkiln.plugin_host.plugin_env import (
+    env_flag,
+    env_names,
+    short,
+    trace_after,
+    trace_before,
+    warn_unknown_names,
+)
+from torchkiln.plugin_host.plugin_info import (
+    IMPLEMENTING_HOOK,
+    Declared,
+    FailedPlugin,
+    PluginInfo,
+    builtin_name,
+    check_specs,
+    readable_name,
+)
 from torchkiln.plugin_host.torch_backends import compile_with_torch, torch_backend_names
 from torchkiln.plugins import BUILTIN_PLUGINS
 
 ENTRY_POINT_GROUP = "torchkiln"
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 _BUILTIN_NAMES = frozenset("torchkiln." + m.rsplit(".", 1)[-1] for m in BUILTIN_PLUGINS)
-
-SpecT = TypeVar("SpecT", BackendSpec, SelectorSpec, DistributedSpec)
-
-
-def env_flag(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "").strip().lower() in _TRUE
-
-
-def env_names(env: Mapping[str, str], name: str) -> set[str] | None:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return None
-    return {part.strip() for part in raw.split(",") if part.strip()}
-
-
-def builtin_name(module_name: str) -> str:
-    """``torchkiln.plugins.backends`` is registered as ``torchkiln.backends``."""
-    return "torchkiln." + module_name.rsplit(".", 1)[-1]
-
-
-def readable_name(plugin: object) -> str:
-    """The name an unnamed registration gets: a module's name, else the object's class path."""
-    if isinstance(plugin, types.ModuleType):
-        return plugin.__name__
-    if isinstance(plugin, type):
-        return f"{plugin.__module__}.{plugin.__qualname__}"
-    cls = type(plugin)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-IMPLEMENTING_HOOK = {
-    "declare_backends": "compile_region",
-    "declare_selectors": "select_regions",
-    "declare_distributed": "wrap_distributed",
-}
-"""A plugin that declares names must implement the hook that serves them."""
-
-
-@attrs.frozen
-class PluginInfo:
-    """What ``torchkiln plugins`` shows about one registered plugin.
-
-    JSON keys (``torchkiln plugins --json``) are these field names, with one meaning each.
-    """
-
-    name: str
-    """The registered name: ``torchkiln.<module>`` for a built-in, the entry-point name for an
-    installed plugin, the given (or :func:`readable_name`) name for a registered one."""
-    kind: str
-    """``builtin``, ``entry-point`` or ``registered``."""
-    hooks: tuple[str, ...]
-    distribution: str | None = None
-    version: str | None = None
-    target: str | None = None
-    """What the entry point loads (``module:attribute``); ``None`` unless ``kind`` is
-    ``entry-point``."""
-
-    @property
-    def builtin(self) -> bool:
-        return self.kind == "builtin"
-
-
-@attrs.frozen
-class FailedPlugin:
-    """An external plugin that could not be loaded, and why (same keys as :class:`PluginInfo`)."""
-
-    name: str
-    """The entry-point name."""
-    target: str
-    """What the entry point loads (``module:attribute``)."""
-    distribution: str | None
-    version: str | None
-    error: str
-
-    def describe(self) -> str:
-        dist = (
-            f"{self.distribution} {self.version}" if self.distribution else "unknown distribution"
-        )
-        return (
-            f"torchkiln plugin {self.name!r} = {self.target!r} (from {dist}) failed to "
-            f"load and was skipped: {self.error}"
-        )
-
-
-@attrs.frozen
-class Declared(Generic[SpecT]):
-    """A declared backend, selector or strategy, with the plugin that declared it."""
-
-    spec: SpecT
-    plugin: str
 
 
 class PluginManager(pluggy.PluginManager):
@@ -184,7 +108,7 @@ class PluginManager(pluggy.PluginManager):
             self._register_builtins()
         self.tracing = env_flag(self._env, "TORCHKILN_TRACE_PLUGINS")
         if self.tracing:
-            self.add_hookcall_monitoring(_trace_before, _trace_after)
+            self.add_hookcall_monitoring(trace_before, trace_after)
 
     # --- registration --------------------------------------------------------------------
 
@@ -270,29 +194,7 @@ class PluginManager(pluggy.PluginManager):
         self._names_checked = True
         external = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
         builtins = [builtin_name(m) for m in BUILTIN_PLUGINS]
-        for variable, known in (
-            ("TORCHKILN_PLUGINS", external),
-            ("TORCHKILN_DISABLED_PLUGINS", [*builtins, *external]),
-        ):
-            lowered = {name.lower(): name for name in known}
-            # "tensorrt" is close to "torchkiln.tensorrt": compare with the short names too.
-            candidates = {**{n.removeprefix("torchkiln."): n for n in lowered}, **lowered}
-            for name in sorted(env_names(self._env, variable) or ()):
-                if name.lower() in lowered:
-                    continue
-                close = difflib.get_close_matches(name.lower(), list(candidates), n=1)
-                hint = f" (did you mean {lowered[candidates[close[0]]]!r}?)" if close else ""
-                what = (
-                    "installed plugin (entry-point name)"
-                    if variable == "TORCHKILN_PLUGINS"
-                    else "plugin"
-                )
-                warnings.warn(
-                    f"{variable}: {name!r} matches no {what}{hint}; names are matched "
-                    f"case-insensitively; known: {', '.join(known) or 'none'}",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+        warn_unknown_names(self._env, external, builtins)
 
     def _load_entry_point(self, entry_point: metadata.EntryPoint) -> None:
         dist = getattr(entry_point, "dist", None)
@@ -389,7 +291,7 @@ class PluginManager(pluggy.PluginManager):
         """Call one implementation directly (hooks whose results torchkiln combines per
         plugin), traced like ``pm.hook`` calls under ``TORCHKILN_TRACE_PLUGINS=1``."""
         if self.tracing:
-            args = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
+            args = ", ".join(f"{k}={short(v)}" for k, v in kwargs.items())
             print(
                 f"torchkiln: hook {hook_name}({args}) -> plugin {impl.plugin_name}", file=sys.stderr
             )
@@ -404,7 +306,7 @@ class PluginManager(pluggy.PluginManager):
             raise
         if self.tracing:
             print(
-                f"torchkiln: hook {hook_name} [{impl.plugin_name}] returned {_short(result)}",
+                f"torchkiln: hook {hook_name} [{impl.plugin_name}] returned {short(result)}",
                 file=sys.stderr,
             )
         return result
@@ -517,7 +419,7 @@ class PluginManager(pluggy.PluginManager):
                     plugin=impl.plugin_name,
                     hook=hook_name,
                 ) from error
-            _check_specs(hook_name, impl.plugin_name, specs)
+            check_specs(hook_name, impl.plugin_name, specs)
             for spec in specs:
                 if spec.name in result:
                     warnings.warn(
@@ -560,97 +462,3 @@ class PluginManager(pluggy.PluginManager):
 
     def distributed_strategies(self) -> dict[str, Declared[DistributedSpec]]:
         return self._declared("declare_distributed", "distributed strategy")
-
-
-_SPEC_TYPES = {
-    "declare_backends": BackendSpec,
-    "declare_selectors": SelectorSpec,
-    "declare_distributed": DistributedSpec,
-}
-
-
-def _check_specs(hook_name: str, plugin: str, specs: Any) -> None:
-    """A declaration hook returns a list (or tuple) of its spec type: anything else is the
-    plugin's fault, named as such (a bare ``AttributeError`` on ``.name`` helps nobody)."""
-    kind = _SPEC_TYPES[hook_name]
-    if isinstance(specs, list | tuple) and all(isinstance(spec, kind) for spec in specs):
-        return
-    bad = (
-        next((s for s in specs if not isinstance(s, kind)), specs)
-        if isinstance(specs, list | tuple)
-        else specs
-    )
-    shown = repr(bad)
-    raise PluginError(
-        f"plugin {plugin!r}'s {hook_name}() returned {type(specs).__name__} containing "
-        f"{type(bad).__name__} {shown[:80]}; expected a list of torchkiln.{kind.__name__}"
-        if bad is not specs
-        else f"plugin {plugin!r}'s {hook_name}() returned {type(specs).__name__} {shown[:80]}; "
-        f"expected a list of torchkiln.{kind.__name__}",
-        plugin=plugin,
-        hook=hook_name,
-    )
-
-
-def _short(value: Any, limit: int = 200) -> str:
-    text = " ".join(repr(value).split())  # one line per trace record, even for modules
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _trace_before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    args = ", ".join(f"{k}={_short(v)}" for k, v in kwargs.items())
-    plugins = ", ".join(impl.plugin_name for impl in reversed(impls))
-    print(f"torchkiln: hook {hook_name}({args}) -> plugins [{plugins}]", file=sys.stderr)
-
-
-def _trace_after(
-    outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]
-) -> None:
-    exception = outcome.exception
-    shown = f"raised {exception!r}" if exception is not None else _short(outcome.get_result())
-    print(f"torchkiln: hook {hook_name} returned {shown}", file=sys.stderr)
-
-
-_default_manager: PluginManager | None = None
-
-
-def get_plugin_manager() -> PluginManager:
-    """The process-wide default plugin manager (created on first use)."""
-    global _default_manager
-    if _default_manager is None:
-        _default_manager = PluginManager()
-    return _default_manager
-
-
-PluginsArg = Union["PluginManager", Iterable[object], None]
-"""What a ``plugins=`` argument accepts (see :func:`as_plugin_manager`)."""
-
-
-def as_plugin_manager(plugins: PluginsArg) -> PluginManager:
-    """What every ``plugins=`` argument accepts: ``None`` (the process-wide manager), a
-    :class:`PluginManager`, or plugin objects/modules (a fresh manager with the built-ins and
-    them; no entry points, no environment controls)."""
-    if plugins is None:
-        return get_plugin_manager()
-    if isinstance(plugins, PluginManager):
-        return plugins
-    if isinstance(plugins, pluggy.PluginManager):
-        raise PluginError(
-            "plugins= takes a torchkiln.PluginManager (or a list of plugins), not a plain "
-            "pluggy.PluginManager"
-        )
-    if isinstance(plugins, str | bytes) or not isinstance(plugins, Iterable):
-        raise PluginError(
-            f"plugins= takes a torchkiln.PluginManager or a list of plugin objects, got "
-            f"{type(plugins).__name__}"
-        )
-    manager = PluginManager(entry_points=False, env={})
-    for plugin in plugins:
-        manager.register(plugin)
-    return manager
-
-
-def reset_plugin_manager() -> None:
-    """Forget the default manager (tests; after installing a plugin in-process)."""
-    global _default_manager
-    _default_manager = None

@@ -41,7 +41,7 @@ def select_with(model: nn.Module, config: CompileConfig, selector: str) -> Regio
     :raises PluginError: no plugin declares ``selector`` (the message says which plugins are
         disabled or failed to load).
     """
-    from torchkiln.plugin_host.plugin_manager import get_plugin_manager
+    from torchkiln.plugin_host.default_manager import get_plugin_manager
 
     pm = _PLANNING_WITH.get() or get_plugin_manager()
     plan: RegionPlan = pm.select_regions(model=model, config=config, selector=selector.lower())

@@ -96,7 +96,7 @@ def test_the_json_keys_table_matches_torchkiln_plugins_json(
                 continue
             assert list(entry) == fields, key
     sample_failure = FailedPlugin("x", "x", "x-dist", "1.0", "RuntimeError: boom")
-    assert list(torchkiln.plugin_host.plugin_manager.attrs.asdict(sample_failure)) == rows["failed"]
+    assert list(torchkiln.plugin_host.plugin_info.attrs.asdict(sample_failure)) == rows["failed"]
 
 
 def test_the_quoted_failure_warning_is_the_real_format() -> None:

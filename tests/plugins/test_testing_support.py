@@ -11,7 +11,7 @@ import torch
 import torchkiln
 from torchkiln import hookimpl
 from torchkiln.plugin import BackendSpec
-from torchkiln.plugin_host.plugin_manager import get_plugin_manager
+from torchkiln.plugin_host.default_manager import get_plugin_manager
 from torchkiln.testing import (
     assert_backend_matches_eager,
     isolated_plugin_manager,
