@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch._dynamo
 from engine_zoo import CASES, ModelCase
-from precompile_models import inputs, stack
-
-import torchkiln
 
 
 @pytest.fixture(autouse=True)
@@ -25,14 +19,3 @@ def clean_environment(torchkiln_clean_environment: None) -> None:
 @pytest.fixture(params=CASES, ids=lambda case: case.name)
 def case(request: pytest.FixtureRequest) -> ModelCase:
     return request.param
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One directory with both kinds for the 3-block stack (aot_eager), shared by a module's
-    tests (the precompile tests)."""
-    directory = tmp_path_factory.mktemp("artifacts")
-    result = torchkiln.precompile(stack(), inputs(), directory, backend="aot_eager")
-    assert result.skipped == [], result.summary()
-    torch._dynamo.reset()
-    return directory

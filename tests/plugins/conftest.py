@@ -1,4 +1,5 @@
-"""Every test here runs with a clean environment."""
+"""The built-in plugins' own tests (torchkiln.plugins); every test here runs with a clean
+environment."""
 
 from __future__ import annotations
 

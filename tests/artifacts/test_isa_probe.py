@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from torchkiln.artifacts.directory import isa_probe
+from torchkiln.artifacts import isa_probe
 
 BASE_CODE, EXTENSION_CODE = "base test code", "extension test code"
 

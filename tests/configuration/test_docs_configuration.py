@@ -31,7 +31,7 @@ def test_the_page_has_examples_of_every_kind() -> None:
 
 def test_the_field_table_is_the_generated_one() -> None:
     assert documented_block(TEXT) == render_table(), (
-        "docs/configuration.md is out of date: run python tests/config/config_reference.py --write"
+        "docs/configuration.md is out of date: run python tests/configuration/config_reference.py --write"
     )
 
 

@@ -1,6 +1,6 @@
 """Measure how torchkiln refuses the 526-byte alias bomb (``alias_bomb.yaml``): time and memory.
 
-    python tests/config/measure_alias_bomb.py
+    python tests/configuration/measure_alias_bomb.py
 
 Each reader runs in a fresh process (so peak RSS is its own): the YAML reader alone, the full
 ``resolve_config`` (plugins, validation), and ``torchkiln config validate``. Printed per row:
