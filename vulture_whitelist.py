@@ -10,7 +10,7 @@ Hook implementations (``@hookimpl``) and specs (``@hookspec``) are ignored by de
 # fmt: off
 # PEP 562 / data model / context-manager protocol, called by Python itself
 __dir__; __call__; exc_type; exc; tb; protocol
-# sub-command registration found by name (cli.EXTRA_COMMANDS / EXTRA_CONFIG_COMMANDS)
+# sub-command registration found by name (cli.commands.EXTRA_COMMANDS / EXTRA_CONFIG_COMMANDS)
 add_bench_parser; add_import_accelerate_parser; add_precompile_parser
 # framework callbacks: Lightning, transformers Trainer
 _.on_fit_start; _.on_validation_start; _.on_test_start; _.on_predict_start; trainer
