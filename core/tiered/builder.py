@@ -58,6 +58,47 @@ def _write_manifest(output: Path, request: dict[str, Any], whole: Any, skipped: 
     write_manifest(output, manifest)
 
 
+def replay_construction_state(model: Any) -> None:
+    """Global state a library records when a model is *constructed*, which unpickling skips.
+
+    transformers registers each ``PreTrainedModel`` class's recordable outputs in
+    ``_CAN_RECORD_REGISTRY`` from ``__init__``; a trace guards on that entry.
+    """
+    registry_module = sys.modules.get("transformers.utils.output_capturing")
+    registry = getattr(registry_module, "_CAN_RECORD_REGISTRY", None)
+    if registry is None:
+        return
+    for module in model.modules():
+        outputs = getattr(module, "_can_record_outputs", None)
+        if outputs is not None and hasattr(module, "config"):
+            registry[module] = outputs
+
+
+def warm_up(model: Any, family: dict[str, Any]) -> None:
+    """Run the model once on fake tensors, on a copy of the call of its own.
+
+    The user's process has run the model before it asks for a build, and libraries initialise
+    global state lazily on a first call (transformers registers each model class for output
+    capturing); Dynamo guards on that state, so the trace must see it as the user's process
+    has it. Fake tensors carry metadata only: nothing reads the hollow weights.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchkiln.tiered.hollow import loads_hollow
+
+    args, kwargs = loads_hollow(family["call"])
+    training = model.training
+    model.train(family["training"])
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.set_grad_enabled(
+            family["kind"] == "training"
+        ):
+            model(*args, **kwargs)
+    finally:
+        model.train(training)
+
+
 def build(workdir: Path) -> dict[str, Any]:
     from torchkiln.artifacts import KERNELS_DIR
     from torchkiln.cache import apply_cache_dir
@@ -69,8 +110,10 @@ def build(workdir: Path) -> dict[str, Any]:
     _limit(request["nice"], request["intra_op_threads"])
     output = Path(request["output"])
     model = loads_hollow(request["model"])
+    replay_construction_state(model)
     families = []
     for family in request["families"]:
+        warm_up(model, family)
         args, kwargs = loads_hollow(family["call"])
         families.append(
             Family(family["kind"], family["training"], args, kwargs, family["dynamic"])

@@ -26,6 +26,7 @@ from torch import nn
 
 from torchkiln.artifacts import ArtifactError, environment_key, read_manifest
 from torchkiln.config import CompileConfig
+from torchkiln.region_compiler import MISSING
 from torchkiln.tiered.calls import CallLog, call_spec
 from torchkiln.tiered.hollow import dumps_hollow, unimportable_classes
 from torchkiln.tiered.load import WholeModelForm, load_whole
@@ -106,8 +107,8 @@ class TieredForward:
 
     # -- copies and pickles ---------------------------------------------------------------------
 
-    previous_forward: Any = None
-    """The root's instance ``forward`` before tiers were installed (``_MISSING``: none)."""
+    previous_forward: Any = MISSING
+    """The root's instance ``forward`` before tiers were installed (``MISSING``: none)."""
 
     def installed_pairs(self) -> list[tuple[nn.Module, Any]]:
         """``(root, previous forward)``: a pickled model loads as the plain model."""
@@ -115,7 +116,12 @@ class TieredForward:
         return [(model, self.previous_forward)] if model is not None else []
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return (_nothing, ())  # the root's forward is put back when its state loads
+        # The root's own state is set after its values are unpickled, so the undo that puts
+        # regions' forwards back cannot remove this entry: it loads as the root's previous
+        # forward, or as the class's forward bound to the root (what a call runs anyway).
+        if self.previous_forward is not MISSING:
+            return (_identity, (self.previous_forward,))
+        return (_class_forward, (self._model(),))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TieredForward:
         """A copied model gets its own runtime: the loaded form is shared (read-only), the
@@ -303,5 +309,9 @@ class TieredForward:
         )
 
 
-def _nothing() -> None:
-    return None
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _class_forward(model: nn.Module) -> Any:
+    return type(model).forward.__get__(model)
