@@ -283,13 +283,19 @@ def _tiered_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[
     problems = []
     if not 1 <= tiered.threads <= 256:
         problems.append(
-            ConfigProblem("$.tiered.threads", f"{tiered.threads} is not between 1 and 256",
-                          sources.get("tiered.threads", ""))
+            ConfigProblem(
+                "$.tiered.threads",
+                f"{tiered.threads} is not between 1 and 256",
+                sources.get("tiered.threads", ""),
+            )
         )
     if not 0 <= tiered.nice <= 19:
         problems.append(
-            ConfigProblem("$.tiered.nice", f"{tiered.nice} is not between 0 and 19",
-                          sources.get("tiered.nice", ""))
+            ConfigProblem(
+                "$.tiered.nice",
+                f"{tiered.nice} is not between 0 and 19",
+                sources.get("tiered.nice", ""),
+            )
         )
     strategy = config.distributed.strategy
     if tiered.enabled and strategy not in TIERED_STRATEGIES:

@@ -91,8 +91,9 @@ def warm_up(model: Any, family: dict[str, Any]) -> None:
     training = model.training
     model.train(family["training"])
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), torch.set_grad_enabled(
-            family["kind"] == "training"
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            torch.set_grad_enabled(family["kind"] == "training"),
         ):
             model(*args, **kwargs)
     finally:
@@ -115,9 +116,7 @@ def build(workdir: Path) -> dict[str, Any]:
     for family in request["families"]:
         warm_up(model, family)
         args, kwargs = loads_hollow(family["call"])
-        families.append(
-            Family(family["kind"], family["training"], args, kwargs, family["dynamic"])
-        )
+        families.append(Family(family["kind"], family["training"], args, kwargs, family["dynamic"]))
     started = time.perf_counter()
     probes: dict[str, Any] = {}
     config = request["config"]

@@ -25,9 +25,11 @@ MAX_DEPTH = 6
 
 def _walk(value: Any, path: str, depth: int) -> Iterator[tuple[str, Any]]:
     """``(path, leaf)`` for every tensor and plain leaf reachable from ``value``."""
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif value is None or isinstance(value, bool | int | float | str | torch.dtype):
+    if (
+        isinstance(value, torch.Tensor)
+        or value is None
+        or isinstance(value, bool | int | float | str | torch.dtype)
+    ):
         yield path, value
     elif depth >= MAX_DEPTH:
         yield path, type(value)

@@ -96,7 +96,7 @@ def dumps_hollow(obj: Any) -> bytes:
 def loads_hollow(data: bytes) -> Any:
     """The object :func:`dumps_hollow` pickled, its large tensors hollow. Only for data this
     process's parent wrote into a directory only this user can write (see the builder)."""
-    return pickle.loads(data)  # noqa: S301 - written by our own parent process, 0700 directory
+    return pickle.loads(data)
 
 
 def unimportable_classes(model: nn.Module) -> list[str]:

@@ -14,6 +14,7 @@ from torchkiln.region_compiler import MISSING, STATE_ATTR, CompileState, add_und
 from torchkiln.region_plan import RegionPlan
 from torchkiln.tiered.runtime import TieredForward
 
+
 def check_plan_for_tiers(plan: RegionPlan) -> None:
     """:raises TorchkilnError: a plan the tiers cannot build on (before anything is touched)."""
     paths = [region.path for group in plan.groups for region in group.regions]
@@ -80,6 +81,8 @@ def _load_existing(
     except ArtifactError as error:
         message = f"torchkiln: whole-model artifacts in {str(directory)!r} not used: {error}"
         if config.artifacts_strict:
-            raise ArtifactError(message + " (artifacts_strict is set, so this is an error)") from error
+            raise ArtifactError(
+                message + " (artifacts_strict is set, so this is an error)"
+            ) from error
         warnings.warn(message + "; serving regionally", ArtifactWarning, stacklevel=4)
         tiered.reason = str(error)

@@ -206,7 +206,9 @@ class TieredForward:
         try:
             request = self._request(model)
         except Exception as error:
-            self._stop_with(f"the model cannot be sent to a builder: {type(error).__name__}: {error}")
+            self._stop_with(
+                f"the model cannot be sent to a builder: {type(error).__name__}: {error}"
+            )
             return
         self.builder = BuilderProcess(request, self.config.tiered.threads)
         self.state = "building"
@@ -289,7 +291,7 @@ class TieredForward:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the builder has finished (tests, benchmarks); ``True`` if it has."""
         if self.builder is None:
-            return self.form is not None
+            return True
         return self.builder.wait(timeout) is not None
 
     def report(self) -> TierReport:
