@@ -75,3 +75,98 @@ def switched(step: Callable[[], Any], model: Any) -> Callable[[], Any]:
 
 def now() -> float:
     return time.perf_counter()
+
+
+# -- reading a run's results -----------------------------------------------------------------
+
+
+def _figures(result: Any) -> dict[str, Any] | None:
+    """The tiered figures of a cell's cold run (``None`` if it has none)."""
+    cold = result.cold or {}
+    return cold.get("tiered")
+
+
+def tiered_rows(results: list[Any]) -> list[tuple[str, ...]]:
+    """One row per tiered cell: the four figures, each beside what it is compared with."""
+    by_key = {(r.cell.depth, r.cell.batch, r.cell.strategy): r for r in results if r.ok}
+    rows = []
+    for (depth, batch, strategy), result in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        figures = _figures(result)
+        if strategy != "tiered" or figures is None:
+            continue
+        regional = by_key.get((depth, batch, "regional"))
+        full = by_key.get((depth, batch, "full"))
+        rows.append(
+            (
+                str(depth),
+                _s(result.cold_first_call),
+                _x(result.cold_first_call, regional.cold_first_call if regional else None),
+                _s(figures["seconds_to_whole_model"]),
+                _x(figures["seconds_to_whole_model"], full.cold_first_call if full else None),
+                _ms(figures["steady_before_switch_seconds"]),
+                _x(figures["steady_before_switch_seconds"], regional.steady if regional else None),
+                _ms(result.steady),
+                _x(result.steady, full.steady if full else None),
+                f"{figures['builder_peak_rss_mb'] or 0:.0f}",
+            )
+        )
+    return rows
+
+
+TIERED_HEADER = (
+    "depth", "first call", "x regional", "to whole-model", "x full cold",
+    "ms building", "x regional", "ms after", "x full", "builder MiB",
+)  # fmt: skip
+TIERED_LEGEND = (
+    "tiered: first call (cold) and its ratio to regional's; to whole-model = from the first "
+    "call's start to the end of the first call the whole-model form served, against full "
+    "compile's cold first call; ms building = median call while the builder ran (against "
+    "regional's steady state: the builder's cost to the foreground); ms after = steady state "
+    "after the switch, against full compile's; builder MiB = its peak resident memory"
+)
+
+
+def _s(value: float | None) -> str:
+    return f"{value:.2f} s" if value is not None else "-"
+
+
+def _ms(value: float | None) -> str:
+    return f"{value * 1000:.2f}" if value is not None else "-"
+
+
+def _x(value: float | None, base: float | None) -> str:
+    return f"{value / base:.3f}" if value is not None and base else "-"
+
+
+def tiered_targets(results: list[Any], target: Any) -> list[Any]:
+    """Issue 21's targets: first call <= 1.1x regional cold at every depth; time to whole-model
+    speed <= 1.2x full's cold first call; steady state after the switch <= 1.02x full at
+    depths 16 and 32."""
+    by_key = {(r.cell.depth, r.cell.batch, r.cell.strategy): r for r in results if r.ok}
+    first, to_whole, steady = [], [], []
+    for (depth, batch, strategy), result in by_key.items():
+        figures = _figures(result)
+        if strategy != "tiered" or figures is None:
+            continue
+        where = f"depth {depth} batch {batch}"
+        regional = by_key.get((depth, batch, "regional"))
+        full = by_key.get((depth, batch, "full"))
+        if regional and regional.cold_first_call and result.cold_first_call:
+            first.append((where, result.cold_first_call / regional.cold_first_call))
+        if full and full.cold_first_call and figures["seconds_to_whole_model"]:
+            to_whole.append((where, figures["seconds_to_whole_model"] / full.cold_first_call))
+        if depth in (16, 32) and full and full.steady and result.steady:
+            steady.append((where, result.steady / full.steady))
+    return [
+        _judge(target, "tiered first call vs regional cold", 1.1, first),
+        _judge(target, "tiered time to whole-model speed vs full cold first call", 1.2, to_whole),
+        _judge(target, "tiered steady after the switch vs full (depth 16, 32)", 1.02, steady),
+    ]
+
+
+def _judge(target: Any, name: str, limit: float, pairs: list[tuple[str, float]]) -> Any:
+    if not pairs:
+        return target(name, None, None, limit, "needs tiered with regional and full")
+    worst = max(pairs, key=lambda p: p[1])
+    detail = ", ".join(f"{where}: {ratio:.3f}x" for where, ratio in sorted(pairs))
+    return target(name, worst[1] <= limit, worst[1], limit, detail)

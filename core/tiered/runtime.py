@@ -13,7 +13,9 @@ inside a decode step.
 from __future__ import annotations
 
 import atexit
+import logging
 import shutil
+import sys
 import tempfile
 import time
 import weakref
@@ -31,6 +33,8 @@ from torchkiln.tiered.calls import CallLog, call_spec
 from torchkiln.tiered.hollow import dumps_hollow, unimportable_classes
 from torchkiln.tiered.load import WholeModelForm, load_whole
 from torchkiln.tiered.process import BuilderProcess
+
+logger = logging.getLogger("torchkiln")
 
 REGIONAL = "regional"
 WHOLE = "whole-model"
@@ -194,6 +198,17 @@ class TieredForward:
     def _stop_with(self, reason: str) -> None:
         self.state = "stopped"
         self.reason = reason
+        self._say(f"staying regional: {reason}", logging.WARNING)
+
+    def _say(self, message: str, level: int = logging.INFO) -> None:
+        """Progress of the build: each change of state, logged, and shown on standard error
+        as the per-region progress is (``progress``: ``on``, or ``auto`` on a terminal)."""
+        logger.log(level, "torchkiln: tiered: %s", message)
+        shown = self.config.progress == "on" or (
+            self.config.progress == "auto" and sys.stderr.isatty()
+        )
+        if shown:
+            print(f"torchkiln: tiered: {message}", file=sys.stderr, flush=True)
 
     def _start_builder(self, model: nn.Module) -> None:
         foreign = unimportable_classes(model)
@@ -213,6 +228,10 @@ class TieredForward:
         self.builder = BuilderProcess(request, self.config.tiered.threads)
         self.state = "building"
         self.reason = "the whole-model form is being built"
+        self._say(
+            f"building the whole-model form in process {self.builder.process.pid} for "
+            f"{len(request['families'])} kind(s) of call, after {self.calls[REGIONAL] + 1} calls"
+        )
 
     def _request(self, model: nn.Module) -> dict[str, Any]:
         if self.config.artifacts is not None:
@@ -278,6 +297,11 @@ class TieredForward:
         self.switched_at_call = sum(self.calls.values()) + 1
         if self.first_call_at is not None:
             self.seconds_to_switch = time.perf_counter() - self.first_call_at
+        built = f" (built in {self.build_result['seconds']:.1f} s)" if self.build_result else ""
+        self._say(
+            f"serving the whole-model form from call {self.switched_at_call}{built}, loaded in "
+            f"{self.form.load_seconds:.2f} s"
+        )
         if self.builder is not None:
             self.builder.stop()
 
