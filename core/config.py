@@ -128,11 +128,15 @@ class TieredConfig:
     switches to it in place between two calls (docs/tiered.md)."""
 
     enabled: bool = False
+    """Serve the first calls regionally and switch to a whole-model form built in a builder
+    process (docs/tiered.md); ``tiered: true`` and ``TORCHKILN_TIERED=1`` are shorthands."""
     threads: int = 1
     """CPU threads the builder may use (torch's intra-op threads and inductor's compile
     workers)."""
-    nice: int = 10
-    """How much lower the builder's scheduling priority is than the user's process (0-19)."""
+    nice: int = 0
+    """How much lower the builder's scheduling priority is than the user's process (0-19).
+    On a machine whose cores the user's process keeps busy, any positive value can starve the
+    builder (at 10 it gets about a tenth of a contended core): the switch then comes late."""
 
 
 @attrs.frozen
