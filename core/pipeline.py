@@ -106,6 +106,10 @@ def compile(
     )
     if cfg.enabled and cfg.cache_dir is not None:
         check_cache_dir(cfg.cache_dir)
+    if cfg.enabled and cfg.tiered.enabled:
+        from torchkiln.tiered.install import check_plan_for_tiers
+
+        check_plan_for_tiers(region_plan)
     # Everything that can be checked without touching the model was checked: from here on,
     # a failure puts the model and the process back exactly as they were.
     snapshot = Snapshot.take(model)
@@ -167,8 +171,17 @@ def _compile_checked(
         state.on_first_calls_done.append(
             lambda s: print(build_report(s, causes=s.report_causes), file=sys.stderr)
         )
+    if state is not None:
+        _install_tiers(result.module, state, cfg)
     attach(result)  # so unwrap/report/decompile find the module behind the wrapper
     return result.wrapped
+
+
+def _install_tiers(model: nn.Module, state: CompileState, cfg: CompileConfig) -> None:
+    from torchkiln.tiered.install import install_tiers, wants_tiers
+
+    if wants_tiers(cfg):
+        install_tiers(model, state, cfg)
 
 
 def declared_causes(pm: PluginManager) -> tuple[ReportCause, ...]:

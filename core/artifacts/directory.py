@@ -187,6 +187,9 @@ class Manifest:
     cpu_isa: dict[str, Any] | None = None
     """Inductor on CPU: the ISA probe's answers, the CPU's capabilities and the compiler
     (:mod:`torchkiln.artifacts.isa_probe`); loading answers the probe from them when they match."""
+    whole: dict[str, Any] | None = None
+    """The whole-model entry (:class:`torchkiln.artifacts.whole_model.WholeArtifacts` as a dict),
+    written by ``precompile(..., whole=True)`` or the tiered builder."""
 
     def group(self, name: str) -> GroupArtifacts | None:
         return next((g for g in self.groups if g.name == name), None)
@@ -213,6 +216,7 @@ class Manifest:
             skipped=list(data.get("skipped", [])),
             format=int(data["format"]),
             cpu_isa=data.get("cpu_isa"),
+            whole=data.get("whole"),
         )
 
 

@@ -82,6 +82,11 @@ class PrecompileResult:
                     f"  {group.name} ({group.regions} regions), {entry.kind}: "
                     f"{entry.compile_seconds:.1f} s -> {entry.file}"
                 )
+        for entry in (self.manifest.whole or {}).get("entries", []):
+            lines.append(
+                f"  the whole model, {entry['kind']}: {entry['compile_seconds']:.1f} s "
+                f"-> {entry['file']}"
+            )
         for skip in self.manifest.skipped:
             lines.append(f"  {skip['group']}, {skip['kind']}: NOT precompiled: {skip['reason']}")
         return "\n".join(lines)
@@ -235,6 +240,23 @@ def _recording_probes(
     return contextlib.nullcontext()
 
 
+def _precompile_whole(
+    model: nn.Module,
+    plan: Any,
+    config: CompileConfig,
+    kinds: Sequence[str],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    directory: Path,
+) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    from torchkiln.artifacts.whole_build import Family, build_whole
+
+    families = [Family(kind, kind == "training", args, kwargs) for kind in kinds]
+    region_paths = [region.path for group in plan.groups for region in group.regions]
+    built, skipped = build_whole(model, families, config, directory, region_paths)
+    return built.to_dict(), [{"group": "<whole model>", **s} for s in skipped]
+
+
 def _fresh_directory(path: str | Any) -> Path:
     directory = Path(path).expanduser().resolve()
     if directory.exists() and not directory.is_dir():
@@ -255,6 +277,7 @@ def precompile(
     *,
     kinds: Sequence[str] = KINDS,
     plugins: PluginManager | None = None,
+    whole: bool = False,
     **options: Any,
 ) -> PrecompileResult:
     """Compile every region group of ``model`` ahead of time and write them to ``path``.
@@ -267,6 +290,9 @@ def precompile(
     :param config: as :func:`torchkiln.compile`; ``options`` are ``CompileConfig`` fields.
     :param kinds: ``inference`` (eval mode, no grad) and/or ``training`` (train mode, forward
         and backward). The model's modes are restored afterwards.
+    :param whole: also compile the whole model, one function per kind (the form tiered
+        compilation switches to); ``torchkiln.compile(artifacts=path)`` then prefers it to
+        the region entries for every call it fits (docs/tiered.md).
     :return: a :class:`PrecompileResult`; an entry that could not be precompiled is listed in
         ``skipped`` with its reason (``torchkiln.compile`` then compiles that group normally).
     :raises ArtifactError: a backend that cannot serialise, a model already compiled, bad
@@ -310,7 +336,13 @@ def precompile(
                     model(*args, **kwargs)
         finally:
             decompile(model)
+        whole_entry = (
+            _precompile_whole(model, plan, cfg, kinds, args, kwargs, directory) if whole else None
+        )
     manifest = Manifest(environment=environment, skipped=recorder.skipped, cpu_isa=probes or None)
+    if whole_entry is not None:
+        manifest.whole, skipped_whole = whole_entry
+        manifest.skipped += skipped_whole
     for name, group in recorder.groups.items():
         called = {entry.kind for entry in group.entries} | {
             s["kind"] for s in recorder.skipped if s["group"] == name

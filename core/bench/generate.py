@@ -88,6 +88,14 @@ def first_token(
     target = generation_target(args.strategy, model, args.backend, apply, args.mode)
     clock, tokens = generate_once(target, inputs, args.new_tokens)
     finished = time.perf_counter()
+    tiered = None
+    if args.strategy == "tiered":
+        from torchkiln.bench.tiered import until_whole_model
+
+        def again() -> Any:
+            return generate_once(target, inputs, args.new_tokens)
+
+        tiered = until_whole_model(again, model, started, time.perf_counter)
     later = [generate_once(target, inputs, args.new_tokens)[0] for _ in range(args.warmup)]
     steady_calls = getattr(args, "steady_iters", 0) if getattr(args, "steady_here", False) else 0
     steady = [steady_decode(target, inputs, args.new_tokens)() for _ in range(steady_calls)]
@@ -101,6 +109,7 @@ def first_token(
         "steady_seconds": steady or None,
         "max_abs_diff": float(tokens_differing(tokens, reference)),
         "new_tokens": args.new_tokens,
+        "tiered": tiered,
     }, target
 
 

@@ -8,7 +8,9 @@ import attrs
 
 from torchkiln.errors import TorchkilnError
 
-STRATEGIES = ("eager", "full", "regional", "precompiled", "hierarchical", "accelerate")
+STRATEGIES = (
+    "eager", "full", "regional", "tiered", "precompiled", "hierarchical", "accelerate",
+)  # fmt: skip
 """Every strategy the worker knows, in table order."""
 
 COMPILED_STRATEGIES = frozenset(STRATEGIES) - {"eager"}
@@ -22,6 +24,8 @@ STRATEGY_HELP = {
     "hierarchical": "torchkiln.compile(model, regions='hierarchical'): one graph, "
     "blocks as nested_compile_region",
     "accelerate": "accelerate.utils.compile_regions(model) (when accelerate is installed)",
+    "tiered": "torchkiln.compile(model, tiered=True): regional first, then the whole model "
+    "built in a builder process and switched to in place (steady = after the switch)",
 }
 
 DEFAULT_MODEL = "llama"
@@ -66,7 +70,7 @@ def default_strategies(backend: str = "inductor") -> tuple[str, ...]:
         s
         for s in STRATEGIES
         if (s != "accelerate" or accelerate_available())
-        and (s != "precompiled" or backend_precompiles(backend))
+        and (s not in ("precompiled", "tiered") or backend_precompiles(backend))
     )
 
 
@@ -237,11 +241,13 @@ def make_settings(
     mode = check_mode(mode, device)
     check_backend_mode(backend, mode)
     chosen = parse_strategies(strategies) if strategies else default_strategies(backend)
-    if "precompiled" in chosen and not backend_precompiles(backend):
-        raise BenchError(
-            f"--strategies includes precompiled, but backend {backend!r} cannot be precompiled "
-            "(its BackendSpec does not declare precompile); use inductor or aot_eager"
-        )
+    for needs_artifacts in ("precompiled", "tiered"):
+        if needs_artifacts in chosen and not backend_precompiles(backend):
+            raise BenchError(
+                f"--strategies includes {needs_artifacts}, but backend {backend!r} cannot be "
+                "precompiled (its BackendSpec does not declare precompile); use inductor or "
+                "aot_eager"
+            )
     workload = _check_workload(workload, train)
     if new_tokens < 2:
         raise BenchError(

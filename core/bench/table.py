@@ -7,6 +7,7 @@ from typing import Any
 
 from torchkiln.bench.runner import CellResult
 from torchkiln.bench.targets import Target
+from torchkiln.bench.tiered import TIERED_HEADER, TIERED_LEGEND, tiered_rows
 
 HEADER = (
     "depth", "batch", "strategy",
@@ -155,8 +156,11 @@ def render_all(
         "",
         render_table(results),
         "",
-        render_targets(targets),
     ]
+    tiered = tiered_rows(list(results))
+    if tiered:
+        parts += [*_format([TIERED_HEADER, *tiered]), TIERED_LEGEND, ""]
+    parts.append(render_targets(targets))
     failures = render_failures(results)
     if failures:
         parts += ["", failures]

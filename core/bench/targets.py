@@ -26,6 +26,7 @@ from collections.abc import Iterable
 import attrs
 
 from torchkiln.bench.runner import CellResult
+from torchkiln.bench.tiered import tiered_targets
 
 LARGE_DEPTHS = (16, 32)
 
@@ -208,9 +209,10 @@ def _generate_targets(grid: _Grid) -> list[Target]:
 
 
 def check_targets(results: Iterable[CellResult], workload: str = "forward") -> list[Target]:
+    results = list(results)
     grid = _Grid(results)
     if workload == "generate":
-        return _generate_targets(grid)
+        return [*_generate_targets(grid), *tiered_targets(results, Target)]
     return [
         _first_call_ratio(
             grid, "regional", "full", 0.5, "regional first call vs full (depth 16, 32)"
@@ -239,4 +241,5 @@ def check_targets(results: Iterable[CellResult], workload: str = "forward") -> l
             grid, "precompiled first call vs regional warm (depth 32)", 0.5,
             ("precompiled", "cold"), ("regional", "warm"),
         ),
+        *tiered_targets(list(results), Target),
     ]  # fmt: skip

@@ -118,6 +118,8 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     return model, inputs.to(args.device) if hasattr(inputs, "to") else inputs
 
 
+TORCHKILN_STRATEGIES = ("regional", "hierarchical", "precompiled", "tiered")
+
 DISPATCH: list[str | None] = [None]
 """``--dispatch``, set once by :func:`main` (every torchkiln strategy of the process uses it)."""
 
@@ -134,6 +136,8 @@ def _config(
     extra: dict[str, Any] = (
         {"artifacts": artifacts, "artifacts_strict": True} if strategy == "precompiled" else {}
     )
+    if strategy == "tiered":
+        extra["tiered"] = True
     if DISPATCH[0] is not None:
         extra["dispatch"] = DISPATCH[0]
     return CompileConfig(
@@ -160,7 +164,7 @@ def _apply_strategy(
         return model
     if strategy == "full":
         return torch.compile(model, backend=backend, mode=mode)
-    if strategy in ("regional", "hierarchical", "precompiled"):
+    if strategy in TORCHKILN_STRATEGIES:
         import torchkiln
 
         if strategy == "precompiled" and not artifacts:
@@ -194,6 +198,15 @@ def _step(fn: Any, model: Any, inputs: Any, train: bool) -> Callable[[], Any]:
         return output
 
     return forward_backward if train else forward
+
+
+def _synced(call: Callable[[], Any], device: str) -> Callable[[], Any]:
+    def synced() -> Any:
+        result = call()
+        _sync(device)
+        return result
+
+    return synced
 
 
 def _timed(call: Callable[[], Any], device: str) -> tuple[float, Any]:
@@ -235,7 +248,7 @@ def _dynamo_counts() -> dict[str, Any]:
 
 
 def _torchkiln_report(strategy: str, model: Any) -> dict[str, Any] | None:
-    if strategy not in ("regional", "hierarchical", "precompiled"):
+    if strategy not in TORCHKILN_STRATEGIES:
         return None
     import torchkiln
 
@@ -254,7 +267,7 @@ def _eager_reference(strategy: str, model: Any, inputs: Any, compiled_out: Any) 
     """Largest absolute difference between the compiled first output and eager."""
     import torch
 
-    if strategy in ("regional", "hierarchical", "precompiled"):
+    if strategy in TORCHKILN_STRATEGIES:
         import torchkiln
 
         torchkiln.decompile(model)
@@ -305,11 +318,17 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
         call_target = _apply_strategy(args.strategy, model, args.backend, args.artifacts, args.mode)
         return _step(call_target, model, inputs, args.train)()
 
+    first_started = time.perf_counter()
     first_seconds, output = _timed(first, args.device)
     # A copy: under CUDA graphs (reduce-overhead) the next replay overwrites the output.
     first_out = _first_tensor(output).detach().clone()
     counts_after_first = _dynamo_counts()
     step = _step(call_target, model, inputs, args.train)
+    tiered = None
+    if args.strategy == "tiered":
+        from torchkiln.bench.tiered import now, until_whole_model
+
+        tiered = until_whole_model(_synced(step, args.device), model, first_started, now)
     later = [_timed(step, args.device)[0] for _ in range(args.warmup)]
     steady = [
         _timed(step, args.device)[0] for _ in range(args.steady_iters if args.steady_here else 0)
@@ -325,6 +344,7 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
         "first_call": counts_after_first,
         "after_later_calls": _dynamo_counts(),
         "torchkiln_report": _torchkiln_report(args.strategy, model),
+        "tiered": tiered,
         "max_abs_diff": _eager_reference(args.strategy, model, inputs, first_out),
         "parameters": sum(p.numel() for p in model.parameters()),
         "wall_seconds": time.perf_counter() - START,
@@ -363,9 +383,15 @@ def _steady_step(strategy: str, args: argparse.Namespace) -> Callable[[], Any]:
         from torchkiln.bench.generate import generation_target, steady_decode
 
         target = generation_target(strategy, model, args.backend, _applier(args), args.mode)
-        return steady_decode(target, inputs, args.new_tokens)
-    target = _apply_strategy(strategy, model, args.backend, args.artifacts, args.mode)
-    return _step(target, model, inputs, args.train)
+        step = steady_decode(target, inputs, args.new_tokens)
+    else:
+        target = _apply_strategy(strategy, model, args.backend, args.artifacts, args.mode)
+        step = _step(target, model, inputs, args.train)
+    if strategy == "tiered":
+        from torchkiln.bench.tiered import switched
+
+        return switched(step, model)
+    return step
 
 
 def measure_steady(args: argparse.Namespace) -> dict[str, Any]:

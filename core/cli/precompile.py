@@ -38,6 +38,11 @@ def add_precompile_parser(commands: Any) -> None:
     p.add_argument("--dtype", help="cast the model to this floating dtype (bfloat16, ...)")
     p.add_argument("--config", help="YAML file")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.add_argument(
+        "--whole",
+        action="store_true",
+        help="also compile the whole model (preferred by compile(artifacts=DIR); docs/tiered.md)",
+    )
     p.set_defaults(handler=_precompile)
 
 
@@ -70,7 +75,14 @@ def _precompile(args: argparse.Namespace) -> int:
     inputs = inputs.to(args.device) if hasattr(inputs, "to") else inputs
     options = {k: v for k, v in (("backend", args.backend), ("mode", args.mode)) if v}
     result = torchkiln.precompile(
-        model, inputs, args.output, args.config, kinds=kinds, progress="off", **options
+        model,
+        inputs,
+        args.output,
+        args.config,
+        kinds=kinds,
+        whole=args.whole,
+        progress="off",
+        **options,
     )
     if args.json:
         print(json.dumps(result.manifest.to_dict(), indent=1))

@@ -122,6 +122,24 @@ class DistributedConfig:
 
 
 @attrs.frozen
+class TieredConfig:
+    """Tiered compilation (``tiered:`` in YAML; ``tiered=True`` as a keyword): the first
+    calls run regionally while a builder process compiles the whole model, then the model
+    switches to it in place between two calls (docs/tiered.md)."""
+
+    enabled: bool = False
+    """Serve the first calls regionally and switch to a whole-model form built in a builder
+    process (docs/tiered.md); ``tiered: true`` and ``TORCHKILN_TIERED=1`` are shorthands."""
+    threads: int = 1
+    """CPU threads the builder may use (torch's intra-op threads and inductor's compile
+    workers)."""
+    nice: int = 0
+    """How much lower the builder's scheduling priority is than the user's process (0-19).
+    On a machine whose cores the user's process keeps busy, any positive value can starve the
+    builder (at 10 it gets about a tenth of a contended core): the switch then comes late."""
+
+
+@attrs.frozen
 class CompileConfig:
     """Everything :func:`torchkiln.compile` needs to know. Frozen; use ``attrs.evolve``."""
 
@@ -139,6 +157,7 @@ class CompileConfig:
     """Leave the model untouched (``torch.compile(disable=True)``)."""
     regions: RegionsConfig = attrs.Factory(RegionsConfig)
     distributed: DistributedConfig = attrs.Factory(DistributedConfig)
+    tiered: TieredConfig = attrs.Factory(TieredConfig)
     on_region_error: str = attrs.field(default="raise", converter=_lower)
     """``raise``: a region that fails to compile raises. ``eager``: it runs eagerly, the
     others stay compiled, and :func:`torchkiln.report` says why."""

@@ -30,6 +30,8 @@ ENV_PREFIX = "TORCHKILN_"
 DEFAULT_FILE = "torchkiln.yaml"
 # Shorthands: a string in place of a section means its strategy.
 SECTION_SHORTHANDS = {"regions": "strategy", "distributed": "strategy"}
+# A boolean in place of a section means its ``enabled`` field (``tiered: true``).
+SECTION_SWITCHES = {"tiered": "enabled"}
 # TORCHKILN_* variables that are not configuration fields.
 CONTROL_VARIABLES = frozenset(
     {
@@ -189,6 +191,8 @@ def env_fields() -> dict[str, tuple[str, Any]]:
     table = {env_name(path): (path, kind) for path, kind in leaf_fields()}
     for section, field in SECTION_SHORTHANDS.items():
         table[env_name(section)] = (f"{section}.{field}", str)
+    for section, field in SECTION_SWITCHES.items():
+        table[env_name(section)] = (f"{section}.{field}", bool)
     return table
 
 
@@ -234,6 +238,8 @@ def normalise_shorthands(values: Mapping[str, Any]) -> dict[str, Any]:
             value = attrs.asdict(value, recurse=True)
         if key in SECTION_SHORTHANDS and isinstance(value, str):
             value = {SECTION_SHORTHANDS[key]: value}
+        if key in SECTION_SWITCHES and isinstance(value, bool):
+            value = {SECTION_SWITCHES[key]: value}
         result[key] = value
     return result
 

@@ -272,6 +272,45 @@ def _selector_option_problems(
     ]
 
 
+TIERED_STRATEGIES = ("none", "ddp")
+"""Distributed strategies tiered compilation runs under: the whole-model form replaces the
+forward that DDP calls; FSDP2 and DeepSpeed shard parameters per block, which one whole-model
+graph built from an unsharded copy would not reproduce."""
+
+
+def _tiered_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[ConfigProblem]:
+    tiered = config.tiered
+    problems = []
+    if not 1 <= tiered.threads <= 256:
+        problems.append(
+            ConfigProblem(
+                "$.tiered.threads",
+                f"{tiered.threads} is not between 1 and 256",
+                sources.get("tiered.threads", ""),
+            )
+        )
+    if not 0 <= tiered.nice <= 19:
+        problems.append(
+            ConfigProblem(
+                "$.tiered.nice",
+                f"{tiered.nice} is not between 0 and 19",
+                sources.get("tiered.nice", ""),
+            )
+        )
+    strategy = config.distributed.strategy
+    if tiered.enabled and strategy not in TIERED_STRATEGIES:
+        problems.append(
+            ConfigProblem(
+                "$.tiered.enabled",
+                f"tiered compilation is not supported with distributed strategy {strategy!r} "
+                f"(allowed: {', '.join(TIERED_STRATEGIES)}): it shards parameters per block, "
+                "and a whole-model graph built from an unsharded copy would not gather them",
+                sources.get("tiered.enabled", ""),
+            )
+        )
+    return problems
+
+
 def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> None:
     """Semantic checks against the registered plugins; raises one ConfigError."""
     problems: list[ConfigProblem] = []
@@ -302,6 +341,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
             "distributed.fsdp2.replicate_degree",
             f"{config.distributed.fsdp2.replicate_degree} must be at least 1",
         )
+    problems.extend(_tiered_problems(config, sources))
     missing_hint = plugins.missing_hint()
     add(
         "regions.strategy",

@@ -112,6 +112,8 @@ class CompileState:
     later_records: dict[str, tuple[str, CompileRecord]] = attrs.Factory(dict)
     """Compile id -> (group, record) of compiles after the first calls, as reports saw them
     (Dynamo keeps only its most recent records)."""
+    tiered: Any = None
+    """The tiered runtime (:class:`torchkiln.tiered.runtime.TieredForward`), when installed."""
 
     def settle(self, region_state: RegionState, status: str) -> None:
         """Set a region's status, keeping :attr:`pending` right."""
@@ -129,6 +131,8 @@ class CompileState:
             if state.module is not None
         ]
         pairs += list(self.replaced_forwards)
+        if self.tiered is not None:
+            pairs += self.tiered.installed_pairs()
         return (_plain_after_load, (pairs,))
 
     def __copy__(self) -> CompileState:

@@ -112,6 +112,9 @@ class CompileReport:
     verbose: bool = False
     """``str()`` shows Dynamo's full text under each reason."""
     causes: tuple[ReportCause, ...] = attrs.field(default=(), repr=False)
+    tiers: Any = None
+    """Tiered compilation: which tier serves, calls per tier, the switch, the build
+    (:class:`torchkiln.tiered.runtime.TierReport`); ``None`` without tiers."""
 
     @property
     def total_graphs(self) -> int:
@@ -448,6 +451,7 @@ def build_report(
         later_recompiles=later,
         verbose=verbose,
         causes=all_causes,
+        tiers=state.tiered.report() if state.tiered is not None else None,
     )
 
 

@@ -161,4 +161,6 @@ def render_report(report: Any) -> str:
             ]
     for cause, remedy in causes.items():
         lines.append(f"  remedy for {cause}: {remedy}")
+    if getattr(report, "tiers", None) is not None:
+        lines += report.tiers.lines()
     return "\n".join(lines)

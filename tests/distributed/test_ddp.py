@@ -79,3 +79,18 @@ def test_unknown_ddp_option_names_allowed_ones(ranks):
     error = ranks[0]["bad_option"]
     assert error["type"] == "DistributedError"
     assert "'bucket_size'" in error["message"] and "bucket_cap_mb" in error["message"]
+
+
+def test_tiered_under_ddp_switches_on_each_rank_with_plain_ddp_losses(run_worker):
+    ranks = run_worker("tiered-ddp")
+    for data in ranks:
+        assert "error" not in data, data.get("error")
+        assert data["built"] is True
+        half = len(data["losses"]) // 2
+        # Regional until the builder finished, the whole-model form from then on.
+        assert data["serving"] == ["regional"] * half + ["whole-model"] * half, data["reason"]
+        assert data["calls"] == {"regional": half, "whole-model": half}
+        for got, want in zip(data["losses"], data["reference_losses"], strict=True):
+            assert abs(got - want) < LOSS_TOL, (data["losses"], data["reference_losses"])
+        assert abs(data["params_checksum"] - data["reference_checksum"]) < PARAM_TOL
+    assert ranks[0]["params_checksum"] == ranks[1]["params_checksum"]

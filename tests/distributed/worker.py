@@ -216,6 +216,44 @@ def run_ddp() -> dict[str, Any]:
     return out
 
 
+def run_tiered_ddp() -> dict[str, Any]:
+    """Tiered under DDP: each rank observes, builds in its own builder process and switches;
+    the loss curve must equal plain DDP's."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    import torchkiln.tiered
+
+    data = batches() * 2
+    reference = DistributedDataParallel(build())
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=LR)
+    out: dict[str, Any] = {"reference_losses": []}
+    for ids in data:
+        loss = loss_of(reference)(ids)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        out["reference_losses"].append(mean_over_ranks(loss))
+    model = build()
+    wrapped = torchkiln.compile(model, backend="aot_eager", distributed="ddp", tiered=True)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=LR)
+    out["losses"], out["serving"] = [], []
+    for step, ids in enumerate(data):
+        if step == len(data) // 2:
+            out["built"] = torchkiln.tiered.wait(wrapped, 900)
+        loss = loss_of(wrapped)(ids)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        out["losses"].append(mean_over_ranks(loss))
+        out["serving"].append(torchkiln.tiered.tiers(wrapped).serving)
+    tiers = torchkiln.tiered.tiers(wrapped)
+    out["calls"], out["reason"] = tiers.calls, tiers.reason
+    out["params_checksum"] = params_checksum(model)
+    out["reference_checksum"] = params_checksum(reference.module)
+    torchkiln.decompile(wrapped)
+    return out
+
+
 def double_wrapping_plugins() -> torchkiln.PluginManager:
     """A plugin manager with a faulty third-party strategy that wraps the model in DDP twice."""
     from torch.nn.parallel import DistributedDataParallel
@@ -462,6 +500,8 @@ def main() -> None:
     try:
         if strategy == "ddp":
             out = run_ddp()
+        elif strategy == "tiered-ddp":
+            out = run_tiered_ddp()
         elif strategy == "fsdp2":
             out = run_fsdp2()
         elif strategy == "deepspeed":

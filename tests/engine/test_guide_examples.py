@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-GUIDE = REPO / "docs" / "guide.md"
+GUIDES = [REPO / "docs" / "guide.md", REPO / "docs" / "tiered.md"]
 EXAMPLES = REPO / "docs" / "examples"
 FENCE = re.compile(r"^```python\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 SOURCE = re.compile(r"\A# (?P<path>docs/examples/\S+\.py)\n")
@@ -19,7 +19,7 @@ SOURCE = re.compile(r"\A# (?P<path>docs/examples/\S+\.py)\n")
 def shown_examples() -> dict[str, str]:
     """Guide blocks that start with ``# docs/examples/NAME.py``: path -> the code after it."""
     shown = {}
-    for match in FENCE.finditer(GUIDE.read_text()):
+    for match in (m for guide in GUIDES for m in FENCE.finditer(guide.read_text())):
         source = SOURCE.match(match["body"])
         if source:
             shown[source["path"]] = match["body"][source.end() :]

@@ -1,0 +1,177 @@
+"""Compiling the whole model ahead of time into an artifact directory's ``whole`` entry.
+
+Used by the tiered builder process (:mod:`torchkiln.tiered.builder`) on a hollow copy of the
+model, and by ``torchkiln precompile --whole`` on the model itself. Each family of calls
+(:mod:`torchkiln.tiered.calls`) becomes one ``aot_compile`` of :func:`whole_model_forward` with
+``fullgraph=True``, the guards filtered as :mod:`torchkiln.artifacts.whole_guards` explains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.artifacts.directory import input_spec, structure_hash
+from torchkiln.artifacts.whole_guards import GuardFilter, module_refs, referenced_files
+from torchkiln.artifacts.whole_model import (
+    WHOLE_DIR,
+    WholeArtifacts,
+    WholeEntry,
+    class_name,
+    package_versions,
+    tree_hash,
+    whole_code_hash,
+)
+from torchkiln.configuration.config import CompileConfig
+
+MAX_DEPTH = 6
+"""How deep objects' attributes are walked for tensors (a cache's layers' keys are at 3)."""
+
+
+def walk(value: Any, path: str, depth: int) -> Iterator[tuple[str, Any]]:
+    """``(path, leaf)`` for every tensor and plain leaf reachable from ``value``."""
+    if (
+        isinstance(value, torch.Tensor)
+        or value is None
+        or isinstance(value, bool | int | float | str | torch.dtype)
+    ):
+        yield path, value
+    elif depth >= MAX_DEPTH:
+        yield path, type(value)
+    elif isinstance(value, list | tuple):
+        yield path, (type(value), len(value))
+        for index, item in enumerate(value):
+            yield from walk(item, f"{path}[{index}]", depth + 1)
+    elif isinstance(value, dict):
+        yield path, (type(value), tuple(value))
+        for key, item in value.items():
+            yield from walk(item, f"{path}[{key!r}]", depth + 1)
+    elif isinstance(value, nn.Module):
+        yield path, type(value)
+    else:
+        fields = getattr(value, "__dict__", None)
+        yield path, type(value)
+        if isinstance(fields, dict):
+            for key, item in fields.items():
+                yield from walk(item, f"{path}.{key}", depth + 1)
+
+
+def mark_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any], dims: dict[str, Any]) -> int:
+    """Mark ``dims`` dynamic on the tensors of a call (the builder's hollow copy); returns how
+    many tensors were marked."""
+    marked = 0
+    for path, leaf in walk((args, kwargs), "", 0):
+        if isinstance(leaf, torch.Tensor) and dims.get(path):
+            torch._dynamo.mark_dynamic(leaf, list(dims[path]))
+            marked += 1
+    return marked
+
+
+def whole_model_forward(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+    """The function compiled for the whole model: the class's ``forward``, not an instance
+    attribute, so the trace goes through every block's own code."""
+    return type(module).forward(module, *args, **kwargs)
+
+
+@attrs.define
+class Family:
+    """One family of calls to compile for: a representative call and its dynamic dims."""
+
+    kind: str
+    training: bool
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    dynamic: dict[str, tuple[int, ...]] = attrs.Factory(dict)
+
+
+def _compile_one(
+    model: nn.Module, family: Family, config: CompileConfig, guard_filter: GuardFilter
+) -> Any:
+    options = {**dict(config.options), "guard_filter_fn": guard_filter}
+    compiled = torch.compile(
+        whole_model_forward,
+        backend=config.backend,
+        mode=config.mode,
+        fullgraph=True,
+        dynamic=config.dynamic,
+        options=options,
+    )
+    model.train(family.training)
+    mark_dynamic(family.args, family.kwargs, family.dynamic)
+    with torch.set_grad_enabled(family.kind == "training"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
+        return compiled.aot_compile(((model, *family.args), family.kwargs))
+
+
+def build_whole(
+    model: nn.Module,
+    families: list[Family],
+    config: CompileConfig,
+    directory: Path,
+    region_paths: list[str],
+) -> tuple[WholeArtifacts, list[dict[str, str]]]:
+    """Compile ``model`` for each family into ``directory/whole/``.
+
+    :return: the ``whole`` manifest entry (its ``entries`` may be empty) and, per family that
+        failed, ``{"kind", "reason"}``.
+    """
+    (directory / WHOLE_DIR).mkdir(parents=True, exist_ok=True)
+    guard_filter = GuardFilter(region_paths)
+    entries: list[WholeEntry] = []
+    skipped: list[dict[str, str]] = []
+    training = model.training
+    try:
+        for index, family in enumerate(families):
+            started = time.perf_counter()
+            try:
+                aot = _compile_one(model, family, config, guard_filter)
+            except Exception as error:  # one family failing is recorded, the others go on
+                skipped.append({"kind": family.kind, "reason": _reason(error)})
+                continue
+            seconds = time.perf_counter() - started
+            relative = f"{WHOLE_DIR}/{family.kind}-{index}.bin"
+            env = aot._artifacts.runtime_env
+            refs = module_refs(whole_model_forward.__globals__, env.external_refs)
+            aot.save_compiled_function(str(directory / relative))
+            data = (directory / relative).read_bytes()
+            entries.append(
+                WholeEntry(
+                    kind=family.kind,
+                    training=family.training,
+                    file=relative,
+                    inputs=input_spec(family.args, family.kwargs),
+                    dynamic={k: list(v) for k, v in family.dynamic.items()},
+                    module_refs=refs,
+                    compile_seconds=round(seconds, 3),
+                    sha256=hashlib.sha256(data).hexdigest(),
+                    size=len(data),
+                )
+            )
+    finally:
+        model.train(training)
+    modules = sorted(guard_filter.modules)
+    whole = WholeArtifacts(
+        cls=class_name(model),
+        code_hash=whole_code_hash(model, referenced_files(modules)),
+        tree_hash=tree_hash(model),
+        structure_hash=structure_hash(model),
+        region_paths=list(region_paths),
+        modules=modules,
+        packages=package_versions(modules),
+        dropped_guards=dict(guard_filter.dropped),
+        entries=entries,
+    )
+    return whole, skipped
+
+
+def _reason(error: BaseException) -> str:
+    first = next((line for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first}"[:500]

@@ -1,0 +1,129 @@
+"""Loading a directory's whole-model entry into a :class:`WholeModelForm`.
+
+Every entry's file is checked before torch unpickles it: confined to ``whole/`` in the
+directory, a regular file of the recorded size, with the recorded SHA-256. The kernels are
+merged into the inductor cache and the CPU probe is answered from the manifest, as for region
+groups (:mod:`torchkiln.artifacts.precompiled`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchkiln.artifacts.directory import KERNELS_DIR, ArtifactError, Manifest
+from torchkiln.artifacts.whole_build import whole_model_forward
+from torchkiln.artifacts.whole_guards import referenced_files
+from torchkiln.artifacts.whole_model import WHOLE_DIR, WholeArtifacts, WholeEntry, whole_mismatch
+
+
+class WholeModelForm:
+    """The whole model's loaded functions: ``match(args, kwargs)`` gives the first whose saved
+    guards pass for this call, or ``None``."""
+
+    def __init__(self, entries: list[tuple[WholeEntry, Any]], directory: Path, seconds: float):
+        self.entries = [entry for entry, _ in entries]
+        self._checks = [(fn._artifacts.guard_manager.check, fn.fn) for _, fn in entries]
+        self._loaded = [fn for _, fn in entries]
+        self.directory = directory
+        self.load_seconds = seconds
+
+    def match(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        f_locals = {"module": model, "args": args, "kwargs": kwargs}
+        for check, fn in self._checks:
+            if check(f_locals):
+                return fn
+        return None
+
+    def why_not(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The first failing guard of each entry, for the report."""
+        f_locals = {"module": model, "args": args, "kwargs": kwargs}
+        parts = []
+        for entry, fn in zip(self.entries, self._loaded, strict=True):
+            try:
+                info = fn._artifacts.guard_manager.check_verbose(f_locals)
+                text = str((getattr(info, "verbose_code_parts", None) or [info])[0])
+            except Exception as error:  # the explanation must never break the call
+                text = f"guards failed ({type(error).__name__})"
+            parts.append(f"{entry.kind}: {text[:200]}")
+        return "; ".join(parts)
+
+
+def entry_bytes(directory: Path, entry: WholeEntry) -> bytes:
+    """The entry's file after the checks above; :raises ArtifactError: naming the entry."""
+    relative = Path(entry.file)
+    if relative.is_absolute() or relative.parts[:1] != (WHOLE_DIR,) or ".." in relative.parts:
+        raise ArtifactError(f"whole-model entry {entry.file!r} is outside {WHOLE_DIR}/")
+    path = directory / relative
+    try:
+        info = path.lstat()
+    except OSError as error:
+        raise ArtifactError(f"whole-model entry {entry.file!r} cannot be read: {error}") from error
+    if not stat.S_ISREG(info.st_mode):
+        raise ArtifactError(f"whole-model entry {entry.file!r} is not a regular file")
+    if info.st_size != entry.size:
+        raise ArtifactError(
+            f"whole-model entry {entry.file!r} does not match its manifest (size "
+            f"{info.st_size}, recorded {entry.size}): tampered or truncated"
+        )
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise ArtifactError(
+            f"whole-model entry {entry.file!r} does not match its manifest's SHA-256: tampered"
+        )
+    return data
+
+
+def _module_globals(entry: WholeEntry) -> dict[str, Any]:
+    """The modules Dynamo's code loads by alias. Only modules this process has imported are
+    supplied: a manifest never makes torchkiln import anything."""
+    found = {}
+    for alias, name in entry.module_refs.items():
+        if name not in sys.modules:
+            raise ArtifactError(
+                f"whole-model entry {entry.file!r} needs module {name!r}, not imported here"
+            )
+        found[alias] = sys.modules[name]
+    return found
+
+
+def load_whole(directory: Path, manifest: Manifest, model: nn.Module) -> WholeModelForm:
+    """:raises ArtifactError: no whole-model entry, one that does not fit ``model``, or a
+    file that fails its checks."""
+    import time
+
+    from torchkiln.artifacts.cache import current_cache_dir
+    from torchkiln.artifacts.deferred_templates import deferred_templates
+    from torchkiln.artifacts.isa_probe import answered_probes
+    from torchkiln.artifacts.precompiled import copy_kernels
+
+    if not manifest.whole:
+        raise ArtifactError("the directory has no whole-model entry")
+    saved = WholeArtifacts.from_dict(manifest.whole)
+    if not saved.entries:
+        raise ArtifactError("the whole-model entry has no compiled function")
+    reason = whole_mismatch(saved, model, referenced_files(saved.modules))
+    if reason is not None:
+        raise ArtifactError(f"whole-model entry does not fit: {reason}")
+    started = time.perf_counter()
+    kernels = directory / KERNELS_DIR
+    if kernels.is_dir():
+        copy_kernels(kernels, Path(current_cache_dir()))
+    inductor = manifest.environment.get("backend") == "inductor"
+    templates = deferred_templates() if inductor else contextlib.nullcontext()
+    loaded = []
+    with answered_probes(manifest.cpu_isa), templates:
+        for entry in saved.entries:
+            data = entry_bytes(directory, entry)
+            f_globals = {**whole_model_forward.__globals__, **_module_globals(entry)}
+            fn = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
+            loaded.append((entry, fn))
+    return WholeModelForm(loaded, directory, time.perf_counter() - started)

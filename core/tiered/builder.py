@@ -1,0 +1,169 @@
+"""The builder process: ``python -m torchkiln.tiered.builder WORKDIR``.
+
+The user's process writes ``WORKDIR`` (a directory only its user can write): ``request.pkl``
+(the hollow model, the calls to compile for, the configuration, the output directory) and
+``sys_path.json``. This process lowers its priority and thread counts first, compiles the whole
+model into the output directory's ``whole`` entry and writes ``result.json``: what it built,
+how long it took, its peak resident memory, or the error. Dynamo runs only here, on this
+process's main thread (it is not thread-safe: pytorch issues 118260 and 136833).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+REQUEST = "request.pkl"
+SYS_PATH = "sys_path.json"
+RESULT = "result.json"
+
+
+def _limit(nice: int, intra_op_threads: int) -> None:
+    """Lower this process's priority. Its CPU use is bounded by the environment the parent
+    set (``OMP_NUM_THREADS``, ``TORCHINDUCTOR_COMPILE_THREADS``: inductor's compile workers);
+    torch's intra-op thread count is set to the *parent's*, because the compiled function's
+    global-state guard records it and would otherwise never match in the parent."""
+    if nice:
+        os.nice(nice)
+    import torch
+
+    torch.set_num_threads(intra_op_threads)
+
+
+def _peak_rss_mb() -> float:
+    # Linux reports kilobytes.
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def _write_manifest(output: Path, request: dict[str, Any], whole: Any, skipped: list[Any]) -> None:
+    from torchkiln.artifacts.directory import (
+        MANIFEST,
+        ArtifactError,
+        Manifest,
+        read_manifest,
+        write_manifest,
+    )
+
+    manifest = Manifest(environment=request["environment"], cpu_isa=request.get("cpu_isa"))
+    if (output / MANIFEST).exists():
+        try:
+            existing = read_manifest(output)
+        except ArtifactError:
+            existing = None
+        if existing is not None and existing.environment == request["environment"]:
+            manifest = existing
+    manifest.whole = whole.to_dict()
+    manifest.skipped = [s for s in manifest.skipped if s.get("group") != "<whole model>"]
+    manifest.skipped += [{"group": "<whole model>", **s} for s in skipped]
+    write_manifest(output, manifest)
+
+
+def replay_construction_state(model: Any) -> None:
+    """Global state a library records when a model is *constructed*, which unpickling skips.
+
+    transformers registers each ``PreTrainedModel`` class's recordable outputs in
+    ``_CAN_RECORD_REGISTRY`` from ``__init__``; a trace guards on that entry.
+    """
+    registry_module = sys.modules.get("transformers.utils.output_capturing")
+    registry = getattr(registry_module, "_CAN_RECORD_REGISTRY", None)
+    if registry is None:
+        return
+    for module in model.modules():
+        outputs = getattr(module, "_can_record_outputs", None)
+        if outputs is not None and hasattr(module, "config"):
+            registry[module] = outputs
+
+
+def warm_up(model: Any, family: dict[str, Any]) -> None:
+    """Run the model once on fake tensors, on a copy of the call of its own.
+
+    The user's process has run the model before it asks for a build, and libraries initialise
+    global state lazily on a first call (transformers registers each model class for output
+    capturing); Dynamo guards on that state, so the trace must see it as the user's process
+    has it. Fake tensors carry metadata only: nothing reads the hollow weights.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchkiln.tiered.hollow import loads_hollow
+
+    args, kwargs = loads_hollow(family["call"])
+    training = model.training
+    model.train(family["training"])
+    try:
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            torch.set_grad_enabled(family["kind"] == "training"),
+        ):
+            model(*args, **kwargs)
+    finally:
+        model.train(training)
+
+
+def build(workdir: Path) -> dict[str, Any]:
+    from torchkiln.artifacts.cache import apply_cache_dir
+    from torchkiln.artifacts.directory import KERNELS_DIR
+    from torchkiln.artifacts.isa_probe import recorded_probes
+    from torchkiln.artifacts.whole_build import Family, build_whole
+    from torchkiln.tiered.hollow import loads_hollow
+
+    request = loads_hollow((workdir / REQUEST).read_bytes())
+    _limit(request["nice"], request["intra_op_threads"])
+    output = Path(request["output"])
+    model = loads_hollow(request["model"])
+    replay_construction_state(model)
+    families = []
+    for family in request["families"]:
+        warm_up(model, family)
+        args, kwargs = loads_hollow(family["call"])
+        families.append(Family(family["kind"], family["training"], args, kwargs, family["dynamic"]))
+    started = time.perf_counter()
+    probes: dict[str, Any] = {}
+    config = request["config"]
+    record = config.backend == "inductor" and request["environment"]["device"] == "cpu"
+    with apply_cache_dir(output / KERNELS_DIR):
+        if record:
+            with recorded_probes(probes):
+                whole, skipped = build_whole(
+                    model, families, config, output, request["region_paths"]
+                )
+        else:
+            whole, skipped = build_whole(model, families, config, output, request["region_paths"])
+    request["cpu_isa"] = probes or None
+    _write_manifest(output, request, whole, skipped)
+    return {
+        "ok": bool(whole.entries),
+        "entries": len(whole.entries),
+        "skipped": skipped,
+        "seconds": round(time.perf_counter() - started, 3),
+        "peak_rss_mb": _peak_rss_mb(),
+        "dropped_guards": whole.dropped_guards,
+    }
+
+
+def main(argv: list[str]) -> int:
+    workdir = Path(argv[0])
+    sys.path[:] = json.loads((workdir / SYS_PATH).read_text(encoding="utf-8"))
+    try:
+        result = build(workdir)
+    except BaseException as error:  # the parent reads the reason; nothing else sees it
+        result = {
+            "ok": False,
+            "error": f"{type(error).__name__}: {error}"[:1000],
+            "traceback": traceback.format_exc()[-4000:],
+            "peak_rss_mb": _peak_rss_mb(),
+        }
+    tmp = workdir / (RESULT + ".tmp")
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    os.replace(tmp, workdir / RESULT)
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

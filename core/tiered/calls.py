@@ -1,0 +1,104 @@
+"""What the regional tier observes of the model's calls, so the builder compiles for them.
+
+A call is described by its *kind* (grad mode and the root's train/eval mode), the structure of
+its arguments (every tensor's path, rank and dtype, every other leaf's type and value) and the
+sizes of its tensors. Calls with the same kind and structure form a *family*; a dimension whose
+size differed between two calls of a family is compiled as dynamic, the others as static. A
+training loop is one family of identical calls (static); ``generate()`` is a prefill family and
+a decode family whose KV-cache length is dynamic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.artifacts.whole_build import walk
+from torchkiln.tiered.hollow import dumps_hollow
+
+
+def _structure_of(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return ("tensor", leaf.dim(), leaf.dtype, leaf.device.type, leaf.requires_grad)
+    return leaf
+
+
+@attrs.frozen
+class CallSpec:
+    """One observed call, without its values."""
+
+    training: bool
+    grad: bool
+    structure: tuple[Any, ...]
+    sizes: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @property
+    def family(self) -> tuple[Any, ...]:
+        return (self.training, self.grad, self.structure)
+
+    @property
+    def kind(self) -> str:
+        return "training" if self.grad else "inference"
+
+
+def call_spec(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallSpec:
+    leaves = list(walk((args, kwargs), "", 0))
+    structure = tuple((path, _structure_of(leaf)) for path, leaf in leaves)
+    sizes = tuple(
+        (path, tuple(leaf.shape)) for path, leaf in leaves if isinstance(leaf, torch.Tensor)
+    )
+    return CallSpec(model.training, torch.is_grad_enabled(), structure, sizes)
+
+
+def dynamic_dims(specs: list[CallSpec]) -> dict[str, tuple[int, ...]]:
+    """Tensor path -> the dimensions whose size differed between ``specs`` (one family)."""
+    first = dict(specs[0].sizes)
+    varying: dict[str, set[int]] = {}
+    for spec in specs[1:]:
+        for path, shape in spec.sizes:
+            for dim, (a, b) in enumerate(zip(first[path], shape, strict=True)):
+                if a != b:
+                    varying.setdefault(path, set()).add(dim)
+    return {path: tuple(sorted(dims)) for path, dims in varying.items()}
+
+
+@attrs.define
+class CallLog:
+    """The calls the regional tier saw before it asked for a build.
+
+    ``ready()`` says when what was seen is enough to build: a call repeated exactly (a training
+    or inference loop), or a family seen three times (sizes that change every call, as decode
+    steps do), or :attr:`limit` calls in all.
+    """
+
+    limit: int = 4
+    specs: list[CallSpec] = attrs.Factory(list)
+    calls: list[bytes] = attrs.Factory(list)
+    """Each call's ``(args, kwargs)``, pickled hollow when seen: a KV cache is the same object
+    call after call, grown in place, so it is captured at the call it belongs to."""
+
+    def add(self, spec: CallSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.specs.append(spec)
+        self.calls.append(dumps_hollow((args, kwargs)))
+
+    def ready(self) -> bool:
+        if len(self.specs) >= self.limit:
+            return True
+        last = self.specs[-1]
+        if last in self.specs[:-1]:
+            return True
+        return sum(1 for s in self.specs if s.family == last.family) >= 3
+
+    def families(self) -> list[tuple[CallSpec, int, dict[str, tuple[int, ...]]]]:
+        """Per family: the spec and index of the call to compile from, and its dynamic dims."""
+        grouped: dict[tuple[Any, ...], list[int]] = {}
+        for index, spec in enumerate(self.specs):
+            grouped.setdefault(spec.family, []).append(index)
+        result = []
+        for indexes in grouped.values():
+            specs = [self.specs[i] for i in indexes]
+            result.append((specs[-1], indexes[-1], dynamic_dims(specs)))
+        return result

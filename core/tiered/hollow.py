@@ -1,0 +1,111 @@
+"""Sending a model's structure to another process without its weights.
+
+A *hollow* tensor has the shape, strides, dtype, device and ``requires_grad`` of the tensor it
+stands for, and no memory: its storage is resized to zero bytes, as FSDP does with a freed
+unsharded parameter. Dynamo and inductor trace and compile from tensor metadata only, so a
+builder process can compile the whole model from hollow parameters. Nothing reads them: a
+kernel that did would fail loudly (a zero-byte storage), never compute on stale data.
+
+:func:`dumps_hollow` pickles any object graph (the model, a call's arguments, a KV cache) with
+every tensor larger than :data:`SMALL_TENSOR_BYTES` replaced by its description; small tensors
+(token ids, positions, masks) keep their values, since tracing may branch on them. Shared
+tensors (tied embeddings) stay shared: the pickle memo sees the same object twice.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+from torch import nn
+
+SMALL_TENSOR_BYTES = 1 << 16
+"""Tensors up to this size keep their values in the pickle (64 KiB)."""
+
+
+def hollow_tensor(
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    dtype: torch.dtype,
+    device: str,
+    requires_grad: bool,
+    parameter: bool,
+) -> torch.Tensor:
+    """A tensor with this metadata and a zero-byte storage.
+
+    The storage is allocated, then released at once: on an accelerator this costs one tensor's
+    size for an instant, never a second copy of the model.
+    """
+    tensor = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    tensor.untyped_storage().resize_(0)
+    if parameter:
+        return nn.Parameter(tensor, requires_grad=requires_grad)
+    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
+
+
+def _description(tensor: torch.Tensor) -> tuple[Any, ...]:
+    return (
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+        str(tensor.device),
+        tensor.requires_grad,
+        isinstance(tensor, nn.Parameter),
+    )
+
+
+def _small(tensor: torch.Tensor) -> bool:
+    return tensor.numel() * tensor.element_size() <= SMALL_TENSOR_BYTES
+
+
+def _plain_copy(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    return tensor.detach().clone().requires_grad_(requires_grad)
+
+
+class _HollowPickler(pickle.Pickler):
+    def __init__(self, file: Any, protocol: int):
+        super().__init__(file, protocol=protocol)
+        self._detached: dict[int, torch.Tensor] = {}
+        """Small tensors' detached views, pickled by torch's own reduction (kept alive so
+        their ids stay theirs while pickling)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) not in (torch.Tensor, nn.Parameter) or id(obj) in self._detached:
+            return NotImplemented
+        if obj.device.type == "meta" or type(obj) is nn.Parameter or not _small(obj):
+            return hollow_tensor, _description(obj)
+        detached = obj.detach()
+        self._detached[id(detached)] = detached
+        return _plain_copy, (detached, obj.requires_grad)
+
+
+def dumps_hollow(obj: Any) -> bytes:
+    """``obj`` pickled with large tensors (and every parameter) hollow.
+
+    :raises pickle.PicklingError: something in ``obj`` cannot be pickled (a lambda hook, a
+        class defined in ``__main__`` is pickled by reference and fails only when loaded:
+        see :func:`unimportable_classes`).
+    """
+    buffer = io.BytesIO()
+    _HollowPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+def loads_hollow(data: bytes) -> Any:
+    """The object :func:`dumps_hollow` pickled, its large tensors hollow. Only for data this
+    process's parent wrote into a directory only this user can write (see the builder)."""
+    return pickle.loads(data)
+
+
+def unimportable_classes(model: nn.Module) -> list[str]:
+    """Classes of ``model``'s modules that another process cannot import by name."""
+    found = []
+    for module in model.modules():
+        cls = type(module)
+        if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+            name = f"{cls.__module__}.{cls.__qualname__}"
+            if name not in found:
+                found.append(name)
+    return found

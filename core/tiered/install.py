@@ -1,0 +1,88 @@
+"""Installing the tiers on a model :func:`torchkiln.compile` has just compiled regionally."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from torch import nn
+
+from torchkiln.artifacts.directory import ArtifactError, read_manifest
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.compile_state import MISSING, STATE_ATTR, CompileState, add_undo
+from torchkiln.errors import TorchkilnError
+from torchkiln.plugin_host.region_plan import RegionPlan
+from torchkiln.tiered.runtime import TieredForward
+
+
+def check_plan_for_tiers(plan: RegionPlan) -> None:
+    """:raises TorchkilnError: a plan the tiers cannot build on (before anything is touched)."""
+    paths = [region.path for group in plan.groups for region in group.regions]
+    if "" in paths:
+        raise TorchkilnError(
+            "tiered compilation needs a regional plan, but this plan compiles the whole model "
+            "as one region (selector whole): use the default selector or turn tiered off"
+        )
+    if plan.nested:
+        raise TorchkilnError(
+            "tiered compilation does not combine with nested (hierarchical) plans, whose "
+            "root is one Dynamo frame already: use the default selector"
+        )
+
+
+def _whole_entry(config: CompileConfig) -> bool:
+    if config.artifacts is None:
+        return False
+    try:
+        return bool(read_manifest(config.artifacts).whole)
+    except ArtifactError:
+        return False  # the region loader warns about the directory itself
+
+
+def wants_tiers(config: CompileConfig) -> bool:
+    """Tiers are installed when asked for, or when the artifact directory has a whole-model
+    entry (which is then preferred to the region entries)."""
+    return config.enabled and (config.tiered.enabled or _whole_entry(config))
+
+
+def install_tiers(model: nn.Module, state: CompileState, config: CompileConfig) -> TieredForward:
+    region_paths = [r.path for g in state.plan.groups for r in g.regions]
+    tiered = TieredForward(model, config, region_paths)
+    if config.artifacts is not None and _whole_entry(config):
+        _load_existing(tiered, model, Path(config.artifacts).expanduser(), config)
+    if not config.tiered.enabled and tiered.form is None:
+        tiered.state = "stopped"
+    previous = model.__dict__.get("forward", MISSING)
+    tiered.previous_forward = previous
+    model.__dict__["forward"] = tiered
+    # The state pickles after the forward, so loading a pickled model ends by restoring it.
+    model.__dict__[STATE_ATTR] = model.__dict__.pop(STATE_ATTR)
+    state.tiered = tiered
+
+    def undo() -> None:
+        tiered.stop()
+        state.tiered = None
+        if model.__dict__.get("forward") is tiered:
+            del model.__dict__["forward"]
+            if previous is not MISSING:
+                model.__dict__["forward"] = previous
+
+    add_undo(model, undo)
+    return tiered
+
+
+def _load_existing(
+    tiered: TieredForward, model: nn.Module, directory: Path, config: CompileConfig
+) -> None:
+    from torchkiln.artifacts.precompiled import ArtifactWarning
+
+    try:
+        tiered.switch(model, directory, loaded=True)
+    except ArtifactError as error:
+        message = f"torchkiln: whole-model artifacts in {str(directory)!r} not used: {error}"
+        if config.artifacts_strict:
+            raise ArtifactError(
+                message + " (artifacts_strict is set, so this is an error)"
+            ) from error
+        warnings.warn(message + "; serving regionally", ArtifactWarning, stacklevel=4)
+        tiered.reason = str(error)

@@ -1,0 +1,343 @@
+"""The tiered runtime: the root module's ``forward`` while a model is compiled with tiers.
+
+Calls go to the **regional** tier first (the class's ``forward``, whose blocks run their
+regionally compiled code). After a few calls (:class:`~torchkiln.tiered.calls.CallLog` says how
+many) a builder process compiles the whole model from a hollow copy. At the start of a later
+call, once the builder has finished, its artifact is loaded and the model switches to the
+**whole-model** tier in place: the same object, the regions' compiled code kept for any call the
+whole-model form does not fit. The switch happens only at the start of a root call, so never
+inside a forward, between a forward and its backward (whose graph belongs to its forward), or
+inside a decode step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.artifacts.directory import ArtifactError, environment_key, read_manifest
+from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.compile_state import MISSING
+from torchkiln.tiered.calls import CallLog, call_spec
+from torchkiln.tiered.hollow import dumps_hollow, unimportable_classes
+from torchkiln.tiered.process import BuilderProcess
+
+logger = logging.getLogger("torchkiln")
+
+REGIONAL = "regional"
+WHOLE = "whole-model"
+
+
+@attrs.define
+class TierReport:
+    """What :func:`torchkiln.report` says about the tiers."""
+
+    serving: str
+    """The tier the next call goes to (``regional`` or ``whole-model``)."""
+    state: str
+    """``observing``, ``building``, ``switched``, ``loaded`` (from an artifact directory),
+    ``stopped`` (no whole-model form: see ``reason``)."""
+    calls: dict[str, int]
+    """Calls served by each tier so far."""
+    reason: str | None = None
+    """Why the model does not serve from the whole-model tier (yet), or why a call missed it."""
+    switched_at_call: int | None = None
+    seconds_to_switch: float | None = None
+    """From the first call's start to the switch."""
+    build_seconds: float | None = None
+    builder_peak_rss_mb: float | None = None
+    load_seconds: float | None = None
+    dropped_guards: dict[str, int] = attrs.Factory(dict)
+    misses: int = 0
+    """Calls after the switch that no whole-model entry fitted (served regionally)."""
+
+    def lines(self) -> list[str]:
+        out = [
+            f"tiers: serving {self.serving} ({self.state}); calls regional "
+            f"{self.calls[REGIONAL]}, whole-model {self.calls[WHOLE]}"
+        ]
+        if self.switched_at_call is not None:
+            out.append(
+                f"  switched before call {self.switched_at_call}, "
+                f"{self.seconds_to_switch:.1f} s after the first call"
+            )
+        if self.build_seconds is not None:
+            out.append(
+                f"  builder: {self.build_seconds:.1f} s, peak memory "
+                f"{self.builder_peak_rss_mb} MiB; loading {self.load_seconds or 0:.2f} s"
+            )
+        if self.misses:
+            out.append(f"  {self.misses} calls missed the whole-model form (served regionally)")
+        if self.reason:
+            out.append(f"  reason: {self.reason}")
+        return out
+
+
+class TieredForward:
+    """The root's instance ``forward``: dispatches each call to a tier, drives the builder."""
+
+    def __init__(self, model: nn.Module, config: CompileConfig, region_paths: list[str]):
+        self._model = weakref.ref(model)
+        self.config = config
+        self.region_paths = region_paths
+        self.log = CallLog()
+        self.builder: BuilderProcess | None = None
+        self.form: WholeModelForm | None = None
+        self.state = "observing"
+        self.reason: str | None = "observing the first calls before building"
+        self.calls = {REGIONAL: 0, WHOLE: 0}
+        self.misses = 0
+        self.first_call_at: float | None = None
+        self.switched_at_call: int | None = None
+        self.seconds_to_switch: float | None = None
+        self.build_result: dict[str, Any] = {}
+        self._regions: list[tuple[dict[str, Any], Any]] = []
+        self._output: Path | None = None
+        self._own_output = False
+        self._depth = 0
+        atexit.register(self.stop)
+
+    # -- copies and pickles ---------------------------------------------------------------------
+
+    previous_forward: Any = MISSING
+    """The root's instance ``forward`` before tiers were installed (``MISSING``: none)."""
+
+    def installed_pairs(self) -> list[tuple[nn.Module, Any]]:
+        """``(root, previous forward)``: a pickled model loads as the plain model."""
+        model = self._model()
+        return [(model, self.previous_forward)] if model is not None else []
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # The root's own state is set after its values are unpickled, so the undo that puts
+        # regions' forwards back cannot remove this entry: it loads as the root's previous
+        # forward, or as the class's forward bound to the root (what a call runs anyway).
+        if self.previous_forward is not MISSING:
+            return (_identity, (self.previous_forward,))
+        return (_class_forward, (self._model(),))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TieredForward:
+        """A copied model gets its own runtime: the loaded form is shared (read-only), the
+        builder is not (a copy made while building stays regional)."""
+        model = self._model()
+        copied_model = memo.get(id(model)) if model is not None else None
+        copied = TieredForward(copied_model or model, self.config, self.region_paths)
+        copied.previous_forward = self.previous_forward
+        if self.form is not None and copied_model is not None:
+            copied.form = self.form
+            copied._regions = [
+                (module.__dict__, module.__dict__.get("forward"))
+                for path, module in copied_model.named_modules()
+                if path in set(self.region_paths)
+            ]
+            copied.state = self.state
+            copied.reason = None
+        else:
+            copied.state, copied.reason = "stopped", "copied while observing or building"
+        return copied
+
+    # -- per call -------------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        model = self._model()
+        assert model is not None
+        if self._depth:  # a call from inside a call: no tier change here
+            return type(model).forward(model, *args, **kwargs)
+        if self.first_call_at is None:
+            self.first_call_at = time.perf_counter()
+        if self.builder is not None and self.form is None:
+            self._poll(model)
+        if self.form is not None:
+            fn = self.form.match(model, args, kwargs) if self._regions_intact() else None
+            if fn is not None:
+                self.calls[WHOLE] += 1
+                return fn(model, *args, **kwargs)
+            self._missed(model, args, kwargs)
+        elif self.state == "observing":
+            self._observe(model, args, kwargs)
+        self.calls[REGIONAL] += 1
+        self._depth += 1
+        try:
+            return type(model).forward(model, *args, **kwargs)
+        finally:
+            self._depth -= 1
+
+    def _regions_intact(self) -> bool:
+        return all(d.get("forward") is f for d, f in self._regions)
+
+    def _missed(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.misses += 1
+        if self.misses == 1:
+            if not self._regions_intact():
+                self.reason = "a region's forward was replaced after the switch"
+            else:
+                self.reason = f"a call did not fit: {self.form.why_not(model, args, kwargs)}"
+
+    # -- observing and building -----------------------------------------------------------------
+
+    def _observe(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            self.log.add(call_spec(model, args, kwargs), args, kwargs)
+        except Exception as error:  # an input we cannot describe: stay regional, say why
+            self._stop_with(f"the call's inputs cannot be sent to a builder: {error}")
+            return
+        if self.log.ready():
+            self._start_builder(model)
+
+    def _stop_with(self, reason: str) -> None:
+        self.state = "stopped"
+        self.reason = reason
+        self._say(f"staying regional: {reason}", logging.WARNING)
+
+    def _say(self, message: str, level: int = logging.INFO) -> None:
+        """Progress of the build: each change of state, logged, and shown on standard error
+        as the per-region progress is (``progress``: ``on``, or ``auto`` on a terminal)."""
+        logger.log(level, "torchkiln: tiered: %s", message)
+        shown = self.config.progress == "on" or (
+            self.config.progress == "auto" and sys.stderr.isatty()
+        )
+        if shown:
+            print(f"torchkiln: tiered: {message}", file=sys.stderr, flush=True)
+
+    def _start_builder(self, model: nn.Module) -> None:
+        foreign = unimportable_classes(model)
+        if foreign:
+            self._stop_with(
+                f"the model's classes {', '.join(foreign[:3])} cannot be imported by another "
+                "process (defined in __main__ or a function): move them into a module"
+            )
+            return
+        try:
+            request = self._request(model)
+        except Exception as error:
+            self._stop_with(
+                f"the model cannot be sent to a builder: {type(error).__name__}: {error}"
+            )
+            return
+        self.builder = BuilderProcess(request, self.config.tiered.threads)
+        self.state = "building"
+        self.reason = "the whole-model form is being built"
+        self._say(
+            f"building the whole-model form in process {self.builder.process.pid} for "
+            f"{len(request['families'])} kind(s) of call, after {self.calls[REGIONAL] + 1} calls"
+        )
+
+    def _request(self, model: nn.Module) -> dict[str, Any]:
+        if self.config.artifacts is not None:
+            self._output = Path(self.config.artifacts).expanduser()
+            self._output.mkdir(parents=True, exist_ok=True)
+        else:
+            self._output = Path(tempfile.mkdtemp(prefix="torchkiln-whole-"))
+            self._own_output = True
+        families = [
+            {
+                "kind": spec.kind,
+                "training": spec.training,
+                "call": self.log.calls[index],
+                "dynamic": dims,
+            }
+            for spec, index, dims in self.log.families()
+        ]
+        return {
+            "model": dumps_hollow(model),
+            "families": families,
+            "config": self.config,
+            "environment": environment_key(self.config, model),
+            "region_paths": self.region_paths,
+            "output": str(self._output),
+            "nice": self.config.tiered.nice,
+            "threads": self.config.tiered.threads,
+            "intra_op_threads": torch.get_num_threads(),
+        }
+
+    def _poll(self, model: nn.Module) -> None:
+        assert self.builder is not None
+        result = self.builder.poll()
+        if result is None:
+            return
+        self.build_result = result
+        if not result.get("ok"):
+            skipped = "; ".join(s["reason"] for s in result.get("skipped", []))
+            self._stop_with(f"the builder failed: {result.get('error') or skipped}")
+            return
+        try:
+            self.switch(model, Path(self.builder.workdir) if self._output is None else self._output)
+        except ArtifactError as error:
+            self._stop_with(f"the built whole-model form could not be loaded: {error}")
+
+    # -- switching ------------------------------------------------------------------------------
+
+    def switch(self, model: nn.Module, directory: Path, *, loaded: bool = False) -> None:
+        """Load ``directory``'s whole-model entry and serve from it from now on.
+
+        :raises ArtifactError: no whole-model entry, or one that does not fit.
+        """
+        manifest = read_manifest(directory)
+        if manifest.environment != environment_key(self.config, model):
+            raise ArtifactError("the directory was built for another environment")
+        self.form = load_whole(directory, manifest, model)
+        self._regions = [
+            (module.__dict__, module.__dict__.get("forward"))
+            for path, module in model.named_modules()
+            if path in set(self.region_paths)
+        ]
+        self.state = "loaded" if loaded else "switched"
+        self.reason = None
+        self.switched_at_call = sum(self.calls.values()) + 1
+        if self.first_call_at is not None:
+            self.seconds_to_switch = time.perf_counter() - self.first_call_at
+        built = f" (built in {self.build_result['seconds']:.1f} s)" if self.build_result else ""
+        self._say(
+            f"serving the whole-model form from call {self.switched_at_call}{built}, loaded in "
+            f"{self.form.load_seconds:.2f} s"
+        )
+        if self.builder is not None:
+            self.builder.stop()
+
+    def stop(self) -> None:
+        """Stop the builder and remove a directory torchkiln made for it (decompile, exit)."""
+        if self.builder is not None:
+            self.builder.stop()
+        if self._own_output and self._output is not None and self.form is None:
+            shutil.rmtree(self._output, ignore_errors=True)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the builder has finished (tests, benchmarks); ``True`` if it has."""
+        if self.builder is None:
+            return True
+        return self.builder.wait(timeout) is not None
+
+    def report(self) -> TierReport:
+        serving = WHOLE if self.form is not None else REGIONAL
+        return TierReport(
+            serving=serving,
+            state=self.state,
+            calls=dict(self.calls),
+            reason=self.reason,
+            switched_at_call=self.switched_at_call,
+            seconds_to_switch=self.seconds_to_switch,
+            build_seconds=self.build_result.get("seconds"),
+            builder_peak_rss_mb=self.build_result.get("peak_rss_mb"),
+            load_seconds=self.form.load_seconds if self.form is not None else None,
+            dropped_guards=dict(self.build_result.get("dropped_guards", {})),
+            misses=self.misses,
+        )
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _class_forward(model: nn.Module) -> Any:
+    return type(model).forward.__get__(model)

@@ -1,0 +1,165 @@
+"""Tiered compilation end to end: regional first, the whole-model form built in a builder
+process, switched to in place between calls, with outputs, tokens and training equal to eager.
+
+Each test starts a real builder process (a new Python importing torch and transformers, then an
+``aot_eager`` compile of a two-layer Llama): about 10-30 s each on two cores.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+from tiered_models import tiny_llama
+
+import torchkiln
+import torchkiln.tiered
+from torchkiln.errors import ConfigError, TorchkilnError
+
+BUILD_TIMEOUT = 600
+
+
+def _compiled(depth: int = 2, **options):
+    return torchkiln.compile(tiny_llama(depth), backend="aot_eager", tiered=True, **options)
+
+
+def test_forward_switches_in_place_and_stays_exact(tokens):
+    reference = tiny_llama()
+    model = _compiled()
+    forward_before = type(model).forward
+    keys_before = list(reference.state_dict())
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        first = model(tokens).logits
+        assert torchkiln.tiered.tiers(model).state == "observing"
+        second = model(tokens).logits  # a repeated call: enough to build from
+        assert torchkiln.tiered.tiers(model).state == "building"
+        assert torchkiln.tiered.wait(model, BUILD_TIMEOUT)
+        after = [model(tokens).logits for _ in range(3)]
+    tiers = torchkiln.tiered.tiers(model)
+    assert tiers.state == "switched" and tiers.serving == "whole-model"
+    assert tiers.calls == {"regional": 2, "whole-model": 3}
+    assert tiers.switched_at_call == 3
+    assert tiers.builder_peak_rss_mb > 50 and tiers.build_seconds > 0
+    assert tiers.dropped_guards["region forward"] >= 2  # one per region: torchkiln's own forward
+    for logits in (first, second, *after):
+        torch.testing.assert_close(logits, expected)
+    # In place: same object and class, same state_dict keys, the report says it.
+    assert type(model).forward is forward_before and list(model.state_dict()) == keys_before
+    text = str(torchkiln.report(model))
+    assert "tiers: serving whole-model (switched); calls regional 2, whole-model 3" in text
+
+
+def test_a_call_the_whole_model_form_does_not_fit_runs_regionally_and_says_why(tokens):
+    model = _compiled()
+    with torch.no_grad():
+        model(tokens)
+        model(tokens)
+        torchkiln.tiered.wait(model, BUILD_TIMEOUT)
+        model(tokens)
+        other = tokens[:, :5]
+        out = model(other).logits
+    torch.testing.assert_close(out, tiny_llama()(other).logits)
+    tiers = torchkiln.tiered.tiers(model)
+    assert tiers.calls == {"regional": 3, "whole-model": 1} and tiers.misses == 1
+    assert "size mismatch" in tiers.reason and "expected 12, actual 5" in tiers.reason
+
+
+def test_training_after_the_switch_matches_a_run_without_tiers():
+    torch.manual_seed(0)
+    plain = tiny_llama().train()
+    tiered = torchkiln.compile(copy.deepcopy(plain), backend="aot_eager", tiered=True)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (plain, tiered)]
+    batch = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(2))
+    losses: list[list[float]] = [[], []]
+    for step in range(6):
+        if step == 3:
+            assert torchkiln.tiered.wait(tiered, BUILD_TIMEOUT)
+        for index, (model, optimizer) in enumerate(zip((plain, tiered), optimizers)):
+            loss = model(batch, labels=batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[index].append(loss.item())
+    assert torchkiln.tiered.tiers(tiered).calls == {"regional": 3, "whole-model": 3}
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
+    for (name, p), q in zip(plain.named_parameters(), tiered.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+    for state_a, state_b in zip(optimizers[0].state.values(), optimizers[1].state.values()):
+        torch.testing.assert_close(state_a["exp_avg"], state_b["exp_avg"])
+
+
+def test_generate_switches_between_decode_steps_with_tokens_equal_eager(tokens):
+    reference = tiny_llama()
+    model = _compiled()
+    with torch.no_grad():
+        expected = reference.generate(tokens, max_new_tokens=10, do_sample=False)
+        first = model.generate(tokens, max_new_tokens=10, do_sample=False)
+        assert torchkiln.tiered.wait(model, BUILD_TIMEOUT)
+        second = model.generate(tokens, max_new_tokens=10, do_sample=False)
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    tiers = torchkiln.tiered.tiers(model)
+    # The prefill and every decode step of the second generate() ran the whole-model form.
+    assert tiers.calls == {"regional": 10, "whole-model": 10}, tiers
+
+
+def test_pickle_and_decompile_give_the_plain_model(tokens):
+    model = _compiled()
+    with torch.no_grad():
+        model(tokens)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    assert not torchkiln.is_compiled(loaded)
+    assert all("forward" not in m.__dict__ for m in loaded.model.layers)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, model(tokens).logits)
+    runtime = model.__dict__["forward"]
+    torchkiln.decompile(model)
+    assert "forward" not in model.__dict__
+    assert runtime.builder is None or runtime.builder.process.poll() is not None
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed"])
+def test_sharding_strategies_are_refused_before_anything_is_touched(strategy):
+    model = tiny_llama()
+    with pytest.raises(ConfigError) as error:
+        torchkiln.compile(model, backend="eager", tiered=True, distributed=strategy)
+    assert "$.tiered.enabled" in str(error.value) and "allowed: none, ddp" in str(error.value)
+    assert "forward" not in model.__dict__ and not torchkiln.is_compiled(model)
+
+
+def test_a_whole_model_plan_is_refused():
+    model = tiny_llama()
+    with pytest.raises(TorchkilnError, match="needs a regional plan"):
+        torchkiln.compile(model, backend="eager", tiered=True, regions="whole")
+    assert not torchkiln.is_compiled(model)
+
+
+def test_tiered_is_selectable_from_yaml_and_the_environment(tmp_path, monkeypatch):
+    from torchkiln.engine.resolve import resolve_config
+
+    (tmp_path / "torchkiln.yaml").write_text("tiered:\n  enabled: true\n  nice: 5\n")
+    assert resolve_config(str(tmp_path / "torchkiln.yaml")).config.tiered.nice == 5
+    monkeypatch.setenv("TORCHKILN_TIERED", "1")
+    assert resolve_config().config.tiered.enabled
+    monkeypatch.setenv("TORCHKILN_TIERED_NICE", "25")
+    with pytest.raises(ConfigError, match=r"\$\.tiered\.nice.*between 0 and 19"):
+        resolve_config()
+
+
+def test_hollow_copies_have_no_weight_memory_and_keep_ties_and_small_values():
+    from torchkiln.tiered.hollow import dumps_hollow, loads_hollow
+
+    model = torch.nn.Sequential(torch.nn.Embedding(300, 64), torch.nn.Linear(64, 300))
+    model[1].weight = model[0].weight  # tied, as in GPT-2
+    ids = torch.arange(12)
+    copied, copied_ids = loads_hollow(dumps_hollow((model, ids)))
+    assert copied[1].weight is copied[0].weight
+    assert all(p.untyped_storage().nbytes() == 0 for p in copied.parameters())
+    assert copied[0].weight.shape == (300, 64) and copied[0].weight.requires_grad
+    assert torch.equal(copied_ids, ids)
+    assert len(pickle.dumps(model)) > 50 * len(dumps_hollow(model))
