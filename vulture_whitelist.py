@@ -28,3 +28,5 @@ recompile_reasons; _.wrap_distributed; _compiles
 _.direct_calls
 # KernelTemplate._template_from_string: torch reads the attribute it is set on (core/artifacts/deferred_templates.py)
 _._template_from_string
+# pickle.Pickler calls reducer_override for every object (core/tiered/hollow.py)
+_.reducer_override
