@@ -96,7 +96,7 @@ def _compile_one(
     model: nn.Module, family: Family, config: CompileConfig, guard_filter: GuardFilter
 ) -> Any:
     options = {**dict(config.options), "guard_filter_fn": guard_filter}
-    compiled = torch.compile(
+    compiled: Any = torch.compile(
         whole_model_forward,
         backend=config.backend,
         mode=config.mode,

@@ -100,9 +100,9 @@ def module_refs(runtime_globals: dict[str, Any], external_refs: Iterable[str]) -
     modules it imports by alias, but not these)."""
     found = {}
     for ref in external_refs:
-        value = runtime_globals.get(ref)
-        if ref.startswith("___module_") and hasattr(value, "__name__"):
-            found[ref] = value.__name__
+        name = getattr(runtime_globals.get(ref), "__name__", None)
+        if ref.startswith("___module_") and isinstance(name, str):
+            found[ref] = name
     return found
 
 

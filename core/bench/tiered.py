@@ -89,7 +89,7 @@ def _figures(result: Any) -> dict[str, Any] | None:
 def tiered_rows(results: list[Any]) -> list[tuple[str, ...]]:
     """One row per tiered cell: the four figures, each beside what it is compared with."""
     by_key = {(r.cell.depth, r.cell.batch, r.cell.strategy): r for r in results if r.ok}
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for (depth, batch, strategy), result in sorted(by_key.items(), key=lambda kv: str(kv[0])):
         figures = _figures(result)
         if strategy != "tiered" or figures is None:

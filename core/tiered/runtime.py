@@ -132,7 +132,9 @@ class TieredForward:
         builder is not (a copy made while building stays regional)."""
         model = self._model()
         copied_model = memo.get(id(model)) if model is not None else None
-        copied = TieredForward(copied_model or model, self.config, self.region_paths)
+        target = copied_model if copied_model is not None else model
+        assert target is not None, "a copied runtime needs the model it belongs to"
+        copied = TieredForward(target, self.config, self.region_paths)
         copied.previous_forward = self.previous_forward
         if self.form is not None and copied_model is not None:
             copied.form = self.form
@@ -178,7 +180,7 @@ class TieredForward:
 
     def _missed(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.misses += 1
-        if self.misses == 1:
+        if self.misses == 1 and self.form is not None:
             if not self._regions_intact():
                 self.reason = "a region's forward was replaced after the switch"
             else:
