@@ -213,6 +213,13 @@ class TieredForward:
             print(f"torchkiln: tiered: {message}", file=sys.stderr, flush=True)
 
     def _start_builder(self, model: nn.Module) -> None:
+        if not saved_functions_supported():
+            self._stop_with(
+                f"torch {torch.__version__} cannot save compiled functions "
+                "(torch.compile(...).aot_compile and torch.compiler.load_compiled_function "
+                "arrived in torch 2.13)"
+            )
+            return
         foreign = unimportable_classes(model)
         if foreign:
             self._stop_with(
@@ -335,6 +342,11 @@ class TieredForward:
             dropped_guards=dict(self.build_result.get("dropped_guards", {})),
             misses=self.misses,
         )
+
+
+def saved_functions_supported() -> bool:
+    """Whether this torch can save and load compiled functions (torch 2.13 and later)."""
+    return hasattr(torch.compiler, "load_compiled_function")
 
 
 def _identity(value: Any) -> Any:
