@@ -138,6 +138,19 @@ LAYER_CACHE_DECODERS = (
         "Mamba2ForCausalLM",
         {**SSM_SIZES, "num_heads": 8, "head_dim": 16},
     ),
+    # Bamba: a hybrid cache (Mamba2 layers' conv and recurrent states, every 4th layer attention).
+    Decoder(
+        "bamba",
+        "BambaConfig",
+        "BambaForCausalLM",
+        {
+            **LLAMA_SIZES,
+            "mamba_n_heads": 8,
+            "mamba_d_head": 16,
+            "mamba_d_state": 16,
+        },
+        depth_sizes=lambda depth: {"attn_layer_indices": list(range(3, depth, 4))},
+    ),
     # GPT-Neo keeps its index in layer_id; its default pattern alternates global and local layers.
     Decoder(
         "gpt_neo",

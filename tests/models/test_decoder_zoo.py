@@ -43,8 +43,9 @@ def test_one_block_per_class_at_any_depth(decoder: Decoder) -> None:
 
 @pytest.mark.parametrize("decoder", LAYER_CACHE_DECODERS, ids=lambda decoder: decoder.name)
 def test_state_space_caches_and_layer_id_compile_one_block_at_any_depth(decoder: Decoder) -> None:
-    """Mamba, FalconMamba, Mamba2 (state-space caches: conv and recurrent updates) and GPT-Neo
-    (its index in ``layer_id``) at depths 12 and 16: the same graphs at both depths, no eager
+    """Mamba, FalconMamba, Mamba2 (state-space caches: conv and recurrent updates), Bamba (a
+    hybrid cache: Mamba2 and attention layers) and GPT-Neo (its index in ``layer_id``) at
+    depths 12 and 16: the same graphs at both depths, no eager
     region, forward logits and ``generate()`` token ids equal to eager's. What ran compiled
     is witnessed by the backend itself: every call of every block ran exactly one compiled
     graph (none eager, none broken), whatever the report says."""
