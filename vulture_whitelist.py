@@ -28,3 +28,6 @@ recompile_reasons; _.wrap_distributed; _compiles
 _.direct_calls
 # KernelTemplate._template_from_string: torch reads the attribute it is set on (core/artifacts/deferred_templates.py)
 _._template_from_string
+# called by transformers' decoder layers on the cache views handed to compiled blocks
+# (plugins/transformers_nested.py's NestedLayerCache)
+_.get_seq_length
