@@ -183,23 +183,6 @@ def encoder_decoder_view_class(base: type) -> type:
     return EncoderDecoderLayerCache
 
 
-def layer_index_owner(block: nn.Module) -> nn.Module | None:
-    """The submodule whose ``layer_idx`` is ``block``'s index into the cache, if unambiguous
-    (what ``torchkiln.transformers_nested`` uses).
-
-    ``None`` when no submodule carries an integer ``layer_idx``, or when they disagree.
-    """
-    owners = [
-        module
-        for module in block.modules()
-        if isinstance(getattr(module, "layer_idx", None), int)
-        and not isinstance(module.layer_idx, bool)
-    ]
-    if not owners or len({owner.layer_idx for owner in owners}) != 1:
-        return None
-    return owners[0]
-
-
 def cache_parameter(
     block: nn.Module, names: Sequence[str] = CACHE_PARAMETERS
 ) -> tuple[str, int | None] | None:
@@ -213,16 +196,6 @@ def cache_parameter(
         if parameter.name in names:
             positional = parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
             return parameter.name, position if positional else None
-    return None
-
-
-def unsupported_reason(cache: Any, cache_class: Any) -> str | None:
-    """Why ``cache`` (a transformers ``Cache``) cannot be split per layer, or ``None`` (what
-    ``torchkiln.transformers_nested`` uses)."""
-    if type(cache).update is not cache_class.update:
-        return f"{type(cache).__name__} overrides Cache.update"
-    if getattr(cache, "offloading", False):
-        return f"{type(cache).__name__} offloads layers (offloading=True)"
     return None
 
 
