@@ -461,10 +461,13 @@ def block_adapter(
 
 
 def plan_depth(model: nn.Module, plan: RegionPlan, specs: tuple[LayerCacheSpec, ...]) -> int:
-    """The largest layer index of any group's blocks + 1 (0 when none has one)."""
+    """The largest layer index of the blocks that take a declared cache, + 1 (0: none)."""
+    names = tuple(dict.fromkeys(name for spec in specs for name in spec.cache_parameters))
     depth = 0
     for group in plan.groups:
         blocks = [model.get_submodule(region.path) for region in group.regions]
+        if not blocks or cache_parameter(blocks[0], names) is None:
+            continue
         found = group_indices(group, blocks, specs)
         if found is not None:
             depth = max(depth, *(index.value + 1 for index in found.indices))

@@ -4,11 +4,12 @@ plugin declares with ``declare_layer_caches``. The depth-12/16 checks are in the
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 
 import pytest
 import torch
-from decoder_zoo import BY_NAME, run
+from decoder_zoo import BY_NAME, eager_regions, run
 from torch import nn
 from torch._dynamo.utils import counters
 
@@ -152,3 +153,24 @@ def test_a_declaration_is_checked_when_built() -> None:
         LayerCacheSpec("m", Memory, cache_parameters="memory")
     with pytest.raises(TypeError, match="'module:QualifiedName'"):
         LayerCacheSpec("m", "transformers.Cache")
+
+
+def test_a_cache_list_that_grows_as_layers_run_costs_no_graph_per_layer() -> None:
+    """``DynamicCache()`` without a config adds its layers one ``update`` at a time; the
+    adapter adds them up to the model's depth first, so every block sees one list length:
+    one graph at depth 10, nothing eager, logits equal eager's."""
+    pytest.importorskip("transformers")
+    from transformers import DynamicCache
+
+    model = BY_NAME["llama"].build(10)
+    compiled = copy.deepcopy(model)
+    ids = torch.randint(1, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids, cache=DynamicCache()).logits
+        torchkiln.compile(compiled, backend="eager", progress="off")
+        cache = DynamicCache()
+        actual = compiled(ids, cache=cache).logits
+    torch.testing.assert_close(actual, expected)
+    assert len(cache.layers) == 10
+    assert counters["stats"]["unique_graphs"] == 1
+    assert eager_regions(compiled) == ()
