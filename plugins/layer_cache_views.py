@@ -73,15 +73,15 @@ class ResolvedSpec:
 def resolve(spec: LayerCacheSpec) -> ResolvedSpec | None:
     """``spec`` with its class and methods, or ``None`` while its module is not imported (then
     no cache of that class can exist, and declaring it imported nothing)."""
-    cache_type = spec.cache_type
-    if isinstance(cache_type, str):
-        module_name, qualified = cache_type.split(":")
-        if module_name not in sys.modules:
-            return None
-        cache_type = functools.reduce(
-            getattr, qualified.split("."), importlib.import_module(module_name)
-        )
-    return _resolved(spec, cache_type)
+    if not isinstance(spec.cache_type, str):
+        return _resolved(spec, spec.cache_type)
+    module_name, qualified = spec.cache_type.split(":")
+    if module_name not in sys.modules:
+        return None
+    found: Any = functools.reduce(
+        getattr, qualified.split("."), importlib.import_module(module_name)
+    )
+    return _resolved(spec, found)
 
 
 @functools.cache

@@ -105,7 +105,7 @@ def layer_index_dynamic(names: Sequence[str] = ("layer_idx",)) -> Iterator[None]
         compiler_config.dynamic_sources = sources
 
 
-CACHE_PARAMETERS = LayerCacheSpec.__attrs_attrs__.cache_parameters.default
+CACHE_PARAMETERS: tuple[str, ...] = ("cache", "past_key_values", "past_key_value", "layer_past")
 """Names transformers decoder layers give their cache parameter (``cache`` since 5.x)."""
 
 
@@ -301,7 +301,7 @@ class BlockAdapter:
     def _view(self, index: LayerIndex, cache: Any, outside: bool) -> LayerView:
         resolved = self._spec_for(cache)
         assert resolved is not None  # checked by the caller
-        view = view_class(type(cache), resolved, outside)
+        view: Any = view_class(type(cache), resolved, outside)  # type: ignore[arg-type]
         return view(cache, getattr(cache, resolved.spec.layers)[index.value], index)
 
     def _note(
