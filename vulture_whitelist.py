@@ -30,3 +30,6 @@ _.direct_calls
 _._template_from_string
 # pickle.Pickler calls reducer_override for every object (core/tiered/hollow.py)
 _.reducer_override
+# called by transformers' decoder layers on the cache views handed to compiled blocks
+# (plugins/transformers_nested.py's NestedLayerCache)
+_.get_seq_length

@@ -63,6 +63,7 @@ from torchkiln.plugin_host.declarations import (
     Availability,
     BackendSpec,
     DistributedSpec,
+    LayerCacheSpec,
     SelectorSpec,
 )
 from torchkiln.plugin_host.distributed_result import DistributedResult
@@ -82,6 +83,7 @@ HOOK_NAMES: tuple[str, ...] = (
     "declare_backends",
     "declare_selectors",
     "declare_distributed",
+    "declare_layer_caches",
     "resolve_compile_config",
     "select_regions",
     "wrap_distributed",
@@ -110,6 +112,7 @@ __all__ = [
     "FSDP2MixedPrecision",
     "GroupPreparation",
     "Hold",
+    "LayerCacheSpec",
     "PluginError",
     "Region",
     "RegionCompileError",

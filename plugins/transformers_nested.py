@@ -51,14 +51,34 @@ import torch
 from torch import nn
 
 from torchkiln.plugin import CompileConfig, GroupPreparation, RegionGroup, RegionPlan, hookimpl
-from torchkiln.plugins.transformers_models import (
-    cache_parameter,
-    is_transformers_module,
-    layer_index_owner,
-    unsupported_reason,
-)
+from torchkiln.plugins.transformers_models import cache_parameter, is_transformers_module
 
 HIERARCHICAL = "hierarchical"
+
+
+def layer_index_owner(block: nn.Module) -> nn.Module | None:
+    """The submodule whose ``layer_idx`` is ``block``'s index into the cache, if unambiguous.
+
+    ``None`` when no submodule carries an integer ``layer_idx``, or when they disagree.
+    """
+    owners = [
+        module
+        for module in block.modules()
+        if isinstance(getattr(module, "layer_idx", None), int)
+        and not isinstance(module.layer_idx, bool)
+    ]
+    if not owners or len({owner.layer_idx for owner in owners}) != 1:
+        return None
+    return owners[0]
+
+
+def unsupported_reason(cache: Any, cache_class: Any) -> str | None:
+    """Why ``cache`` (a transformers ``Cache``) cannot be split per layer, or ``None``."""
+    if type(cache).update is not cache_class.update:
+        return f"{type(cache).__name__} overrides Cache.update"
+    if getattr(cache, "offloading", False):
+        return f"{type(cache).__name__} offloads layers (offloading=True)"
+    return None
 
 
 class NestedLayerCache:

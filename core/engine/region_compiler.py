@@ -240,6 +240,7 @@ class Compiler:
                     plan=self.plan,
                     group=group,
                     config=self.config,
+                    layer_caches=self._layer_caches(),
                 )
             except TorchkilnError:
                 raise
@@ -315,6 +316,10 @@ class Compiler:
             module.__dict__["forward"] = types.MethodType(
                 self._first_call_shim(compiled, index, wrapper_code), module
             )
+
+    def _layer_caches(self) -> tuple[Any, ...]:
+        """Every plugin's ``declare_layer_caches`` declarations (for ``prepare_group``)."""
+        return self.plugins.layer_caches()
 
     def _backend_plugin(self) -> str | None:
         """The plugin that declared the configured backend (``None``: torch's own)."""

@@ -1,13 +1,14 @@
-"""What plugins declare: backends, selectors and distributed strategies.
+"""What plugins declare: backends, selectors, distributed strategies and per-layer caches.
 
 Plugins return these from the declaration hooks (``declare_backends``, ``declare_selectors``,
-``declare_distributed``) so that ``torchkiln plugins`` can list everything with its status and
+``declare_distributed``, ``declare_layer_caches``) so that ``torchkiln plugins`` can list everything with its status and
 configuration can be validated before anything is compiled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -105,3 +106,66 @@ class DistributedSpec:
     """Known causes of recompiles or graph breaks this plugin knows about (a vendor op that
     always breaks the graph, say): ``torchkiln.report`` names them, with their remedy, when a
     reason matches (see ``docs/guide.md``, "Named causes")."""
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """A tuple of names; a lone string is refused (it would read as one name per letter)."""
+    if isinstance(value, str):
+        raise TypeError(f"expected a tuple of names, got the string {value!r}")
+    names = tuple(value)
+    bad = [name for name in names if not isinstance(name, str) or not name.isidentifier()]
+    if bad:
+        raise TypeError(f"expected Python identifiers, got {bad!r}")
+    return names
+
+
+def _optional_names(value: Any) -> tuple[str, ...] | None:
+    return None if value is None else _names(value)
+
+
+def _cache_type(value: Any) -> type | str:
+    if isinstance(value, type):
+        return value
+    if isinstance(value, str) and value.count(":") == 1 and all(value.split(":")):
+        return value
+    raise TypeError(f"cache_type must be a class or a 'module:QualifiedName' string, got {value!r}")
+
+
+@attrs.frozen
+class LayerCacheSpec:
+    """A cache a model keeps per layer, and how its blocks index it.
+
+    Blocks of a model with a cache (a KV cache, a state-space model's conv and recurrent
+    states) pass the whole cache and their own layer index to it: ``cache.update(k, v,
+    self.layer_idx)``, and the cache picks the layer's entry from a Python list. Traced, that
+    list index specialises: every block compiles its own graph. The built-in adapter
+    (``torchkiln.transformers_models``) hands each compiled block a view of the cache instead,
+    built outside the compiled code, whose list gives the block's own entry and whose
+    per-layer methods run on that view; this declaration tells it what a cache looks like.
+    See ``docs/generation.md`` ("A model family torchkiln does not know").
+    """
+
+    name: str
+    """Names the declaration in messages (``transformers``, ``my-paged-cache``)."""
+    cache_type: type | str = attrs.field(converter=_cache_type)
+    """The cache class (instances of subclasses match too), or ``"module:QualifiedName"``,
+    looked up only once that module is imported (so declaring imports nothing)."""
+    layers: str = "layers"
+    """The cache's attribute holding one entry per layer (a list indexed by layer index)."""
+    index_parameter: str = "layer_idx"
+    """The name of the layer-index parameter of the per-layer methods."""
+    methods: tuple[str, ...] | None = attrs.field(default=None, converter=_optional_names)
+    """Methods of ``cache_type`` that take a layer index (``update``, ``update_conv_state``...).
+    ``None``: every method of the class with a parameter named ``index_parameter``. Each runs
+    with the block's view as ``self`` when the block passes its own index (its other reads
+    go to the whole cache; it must not assign attributes on ``self``), and on the whole cache
+    for any other index. A subclass that overrides one of them has it run outside the compiled
+    graph (one graph break per call), said once on stderr."""
+    index_attributes: tuple[str, ...] = attrs.field(default=("layer_idx",), converter=_names)
+    """Names of the integer attribute a block (or a submodule of it) holds its layer index in,
+    tried first, in order. Without one, the adapter takes the integer attribute that numbers
+    the blocks of the group (one value per block, a different one in each)."""
+    cache_parameters: tuple[str, ...] = attrs.field(
+        default=("cache", "past_key_values", "past_key_value", "layer_past"), converter=_names
+    )
+    """Names of the block ``forward`` parameter the cache is passed in."""

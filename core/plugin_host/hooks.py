@@ -7,7 +7,8 @@
 Inside ``wrap_distributed``'s ``compile_regions`` callback, each region group is first offered
 to :func:`prepare_group` (every plugin may adapt it), then compiled by :func:`compile_region`
 (once per group, not once per region). Three declaration hooks let a plugin say what it provides, so that configuration can be
-validated up front and ``torchkiln plugins`` can list everything with its status.
+validated up front and ``torchkiln plugins`` can list everything with its status; a fourth,
+:func:`declare_layer_caches`, describes caches kept per layer, for :func:`prepare_group`.
 
 Plugin authors import everything from :mod:`torchkiln.plugin`. Implement a hook with
 ``@hookimpl`` on a function of the same name in a module (or
@@ -28,7 +29,12 @@ if TYPE_CHECKING:
     from torch import nn
 
     from torchkiln.configuration.config import CompileConfig
-    from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
+    from torchkiln.plugin_host.declarations import (
+        BackendSpec,
+        DistributedSpec,
+        LayerCacheSpec,
+        SelectorSpec,
+    )
     from torchkiln.plugin_host.distributed_result import DistributedResult
     from torchkiln.plugin_host.group_preparation import GroupPreparation
     from torchkiln.plugin_host.region_plan import RegionGroup, RegionPlan
@@ -82,6 +88,31 @@ def declare_distributed() -> Sequence[DistributedSpec]:
 
     Fires and combines like :func:`declare_backends`. The declaring plugin must answer
     :func:`wrap_distributed` for each name it declares.
+    """
+
+
+@hookspec
+def declare_layer_caches() -> Sequence[LayerCacheSpec]:
+    """Declare caches that a model keeps per layer, so that each compiled block gets its own
+    layer's entry and one graph serves every depth.
+
+    :return: the plugin's :class:`~torchkiln.plugin.LayerCacheSpec` objects: a cache class,
+        the attribute holding its per-layer list, the methods that take a layer index, the
+        attribute names blocks keep their index in, and the block parameter the cache comes in.
+
+    Fires: once per plugin manager until plugins change, when a group is prepared (the
+    declarations are handed to :func:`prepare_group` as ``layer_caches``).
+
+    Combination: every implementation is called and the lists are concatenated, the plugin
+    called first first (registered plugins, then installed ones, then built-ins). For a cache
+    object, the first declaration whose ``cache_type`` it is an instance of applies, so a
+    plugin's declaration for a subclass of transformers' ``Cache`` wins over the built-in one
+    for ``Cache``. ``index_attributes`` of every declaration are tried for every block. Two
+    declarations with the same ``name`` are reported like two backends with one name.
+
+    The built-in adapter (``torchkiln.transformers_models``) declares transformers' ``Cache``
+    and applies the declarations; a plugin needs no other hook to support its own cache
+    (``docs/generation.md``, "A model family torchkiln does not know").
     """
 
 
@@ -159,7 +190,11 @@ def wrap_distributed(
 
 @hookspec
 def prepare_group(
-    model: nn.Module, plan: RegionPlan, group: RegionGroup, config: CompileConfig
+    model: nn.Module,
+    plan: RegionPlan,
+    group: RegionGroup,
+    config: CompileConfig,
+    layer_caches: Sequence[LayerCacheSpec],
 ) -> GroupPreparation | None:
     """Prepare one region group before :func:`compile_region` compiles it.
 
@@ -168,6 +203,8 @@ def prepare_group(
     :param group: the group about to be compiled; its modules are
         ``group.regions[i].module``, and ``group.nested`` holds blocks a selector marked inside.
     :param config: the resolved configuration.
+    :param layer_caches: every plugin's :func:`declare_layer_caches` declarations, in hook
+        order (what the built-in cache adapter applies).
     :return: a :class:`~torchkiln.plugin.GroupPreparation` (wrap the traced function, wrap the
         compiled one, install forwards on submodules, an undo action), or ``None`` to leave the
         group alone.

@@ -11,9 +11,14 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from torchkiln.errors import PluginError
-from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
+from torchkiln.plugin_host.declarations import (
+    BackendSpec,
+    DistributedSpec,
+    LayerCacheSpec,
+    SelectorSpec,
+)
 
-SpecT = TypeVar("SpecT", BackendSpec, SelectorSpec, DistributedSpec)
+SpecT = TypeVar("SpecT", BackendSpec, SelectorSpec, DistributedSpec, LayerCacheSpec)
 
 
 def builtin_name(module_name: str) -> str:
@@ -87,7 +92,7 @@ class FailedPlugin:
 
 @attrs.frozen
 class Declared(Generic[SpecT]):
-    """A declared backend, selector or strategy, with the plugin that declared it."""
+    """A declared backend, selector, strategy or layer cache, with the plugin that declared it."""
 
     spec: SpecT
     plugin: str
@@ -97,6 +102,7 @@ _SPEC_TYPES = {
     "declare_backends": BackendSpec,
     "declare_selectors": SelectorSpec,
     "declare_distributed": DistributedSpec,
+    "declare_layer_caches": LayerCacheSpec,
 }
 
 

@@ -44,7 +44,12 @@ from pluggy import HookImpl
 
 from torchkiln.errors import PluginError
 from torchkiln.plugin_host import hooks
-from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
+from torchkiln.plugin_host.declarations import (
+    BackendSpec,
+    DistributedSpec,
+    LayerCacheSpec,
+    SelectorSpec,
+)
 from torchkiln.plugin_host.plugin_env import (
     env_flag,
     env_names,
@@ -462,3 +467,8 @@ class PluginManager(pluggy.PluginManager):
 
     def distributed_strategies(self) -> dict[str, Declared[DistributedSpec]]:
         return self._declared("declare_distributed", "distributed strategy")
+
+    def layer_caches(self) -> tuple[LayerCacheSpec, ...]:
+        """Every plugin's per-layer cache declarations, the plugin called first first."""
+        declared = self._declared("declare_layer_caches", "layer cache")
+        return tuple(entry.spec for entry in declared.values())

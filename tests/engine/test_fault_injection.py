@@ -24,6 +24,7 @@ from torchkiln.plugin import (
     BackendSpec,
     DistributedResult,
     DistributedSpec,
+    LayerCacheSpec,
     Region,
     RegionGroup,
     RegionPlan,
@@ -37,6 +38,7 @@ GARBAGE: dict[str, Any] = {
     "declare_backends": ["faulty"],
     "declare_selectors": "faulty",
     "declare_distributed": [42],
+    "declare_layer_caches": [BackendSpec("faulty")],
     "resolve_compile_config": "backend=eager",
     "select_regions": 42,
     "wrap_distributed": 42,
@@ -101,6 +103,10 @@ class Faulty:
         return self._answer("declare_distributed", lambda: [DistributedSpec("faulty")])
 
     @torchkiln.hookimpl
+    def declare_layer_caches(self) -> Any:
+        return self._answer("declare_layer_caches", lambda: [LayerCacheSpec("faulty", list)])
+
+    @torchkiln.hookimpl
     def resolve_compile_config(self) -> Any:
         return self._answer("resolve_compile_config", lambda: None)
 
@@ -154,7 +160,9 @@ def test_every_hook_fault_leaves_the_model_bit_identical(hook: str, fault: str) 
     model = ThreeGroups()
     expected = model(inputs())
     before = Fingerprint.of(model)
-    if hook in ("resolve_compile_config", "prepare_group") and fault == "none":
+    if hook in ("resolve_compile_config", "prepare_group", "declare_layer_caches") and (
+        fault == "none"
+    ):
         # None is the documented "no change": compiling works.
         torchkiln.compile(model, plugins=pm, progress="off", **FAULTY_OPTIONS)
         torch.testing.assert_close(model(inputs()), expected)

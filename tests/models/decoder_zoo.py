@@ -38,12 +38,17 @@ class Decoder:
     sizes: dict[str, Any]
     """Config keywords (sizes only) on top of the common ones; ``{depth}`` keys get the depth."""
     depth_key: str = "num_hidden_layers"
+    depth_sizes: Callable[[int], dict[str, Any]] | None = None
+    """Sizes that follow the depth (GPT-Neo's layer pattern must have one entry per layer)."""
 
     def build(self, depth: int) -> nn.Module:
         import transformers
 
         config_class = getattr(transformers, self.config)
-        config = config_class(**{self.depth_key: depth, "vocab_size": VOCAB, **self.sizes})
+        follows = self.depth_sizes(depth) if self.depth_sizes else {}
+        config = config_class(
+            **{self.depth_key: depth, "vocab_size": VOCAB, **self.sizes, **follows}
+        )
         torch.manual_seed(0)
         return getattr(transformers, self.model)(config).eval()
 
@@ -121,6 +126,44 @@ DECODERS = (
 )
 BY_NAME = {decoder.name: decoder for decoder in DECODERS}
 
+SSM_SIZES = {"hidden_size": WIDTH, "state_size": 16}
+LAYER_CACHE_DECODERS = (
+    # State-space caches: the blocks call get/update_conv_state and get/update_recurrent_state.
+    Decoder("mamba", "MambaConfig", "MambaForCausalLM", SSM_SIZES),
+    Decoder("falcon_mamba", "FalconMambaConfig", "FalconMambaForCausalLM", SSM_SIZES),
+    # Mamba2: hidden_size * expand (2) == num_heads * head_dim, and n_groups (8) divides num_heads.
+    Decoder(
+        "mamba2",
+        "Mamba2Config",
+        "Mamba2ForCausalLM",
+        {**SSM_SIZES, "num_heads": 8, "head_dim": 16},
+    ),
+    # Bamba: a hybrid cache (Mamba2 layers' conv and recurrent states, every 4th layer attention).
+    Decoder(
+        "bamba",
+        "BambaConfig",
+        "BambaForCausalLM",
+        {
+            **LLAMA_SIZES,
+            "mamba_n_heads": 8,
+            "mamba_d_head": 16,
+            "mamba_d_state": 16,
+        },
+        depth_sizes=lambda depth: {"attn_layer_indices": list(range(3, depth, 4))},
+    ),
+    # GPT-Neo keeps its index in layer_id; its default pattern alternates global and local layers.
+    Decoder(
+        "gpt_neo",
+        "GPTNeoConfig",
+        "GPTNeoForCausalLM",
+        {"hidden_size": WIDTH, "num_heads": HEADS},
+        "num_layers",
+        lambda depth: {"attention_types": [[["global", "local"], depth // 2]]},
+    ),
+)
+"""Families whose caches or layer indices the adapter once missed (issue 24)."""
+BY_NAME.update({decoder.name: decoder for decoder in LAYER_CACHE_DECODERS})
+
 
 def token_ids(batch: int = 2, seq: int = 12, seed: int = 1) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
@@ -166,6 +209,18 @@ class Outcome:
     eager_regions: tuple[str, ...]
     """Regions the report marks eager, and recompile-limit hits after the first calls."""
     breaks: int
+    graph_runs: dict[str, list[int]] = attrs.Factory(dict)
+    """With ``witness=True``: compiled graphs run in each call of each region, by path, counted
+    by the backend itself (:class:`GraphRuns`), not taken from torchkiln's report."""
+
+    def eager_calls(self) -> list[str]:
+        """Region calls that ran no compiled graph (``path#call``), as the backend saw them."""
+        return [
+            f"{path}#{call}"
+            for path, runs in self.graph_runs.items()
+            for call, count in enumerate(runs)
+            if count == 0
+        ]
 
     def mismatches(self, atol: float = 1e-5, rtol: float = 1e-4) -> list[str]:
         """Workloads whose compiled results differ from eager's (ids exactly, floats closely)."""
@@ -187,18 +242,62 @@ def same(
     )
 
 
+class GraphRuns:
+    """An independent witness of what ran compiled: ``backend=COUNTING`` is Dynamo's ``eager``
+    backend (the captured graph run as Python) that counts every run of a compiled graph."""
+
+    count = 0
+
+    @staticmethod
+    def backend(graph: torch.fx.GraphModule, example_inputs: object) -> Callable[..., Any]:
+        def counted(*args: Any) -> Any:
+            GraphRuns.count += 1
+            return graph.forward(*args)
+
+        return counted
+
+
+COUNTING = "kiln_counting"
+
+
+def witness_region_calls(model: nn.Module, paths: list[str]) -> dict[str, list[int]]:
+    """Hooks on each region's module that record how many compiled graphs ran during each of
+    its calls (module hooks run around whatever ``forward`` torchkiln installed)."""
+    runs: dict[str, list[int]] = {path: [] for path in paths}
+    for path in paths:
+        module = model.get_submodule(path)
+        start: list[int] = []
+        module.register_forward_pre_hook(lambda *_, start=start: start.append(GraphRuns.count))
+        module.register_forward_hook(
+            lambda *_, start=start, calls=runs[path]: calls.append(GraphRuns.count - start.pop())
+        )
+    return runs
+
+
 def run(
-    decoder: Decoder, depth: int, workloads: tuple[str, ...], backend: str = "eager"
+    decoder: Decoder,
+    depth: int,
+    workloads: tuple[str, ...],
+    backend: str = "eager",
+    witness: bool = False,
 ) -> Outcome:
     """``workloads`` in turn on an eager model, then on a torchkiln-compiled copy (same weights,
     fresh Dynamo): what they returned, and what compiling cost in graphs, eager regions and
-    graph breaks."""
+    graph breaks. ``witness``: compile with the counting backend and record the graphs each
+    region call ran (:attr:`Outcome.graph_runs`)."""
     model = decoder.build(depth)
     compiled_model = copy.deepcopy(model)
     ids = token_ids()
     expected = {workload: WORKLOADS[workload](model, ids) for workload in workloads}
     torch._dynamo.reset()
     counters.clear()
+    runs: dict[str, list[int]] = {}
+    if witness:
+        if COUNTING not in torch._dynamo.list_backends(exclude_tags=()):
+            torch._dynamo.register_backend(GraphRuns.backend, name=COUNTING)
+        backend = COUNTING
+        paths = [region.path for region in torchkiln.plan(compiled_model).regions()]
+        runs = witness_region_calls(compiled_model, paths)
     torchkiln.compile(compiled_model, backend=backend)
     actual = {workload: WORKLOADS[workload](compiled_model, ids) for workload in workloads}
     return Outcome(
@@ -207,6 +306,7 @@ def run(
         counters["stats"]["unique_graphs"],
         eager_regions(compiled_model),
         sum(counters["graph_break"].values()),
+        runs,
     )
 
 

@@ -248,12 +248,14 @@ def test_decompile_removes_the_adapter() -> None:
 
 
 def test_models_outside_transformers_are_left_alone() -> None:
-    from torchkiln.plugins.transformers_models import block_adapter
+    from torchkiln.plugins.transformers_models import TRANSFORMERS_CACHE, prepare_group
 
-    toy = torchkiln.examples.toy(depth=2)
-    assert block_adapter("TransformerEncoderLayer", list(toy.layers)) is None
-    # A whole-model region (no single layer_idx) is not a decoder layer either.
-    assert block_adapter("LlamaForCausalLM", [llama_with(2)]) is None
+    # The toy's blocks take no cache; a whole-model region holds many layer indices, not one.
+    for model, regions in ((torchkiln.examples.toy(depth=2), "repeated"), (llama_with(2), "whole")):
+        plan = torchkiln.plan(model, regions=regions)
+        assert plan.groups
+        for group in plan.groups:
+            assert prepare_group(model, plan, group, None, (TRANSFORMERS_CACHE,)) is None  # type: ignore[arg-type]
 
 
 def test_compiling_a_model_outside_transformers_imports_no_transformers() -> None:

@@ -71,7 +71,12 @@ def test_the_builtin_table_names_every_builtin_and_what_it_declares(
         )
         declared = {
             spec.name
-            for hook in ("declare_backends", "declare_selectors", "declare_distributed")
+            for hook in (
+                "declare_backends",
+                "declare_selectors",
+                "declare_distributed",
+                "declare_layer_caches",
+            )
             if hasattr(module, hook)
             for spec in getattr(module, hook)()
         }

@@ -37,10 +37,11 @@ def sections() -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
-def test_the_spec_module_has_the_eight_hooks():
+def test_the_spec_module_has_the_nine_hooks():
     assert sorted([
-        "declare_backends", "declare_selectors", "declare_distributed", "resolve_compile_config",
-        "select_regions", "wrap_distributed", "prepare_group", "compile_region",
+        "declare_backends", "declare_selectors", "declare_distributed", "declare_layer_caches",
+        "resolve_compile_config", "select_regions", "wrap_distributed", "prepare_group",
+        "compile_region",
     ]) == HOOKS == sorted(HOOK_NAMES)  # fmt: skip
 
 

@@ -79,7 +79,8 @@ BROKEN_WARNING = (
 TYPO_ERROR = (
     "PluginError: plugin 'typoplug' implements unknown hook 'compile_regoin' (did you mean "
     "'compile_region'?); torchkiln hooks: compile_region, declare_backends, declare_distributed, "
-    "declare_selectors, prepare_group, resolve_compile_config, select_regions, wrap_distributed"
+    "declare_layer_caches, declare_selectors, prepare_group, resolve_compile_config, "
+    "select_regions, wrap_distributed"
 )
 
 

@@ -1,0 +1,310 @@
+"""Per-layer views of a model's cache, handed to compiled blocks (the machinery of the built-in
+adapter :mod:`torchkiln.plugins.transformers_models`; not a plugin itself).
+
+A block passes the whole cache and its own layer index (``cache.update(k, v, self.layer_idx)``,
+``cache.update_conv_state(x, self.layer_idx)``), and the cache picks the layer's entry from a
+Python list: ``self.layers[layer_idx]``. Dynamo specialises a list index, so every block's
+trace guards on a different entry and compiles its own graph, up to the recompile limit.
+
+A :class:`LayerView` replaces the cache for one block call. It is built eagerly, outside the
+compiled code, from a :class:`~torchkiln.plugin.LayerCacheSpec` (what the cache looks like)
+and a :class:`LayerIndex` (where the block keeps its index):
+
+* its per-layer list (``view.layers``, a :class:`LayerList`) gives the block's own entry for
+  the block's own index, without indexing the list in the trace;
+* each declared per-layer method, called with the block's own index, runs the cache class's
+  own code with the view as ``self``, so it reaches the block's entry through that list; with
+  any other index it runs on the whole cache, as it always did;
+* everything else is the whole cache's answer.
+
+"Own index" is decided in the trace by comparing the index the block passes with the same
+module attribute the block read it from (``holder.<attribute>``): both are the same symbolic
+int, so the comparison leaves no per-layer guard. Every block of a group then sees the same
+kind of object in the same state, and one graph serves every depth.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from torchkiln.plugin import LayerCacheSpec, PluginError
+
+
+@attrs.frozen
+class LayerIndex:
+    """Where one block keeps its layer index: ``holder.<attribute> == value``."""
+
+    attribute: str
+    holder: nn.Module
+    """The block or the submodule of it that holds the attribute."""
+    value: int
+
+
+@attrs.frozen
+class LayerMethod:
+    """A per-layer method: where its layer index is among its arguments (``self`` left out)."""
+
+    name: str
+    function: Any
+    position: int | None
+    """Position among the positional arguments (``None``: keyword only)."""
+    keyword: str
+    default: Any
+
+
+@attrs.frozen
+class ResolvedSpec:
+    """A :class:`LayerCacheSpec` whose cache class is imported, with its methods looked up."""
+
+    spec: LayerCacheSpec
+    cache_type: type
+    methods: tuple[LayerMethod, ...]
+
+
+def resolve(spec: LayerCacheSpec) -> ResolvedSpec | None:
+    """``spec`` with its class and methods, or ``None`` while its module is not imported (then
+    no cache of that class can exist, and declaring it imported nothing)."""
+    if not isinstance(spec.cache_type, str):
+        return _resolved(spec, spec.cache_type)
+    module_name, qualified = spec.cache_type.split(":")
+    if module_name not in sys.modules:
+        return None
+    found: Any = functools.reduce(
+        getattr, qualified.split("."), importlib.import_module(module_name)
+    )
+    return _resolved(spec, found)
+
+
+@functools.cache
+def _resolved(spec: LayerCacheSpec, cache_type: type) -> ResolvedSpec:
+    names = spec.methods
+    if names is None:
+        names = tuple(
+            name
+            for name in sorted(dir(cache_type))
+            if not name.startswith("__")
+            and inspect.isfunction(inspect.getattr_static(cache_type, name, None))
+            and spec.index_parameter in _parameters(getattr(cache_type, name))
+        )
+    return ResolvedSpec(spec, cache_type, tuple(_method(spec, cache_type, name) for name in names))
+
+
+def _parameters(function: Any) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _method(spec: LayerCacheSpec, cache_type: type, name: str) -> LayerMethod:
+    function = inspect.getattr_static(cache_type, name, None)
+    parameters = list(_parameters(function).values())[1:]  # self left out
+    index = next((p for p in parameters if p.name == spec.index_parameter), None)
+    if not inspect.isfunction(function) or index is None:
+        raise PluginError(
+            f"layer cache {spec.name!r}: {cache_type.__name__}.{name} is not a method with a "
+            f"parameter {spec.index_parameter!r} (LayerCacheSpec.methods names methods of "
+            "cache_type that take the layer index)"
+        )
+    positional = index.kind in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    default = None if index.default is inspect.Parameter.empty else index.default
+    return LayerMethod(
+        name, function, parameters.index(index) if positional else None, index.name, default
+    )
+
+
+# --- finding a block's layer index ------------------------------------------------------------
+
+
+def int_attributes(block: nn.Module) -> dict[str, tuple[nn.Module, set[int]]]:
+    """Plain integer attributes of ``block`` and its submodules: name -> (first holder, values)."""
+    found: dict[str, tuple[nn.Module, set[int]]] = {}
+    for module in block.modules():
+        for name, value in vars(module).items():
+            if type(value) is int and not name.startswith("_"):  # bools are not indices
+                found.setdefault(name, (module, set()))[1].add(value)
+    return found
+
+
+def find_layer_indices(
+    blocks: Sequence[nn.Module], paths: Sequence[str], declared: Sequence[str]
+) -> tuple[list[LayerIndex], tuple[str, ...]] | None:
+    """Each block's :class:`LayerIndex`, and every attribute name that numbers the blocks (to
+    trace as symbolic), or ``None`` when no attribute does.
+
+    An attribute numbers the blocks when every block holds it with one value (wherever in the
+    block it is held) and no two blocks hold the same value. Among those: the first of
+    ``declared``; else one equal to each block's position in its container (``h.3`` holds 3);
+    else the first by name. A single block cannot show which attribute numbers it: only a
+    declared name counts then.
+    """
+    attributes = [int_attributes(block) for block in blocks]
+    candidates = []
+    for name in sorted(set.intersection(*(set(found) for found in attributes))):
+        values = [found[name][1] for found in attributes]
+        if all(len(v) == 1 for v in values) and len({next(iter(v)) for v in values}) == len(blocks):
+            candidates.append(name)
+    if len(blocks) < 2:
+        candidates = [name for name in candidates if name in declared]
+    if not candidates:
+        return None
+    positions = [path.rsplit(".", 1)[-1] for path in paths]
+    chosen = next((name for name in declared if name in candidates), None)
+    if chosen is None:
+        chosen = next(
+            (
+                name
+                for name in candidates
+                if all(
+                    str(next(iter(f[name][1]))) == p
+                    for f, p in zip(attributes, positions, strict=True)
+                )
+            ),
+            candidates[0],
+        )
+    indices = [
+        LayerIndex(chosen, found[chosen][0], next(iter(found[chosen][1]))) for found in attributes
+    ]
+    return indices, tuple(candidates)
+
+
+# --- the views ----------------------------------------------------------------------------------
+
+
+class LayerList:
+    """A cache's per-layer list as one block sees it: the block's own index gives its own entry
+    (decided in the trace, with no guard); any other index, the whole list's.
+
+    It holds the cache, not the list: the trace reads the whole list only for another index
+    (or its length), so the block's own entry is never also seen as ``list[i]``, which would
+    make Dynamo guard on that aliasing (``cache.layers[0] is own``): one more graph.
+    """
+
+    def __init__(self, cache: Any, name: str, own: Any, index: LayerIndex):
+        self._torchkiln_cache = cache
+        self._torchkiln_name = name
+        self._torchkiln_own = own
+        self._torchkiln_index = index
+
+    def __getitem__(self, position: Any) -> Any:
+        index = self._torchkiln_index
+        if position == getattr(index.holder, index.attribute):
+            return self._torchkiln_own
+        return getattr(self._torchkiln_cache, self._torchkiln_name)[position]
+
+    def __len__(self) -> int:
+        return len(getattr(self._torchkiln_cache, self._torchkiln_name))
+
+    def __iter__(self) -> Any:
+        return iter(getattr(self._torchkiln_cache, self._torchkiln_name))
+
+    def append(self, entry: Any) -> None:
+        getattr(self._torchkiln_cache, self._torchkiln_name).append(entry)
+
+
+class LayerView:
+    """One block's view of a cache (see the module doc). Per-layer methods are added per cache
+    class by :func:`view_class`; anything else is the whole cache's."""
+
+    def __init__(self, cache: Any, own: Any, index: LayerIndex):
+        self._torchkiln_cache = cache
+        self._torchkiln_own = own
+        self._torchkiln_index = index
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the view does not define: the whole cache answers. Its own
+        # fields are missing only while unpickling (torch's saved guards): no recursion then.
+        if name.startswith("_torchkiln_"):
+            raise AttributeError(name)
+        return getattr(self._torchkiln_cache, name)
+
+    def __len__(self) -> int:
+        return len(self._torchkiln_cache)
+
+    def __iter__(self) -> Any:
+        return iter(self._torchkiln_cache)
+
+    def __repr__(self) -> str:
+        index = self._torchkiln_index
+        return f"{type(self).__name__}({self._torchkiln_cache!r}, layer {index.value})"
+
+
+def _call_whole(cache: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return getattr(cache, name)(*args, **kwargs)
+
+
+_call_outside_graph = torch.compiler.disable(_call_whole)
+
+
+def _split_method(method: LayerMethod) -> Any:
+    name, function, position, keyword, default = (
+        method.name,
+        method.function,
+        method.position,
+        method.keyword,
+        method.default,
+    )
+
+    def per_layer(self: LayerView, *args: Any, **kwargs: Any) -> Any:
+        if position is not None and len(args) > position:
+            index = args[position]
+        else:
+            index = kwargs.get(keyword, default)
+        own = self._torchkiln_index
+        if index is not None and index == getattr(own.holder, own.attribute):
+            return function(self, *args, **kwargs)  # the class's own code, on this layer's view
+        return getattr(self._torchkiln_cache, name)(*args, **kwargs)
+
+    per_layer.__name__ = per_layer.__qualname__ = name
+    return per_layer
+
+
+def _outside_method(name: str) -> Any:
+    def outside(self: LayerView, *args: Any, **kwargs: Any) -> Any:
+        return _call_outside_graph(self._torchkiln_cache, name, args, kwargs)
+
+    outside.__name__ = outside.__qualname__ = name
+    return outside
+
+
+@functools.cache
+def view_class(cache_class: type, resolved: ResolvedSpec, outside: bool) -> type:
+    """The view class for caches of ``cache_class``: ``resolved``'s per-layer methods, each
+    running on the view (``outside=False`` and not overridden by ``cache_class``) or on the
+    whole cache outside the compiled graph (``torch.compiler.disable``)."""
+    name = resolved.spec.layers
+    members: dict[str, Any] = {
+        name: property(
+            lambda self: LayerList(
+                self._torchkiln_cache, name, self._torchkiln_own, self._torchkiln_index
+            )
+        )
+    }
+    for method in resolved.methods:
+        split = (
+            not outside
+            and inspect.getattr_static(cache_class, method.name, None) is method.function
+        )
+        members[method.name] = _split_method(method) if split else _outside_method(method.name)
+    return type(f"{cache_class.__name__}LayerView", (LayerView,), members)
+
+
+def overridden(cache_class: type, resolved: ResolvedSpec) -> list[str]:
+    """The per-layer methods ``cache_class`` overrides (they run outside the graph)."""
+    return [
+        method.name
+        for method in resolved.methods
+        if inspect.getattr_static(cache_class, method.name, None) is not method.function
+    ]
