@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import weakref
 from typing import Any
 
 import torch
@@ -72,6 +73,10 @@ class _HollowPickler(pickle.Pickler):
         their ids stay theirs while pickling)."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, weakref.ref):
+            # Back-references to what wraps the model (torchkiln's marker of the DDP module
+            # holding it): the builder has no wrapper, and a weak reference cannot pickle.
+            return _none, ()
         if type(obj) not in (torch.Tensor, nn.Parameter) or id(obj) in self._detached:
             return NotImplemented
         if obj.device.type == "meta" or type(obj) is nn.Parameter or not _small(obj):
@@ -79,6 +84,10 @@ class _HollowPickler(pickle.Pickler):
         detached = obj.detach()
         self._detached[id(detached)] = detached
         return _plain_copy, (detached, obj.requires_grad)
+
+
+def _none() -> None:
+    return None
 
 
 def dumps_hollow(obj: Any) -> bytes:
