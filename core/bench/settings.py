@@ -9,7 +9,7 @@ import attrs
 from torchkiln.errors import TorchkilnError
 
 STRATEGIES = (
-    "eager", "full", "regional", "tiered", "precompiled", "hierarchical", "accelerate",
+    "eager", "full", "regional", "precompiled", "hierarchical", "accelerate", "tiered",
 )  # fmt: skip
 """Every strategy the worker knows, in table order."""
 
@@ -19,8 +19,9 @@ STRATEGY_HELP = {
     "eager": "no compilation (the baseline)",
     "full": "torch.compile(model): the whole model, a fresh OptimizedModule wrapper",
     "regional": "torchkiln.compile(model): repeated blocks compiled once, in place",
-    "precompiled": "torchkiln.precompile first (not timed), then torchkiln.compile(model, "
-    "artifacts=DIR) in a new process: the first call loads, nothing is traced",
+    "precompiled": "torchkiln.precompile(whole=True) first (not timed), then "
+    "torchkiln.compile(model, artifacts=DIR) in a new process: the whole-model form is loaded "
+    "and serves from the first call, nothing is traced",
     "hierarchical": "torchkiln.compile(model, regions='hierarchical'): one graph, "
     "blocks as nested_compile_region",
     "accelerate": "accelerate.utils.compile_regions(model) (when accelerate is installed)",

@@ -157,11 +157,33 @@ def tiered_targets(results: list[Any], target: Any) -> list[Any]:
             to_whole.append((where, figures["seconds_to_whole_model"] / full.cold_first_call))
         if depth in (16, 32) and full and full.steady and result.steady:
             steady.append((where, result.steady / full.steady))
-    return [
-        _judge(target, "tiered first call vs regional cold", 1.1, first),
-        _judge(target, "tiered time to whole-model speed vs full cold first call", 1.2, to_whole),
-        _judge(target, "tiered steady after the switch vs full (depth 16, 32)", 1.02, steady),
-    ]
+    loaded_first, loaded_steady = [], []
+    for (depth, batch, strategy), result in by_key.items():
+        full = by_key.get((depth, batch, "full"))
+        tiers = ((result.cold or {}).get("torchkiln_report") or {}).get("tiers") or {}
+        if strategy != "precompiled" or not full or tiers.get("serving") != "whole-model":
+            continue
+        where = f"depth {depth} batch {batch}"
+        if full.cold_first_call and result.cold_first_call:
+            loaded_first.append((where, result.cold_first_call / full.cold_first_call))
+        if full.steady and result.steady:
+            loaded_steady.append((where, result.steady / full.steady))
+    judged = []
+    if any(strategy == "tiered" for _, _, strategy in by_key):
+        judged += [
+            _judge(target, "tiered first call vs regional cold", 1.1, first),
+            _judge(target, "tiered time to whole-model speed vs full cold first call", 1.2,
+                   to_whole),
+            _judge(target, "tiered steady after the switch vs full (depth 16, 32)", 1.02, steady),
+        ]  # fmt: skip
+    if loaded_first or loaded_steady:
+        judged += [
+            _judge(target, "whole-model artifact, new process: first call vs full cold", 0.1,
+                   loaded_first),
+            _judge(target, "whole-model artifact, new process: steady vs full", 1.02,
+                   loaded_steady),
+        ]  # fmt: skip
+    return judged
 
 
 def _judge(target: Any, name: str, limit: float, pairs: list[tuple[str, float]]) -> Any:

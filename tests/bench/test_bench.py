@@ -249,7 +249,10 @@ def test_the_precompiled_cell_loads_in_a_new_process_without_tracing(
     assert cell["cold"]["first_call"]["frames_compiled"] == 0  # loaded: Dynamo traced nothing
     assert cell["cold"]["first_call"]["graphs"] == 0
     assert cell["cold"]["max_abs_diff"] < 1e-5 and cell["steady_median_seconds"] > 0
-    assert cell["cold"]["torchkiln_report"]["statuses"] == ["compiled"]
+    # The whole-model form served every call: the region groups were never needed.
+    report = cell["cold"]["torchkiln_report"]
+    assert report["tiers"]["serving"] == "whole-model" and report["tiers"]["state"] == "loaded"
+    assert report["tiers"]["calls"]["regional"] == 0 and report["statuses"] == ["pending"]
     with pytest.raises(BenchError, match="backend 'eager' cannot be precompiled"):
         make_settings(strategies="precompiled", backend="eager")
 
