@@ -142,7 +142,40 @@ def _repeated_plan(
         )
     counts = ", ".join(f"{len(g.regions)}x {g.name}" for g in groups)
     reason = f"{requested}: repeated blocks found: {counts}; {choice.level}"
+    poor = poor_plan_note(model, groups, config.regions.min_repeats)
+    if poor:
+        reason += f"; {poor}"
     return _finish(model, config, "repeated", groups, reason, requested)
+
+
+POOR_PLAN_GROUPS = 5
+"""A plan with this many groups or more, each of fewer than three regions on average, costs
+about a graph per group for little reuse: :func:`poor_plan_note` says so."""
+
+
+def poor_plan_note(model: nn.Module, groups: list[RegionGroup], min_repeats: int) -> str:
+    """``""``, or why the plan is poor and what to try instead (a block class that holds the
+    regions, or the whole model): many groups, few regions each, so about one graph per group
+    where a whole-model compile needs one."""
+    regions = sum(len(g.regions) for g in groups)
+    if len(groups) < POOR_PLAN_GROUPS or regions >= 3 * len(groups):
+        return ""
+    inside = {id(r.module) for g in groups for r in g.regions}
+    best, held = "", 0
+    instances: dict[type, list[nn.Module]] = {}
+    for _, module in list(model.named_modules())[1:]:
+        instances.setdefault(type(module), []).append(module)
+    for cls, found in instances.items():
+        if len(found) < min_repeats or isinstance(found[0], CONTAINERS):
+            continue
+        count = sum(1 for m in found for sub in m.modules() if id(sub) in inside)
+        if count > held:
+            best, held = cls.__name__, count
+    hint = f"regions=classes:{best} or regions=whole" if best else "regions=whole"
+    return (
+        f"a poor plan: {len(groups)} groups for {regions} regions, about {len(groups)} graphs "
+        f"where a whole-model compile needs 1: consider {hint}"
+    )
 
 
 def _plan_from(
@@ -234,17 +267,75 @@ class _LevelSearch:
         return LevelChoice(kept, level)
 
     def largest_repeated(self) -> LevelChoice:
-        while True:
-            found = list(self._walk(self.model, "", set()))
-            groups = self._group(found, "")
-            small = [g for g in groups if len(g.regions) < self.min_repeats]
-            if not small:
-                break
-            # Their other occurrences are inside chosen blocks: look inside these instead.
-            self.rejected.update(r.path for g in small for r in g.regions)
+        declared = self.declared_level()
+        if declared is not None:
+            return declared
+        found = self._search(coarsen=False)
+        if poor_plan_note(self.model, self._group(found, ""), self.min_repeats):
+            # Many small groups: try again without the small pieces of units that differ.
+            self.rejected = set()
+            found = self._search(coarsen=True)
         # The level is chosen on the whole model; regions.exclude then drops regions from it.
         groups = self._group(drop_excluded(found, self.exclude), "")
         return LevelChoice(groups, self._level(groups) if groups else self._no_level())
+
+    def _search(self, coarsen: bool) -> list[tuple[str, nn.Module]]:
+        while True:
+            found = list(self._walk(self.model, "", set()))
+            if coarsen:
+                found = self._coarsen(found)
+            groups = self._group(found, "")
+            small = [g for g in groups if len(g.regions) < self.min_repeats]
+            if not small:
+                return found
+            # Their other occurrences are inside chosen blocks: look inside these instead.
+            self.rejected.update(r.path for g in small for r in g.regions)
+
+    def declared_level(self) -> LevelChoice | None:
+        """diffusers' ``_repeated_blocks``: the model's own "compile these" list. It is the
+        level when, checked against the structure, its classes are blocks of this model that
+        occur ``min_repeats``+ times in all; every instance is compiled (one group per shape,
+        a shape occurring once included, as diffusers' own ``compile_repeated_blocks`` does)."""
+        names = _names(getattr(self.model, "_repeated_blocks", None))
+        if not names:
+            return None
+        found = _outermost(
+            (path, module)
+            for path, module in self.model.named_modules()
+            if path and type(module).__name__ in names and _is_block(module)
+        )
+        if len(found) < self.min_repeats:
+            return None
+        groups = self._group(drop_excluded(found, self.exclude), "")
+        if not groups:
+            return None
+        shapes = ", ".join(f"{len(g.regions)}x {g.name}" for g in groups)
+        level = (
+            f"level: {', '.join(sorted(names & {g.module_class.__name__ for g in groups}))}, "
+            f"as the model's _repeated_blocks names ({shapes})"
+        )
+        return LevelChoice(groups, level)
+
+    def _coarsen(self, found: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+        """For a poor plan (:func:`poor_plan_note`): small regions inside an instance of a
+        chosen block class that is not a region itself
+        (EfficientNet's InvertedResidual of a shape of its own, SD3's last
+        JointTransformerBlock) are dropped: compiling that unit's pieces one by one costs a
+        graph and a call per piece for little work each, and leaves most of the unit eager
+        anyway. The unit stays eager as a whole, with the reason its shape differs."""
+        chosen = {type(module) for _, module in found}
+        regions = {path for path, _ in found}
+        dropped: set[str] = set()
+        for unit_path, unit in self.model.named_modules():
+            if not unit_path or type(unit) not in chosen or unit_path in regions:
+                continue
+            pieces = [p for p, _ in found if p.startswith(unit_path + ".")]
+            covered = sum(_parameter_count(self.model.get_submodule(p)) for p in pieces)
+            # Pieces holding most of the unit's weights (ModernBERT's attention and MLP in a
+            # layer of its own) are worth compiling; small ones (norms, a squeeze-excite) are not.
+            if pieces and 2 * covered < _parameter_count(unit):
+                dropped.update(pieces)
+        return [(path, module) for path, module in found if path not in dropped]
 
     # -- search --
 
@@ -383,12 +474,21 @@ def model_block_hints(model: nn.Module) -> set[str]:
     hints compare."""
     hints: set[str] = set()
     for attribute in ("_no_split_modules", "_repeated_blocks"):
-        value = getattr(model, attribute, None)
-        if isinstance(value, str):
-            hints.add(value)
-        elif isinstance(value, Iterable):
-            hints.update(v for v in value if isinstance(v, str))
+        hints |= _names(getattr(model, attribute, None))
     return hints
+
+
+def _names(value: object) -> set[str]:
+    """Class names from a model attribute holding one name or a list of them."""
+    if isinstance(value, str):
+        return {value}
+    if isinstance(value, Iterable):
+        return {v for v in value if isinstance(v, str)}
+    return set()
+
+
+def _parameter_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -470,18 +570,28 @@ def eager_parts(
     parts: list[EagerPart] = []
     outside = f"outside the selected regions (regions.rest={config.regions.rest})"
 
-    def visit(module: nn.Module, prefix: str) -> None:
+    chosen = tuple({g.module_class for g in groups})
+
+    def holds_chosen(module: nn.Module) -> bool:
+        # A subtree holding a block of a chosen class is looked into: that block gets its own
+        # line and its specific reason (EfficientNet's stage of InvertedResiduals that differ).
+        return any(isinstance(m, chosen) for m in module.modules()) if chosen else False
+
+    def visit(module: nn.Module, prefix: str, unit: str = "") -> None:
         for name, child in module.named_children():
             path = f"{prefix}{name}"
             if path in taken:
                 continue
-            if path in above:
-                visit(child, path + ".")
+            if path in above or (not isinstance(child, chosen) and holds_chosen(child)):
+                # Parts of a chosen-class block that is not a region (a shape of its own whose
+                # smaller pieces are regions) say which block and why.
+                own = _own_shape(child, groups) if isinstance(child, chosen) else ""
+                visit(child, path + ".", f"part of {path}, {own}" if own else unit)
             elif _has_parameters(child) or any(True for _ in child.children()):
                 if is_excluded(path, config.regions.exclude):
                     parts.append(EagerPart(path, "excluded (regions.exclude)"))
                 else:
-                    parts.append(EagerPart(path, _own_shape(child, groups) + outside))
+                    parts.append(EagerPart(path, (_own_shape(child, groups) or unit) + outside))
 
     visit(model, "")
     return parts
