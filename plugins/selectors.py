@@ -40,10 +40,14 @@ from torchkiln.plugin import (
     drop_excluded,
     group_by_structure,
     hookimpl,
-    is_excluded,
 )
-
-CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+from torchkiln.plugins.plan_notes import (
+    CONTAINERS,
+    eager_parts,
+    has_parameters,
+    poor_plan_note,
+    self_and_ancestors,
+)
 
 
 @hookimpl
@@ -146,36 +150,6 @@ def _repeated_plan(
     if poor:
         reason += f"; {poor}"
     return _finish(model, config, "repeated", groups, reason, requested)
-
-
-POOR_PLAN_GROUPS = 5
-"""A plan with this many groups or more, each of fewer than three regions on average, costs
-about a graph per group for little reuse: :func:`poor_plan_note` says so."""
-
-
-def poor_plan_note(model: nn.Module, groups: list[RegionGroup], min_repeats: int) -> str:
-    """``""``, or why the plan is poor and what to try instead (a block class that holds the
-    regions, or the whole model): many groups, few regions each, so about one graph per group
-    where a whole-model compile needs one."""
-    regions = sum(len(g.regions) for g in groups)
-    if len(groups) < POOR_PLAN_GROUPS or regions >= 3 * len(groups):
-        return ""
-    inside = {id(r.module) for g in groups for r in g.regions}
-    best, held = "", 0
-    instances: dict[type, list[nn.Module]] = {}
-    for _, module in list(model.named_modules())[1:]:
-        instances.setdefault(type(module), []).append(module)
-    for cls, found in instances.items():
-        if len(found) < min_repeats or isinstance(found[0], CONTAINERS):
-            continue
-        count = sum(1 for m in found for sub in m.modules() if id(sub) in inside)
-        if count > held:
-            best, held = cls.__name__, count
-    hint = f"regions=classes:{best} or regions=whole" if best else "regions=whole"
-    return (
-        f"a poor plan: {len(groups)} groups for {regions} regions, about {len(groups)} graphs "
-        f"where a whole-model compile needs 1: consider {hint}"
-    )
 
 
 def _plan_from(
@@ -463,7 +437,7 @@ def _is_block(module: nn.Module) -> bool:
     return (
         not isinstance(module, nn.ModuleList | nn.ModuleDict)
         and next(module.children(), None) is not None
-        and _has_parameters(module)
+        and has_parameters(module)
     )
 
 
@@ -489,10 +463,6 @@ def _names(value: object) -> set[str]:
 
 def _parameter_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-
-
-def _has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
 
 
 def _outermost(matches: Iterable[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
@@ -531,8 +501,8 @@ def _leaf_groups(
         for path, module in model.named_modules()
         if path
         and not any(True for _ in module.children())
-        and _has_parameters(module)
-        and not any(prefix in taken for prefix in _self_and_ancestors(path))
+        and has_parameters(module)
+        and not any(prefix in taken for prefix in self_and_ancestors(path))
     ]
     found = group_by_structure(
         drop_excluded(leaves, config.regions.exclude),
@@ -550,62 +520,6 @@ def _leaf_groups(
         )
         for g in found
     ]
-
-
-def _self_and_ancestors(path: str) -> list[str]:
-    """``a.b.c`` -> ``a``, ``a.b``, ``a.b.c``."""
-    parts = path.split(".")
-    return [".".join(parts[: i + 1]) for i in range(len(parts))]
-
-
-def eager_parts(
-    model: nn.Module, groups: list[RegionGroup], config: CompileConfig
-) -> list[EagerPart]:
-    """The largest subtrees holding no region: what runs eagerly, and why."""
-    taken = {r.path for g in groups for r in g.regions}
-    if "" in taken:
-        return []
-    # Sets, not lists: with thousands of regions a membership scan per module is quadratic.
-    above = {ancestor for path in taken for ancestor in _self_and_ancestors(path)} - taken
-    parts: list[EagerPart] = []
-    outside = f"outside the selected regions (regions.rest={config.regions.rest})"
-
-    chosen = tuple({g.module_class for g in groups})
-
-    def holds_chosen(module: nn.Module) -> bool:
-        # A subtree holding a block of a chosen class is looked into: that block gets its own
-        # line and its specific reason (EfficientNet's stage of InvertedResiduals that differ).
-        return any(isinstance(m, chosen) for m in module.modules()) if chosen else False
-
-    def visit(module: nn.Module, prefix: str, unit: str = "") -> None:
-        for name, child in module.named_children():
-            path = f"{prefix}{name}"
-            if path in taken:
-                continue
-            if path in above or (not isinstance(child, chosen) and holds_chosen(child)):
-                # Parts of a chosen-class block that is not a region (a shape of its own whose
-                # smaller pieces are regions) say which block and why.
-                own = _own_shape(child, groups) if isinstance(child, chosen) else ""
-                visit(child, path + ".", f"part of {path}, {own}" if own else unit)
-            elif _has_parameters(child) or any(True for _ in child.children()):
-                if is_excluded(path, config.regions.exclude):
-                    parts.append(EagerPart(path, "excluded (regions.exclude)"))
-                else:
-                    parts.append(EagerPart(path, (_own_shape(child, groups) or unit) + outside))
-
-    visit(model, "")
-    return parts
-
-
-def _own_shape(module: nn.Module, groups: list[RegionGroup]) -> str:
-    """For a module of a chosen block class whose shape is not repeated (ResNet's first
-    bottleneck of a stage, say): why it is not in that class's group, else ``""``."""
-    for group in groups:
-        if group.module_class is type(module):
-            why = difference_kind(module, group.regions[0].module)
-            if why is not None:
-                return f"a shape of its own, not repeated (unlike group {group.name}: {why}); "
-    return ""
 
 
 SELECTORS: dict[str, Callable[[nn.Module, CompileConfig], RegionPlan]] = {

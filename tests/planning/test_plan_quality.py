@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import torchkiln
-from torchkiln.plugins.selectors import poor_plan_note
+from torchkiln.plugins.plan_notes import poor_plan_note
 
 
 class Attention(nn.Module):
