@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from typing import Any
@@ -11,7 +12,14 @@ from torch import nn
 from torchkiln.artifacts.cache import apply_cache_dir, check_cache_dir
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.distributed import attach, check_result, distributed_result
-from torchkiln.engine.compile_state import STATE_ATTR, CompileState, add_undo, state_of
+from torchkiln.engine.compile_state import (
+    STATE_ATTR,
+    CompileState,
+    add_undo,
+    decompile_held,
+    held_regions,
+    state_of,
+)
 from torchkiln.engine.compile_state import decompile as _decompile_inplace
 from torchkiln.engine.cuda_graph_steps import install_step_marker, uses_cuda_graphs
 from torchkiln.engine.plan_check import declared_by, select_plan
@@ -235,16 +243,22 @@ def _compiled_state(model: Any) -> CompileState | None:
 
 
 def is_compiled(model: Any) -> bool:
-    """Whether torchkiln compiled ``model`` (or the module inside the returned wrapper)."""
-    return _compiled_state(model) is not None
+    """Whether torchkiln compiled ``model`` (or the module inside the returned wrapper), or
+    ``model`` holds blocks torchkiln compiled (PEFT's merged model, a submodule taken out of
+    the model, a model another library wrapped)."""
+    return _compiled_state(model) is not None or bool(held_regions(_root(model)))
 
 
 def decompile(model: Any) -> nn.Module:
     """Undo :func:`torchkiln.compile` in place: every region's ``forward`` and every setting
     torchkiln changed is restored. Returns the plain module (unwrapped from DDP/DeepSpeed when
-    ``model`` is a wrapper torchkiln returned). A no-op on a module torchkiln did not compile."""
+    ``model`` is a wrapper torchkiln returned). On an object that holds compiled blocks but is
+    not the compiled root (PEFT's merged model, a submodule), those blocks are restored, and
+    the whole compile is undone when it holds all of them. A no-op on a module holding nothing
+    torchkiln compiled."""
     root = _root(model)
-    _decompile_inplace(root)
+    if not _decompile_inplace(root):
+        decompile_held(root)
     return root
 
 
@@ -257,8 +271,29 @@ def report(model: Any, *, verbose: bool = False) -> CompileReport:
     """
     state = _compiled_state(model)
     if state is None:
-        raise TorchkilnError("this model was not compiled by torchkiln.compile (or was decompiled)")
+        state = _held_state(model)
     return build_report(state, verbose=verbose, causes=state.report_causes)
+
+
+def _held_state(model: Any) -> CompileState:
+    """The compile of the blocks ``model`` holds, limited to those blocks (for a report on
+    PEFT's merged model, a submodule taken out of the model, a re-wrapped model)."""
+    found = list(held_regions(_root(model)).values())
+    if not found:
+        raise TorchkilnError(
+            "this model was not compiled by torchkiln.compile (or was decompiled), and holds "
+            "no block torchkiln compiled"
+        )
+    if len(found) > 1:
+        raise TorchkilnError(
+            f"this object holds blocks of {len(found)} separate torchkiln compiles; report "
+            "each compiled model on its own"
+        )
+    state, regions = found[0]
+    # A view: the same records (later compiles seen by one report are kept for the others).
+    view = copy.copy(state)
+    view.regions = regions
+    return view
 
 
 __all__ = ["STATE_ATTR", "compile", "decompile", "is_compiled", "plan", "report"]

@@ -40,10 +40,14 @@ from torchkiln.plugin import (
     drop_excluded,
     group_by_structure,
     hookimpl,
-    is_excluded,
 )
-
-CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+from torchkiln.plugins.plan_notes import (
+    CONTAINERS,
+    eager_parts,
+    has_parameters,
+    poor_plan_note,
+    self_and_ancestors,
+)
 
 
 @hookimpl
@@ -142,6 +146,9 @@ def _repeated_plan(
         )
     counts = ", ".join(f"{len(g.regions)}x {g.name}" for g in groups)
     reason = f"{requested}: repeated blocks found: {counts}; {choice.level}"
+    poor = poor_plan_note(model, groups, config.regions.min_repeats)
+    if poor:
+        reason += f"; {poor}"
     return _finish(model, config, "repeated", groups, reason, requested)
 
 
@@ -234,17 +241,75 @@ class _LevelSearch:
         return LevelChoice(kept, level)
 
     def largest_repeated(self) -> LevelChoice:
-        while True:
-            found = list(self._walk(self.model, "", set()))
-            groups = self._group(found, "")
-            small = [g for g in groups if len(g.regions) < self.min_repeats]
-            if not small:
-                break
-            # Their other occurrences are inside chosen blocks: look inside these instead.
-            self.rejected.update(r.path for g in small for r in g.regions)
+        declared = self.declared_level()
+        if declared is not None:
+            return declared
+        found = self._search(coarsen=False)
+        if poor_plan_note(self.model, self._group(found, ""), self.min_repeats):
+            # Many small groups: try again without the small pieces of units that differ.
+            self.rejected = set()
+            found = self._search(coarsen=True)
         # The level is chosen on the whole model; regions.exclude then drops regions from it.
         groups = self._group(drop_excluded(found, self.exclude), "")
         return LevelChoice(groups, self._level(groups) if groups else self._no_level())
+
+    def _search(self, coarsen: bool) -> list[tuple[str, nn.Module]]:
+        while True:
+            found = list(self._walk(self.model, "", set()))
+            if coarsen:
+                found = self._coarsen(found)
+            groups = self._group(found, "")
+            small = [g for g in groups if len(g.regions) < self.min_repeats]
+            if not small:
+                return found
+            # Their other occurrences are inside chosen blocks: look inside these instead.
+            self.rejected.update(r.path for g in small for r in g.regions)
+
+    def declared_level(self) -> LevelChoice | None:
+        """diffusers' ``_repeated_blocks``: the model's own "compile these" list. It is the
+        level when, checked against the structure, its classes are blocks of this model that
+        occur ``min_repeats``+ times in all; every instance is compiled (one group per shape,
+        a shape occurring once included, as diffusers' own ``compile_repeated_blocks`` does)."""
+        names = _names(getattr(self.model, "_repeated_blocks", None))
+        if not names:
+            return None
+        found = _outermost(
+            (path, module)
+            for path, module in self.model.named_modules()
+            if path and type(module).__name__ in names and _is_block(module)
+        )
+        if len(found) < self.min_repeats:
+            return None
+        groups = self._group(drop_excluded(found, self.exclude), "")
+        if not groups:
+            return None
+        shapes = ", ".join(f"{len(g.regions)}x {g.name}" for g in groups)
+        level = (
+            f"level: {', '.join(sorted(names & {g.module_class.__name__ for g in groups}))}, "
+            f"as the model's _repeated_blocks names ({shapes})"
+        )
+        return LevelChoice(groups, level)
+
+    def _coarsen(self, found: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+        """For a poor plan (:func:`poor_plan_note`): small regions inside an instance of a
+        chosen block class that is not a region itself
+        (EfficientNet's InvertedResidual of a shape of its own, SD3's last
+        JointTransformerBlock) are dropped: compiling that unit's pieces one by one costs a
+        graph and a call per piece for little work each, and leaves most of the unit eager
+        anyway. The unit stays eager as a whole, with the reason its shape differs."""
+        chosen = {type(module) for _, module in found}
+        regions = {path for path, _ in found}
+        dropped: set[str] = set()
+        for unit_path, unit in self.model.named_modules():
+            if not unit_path or type(unit) not in chosen or unit_path in regions:
+                continue
+            pieces = [p for p, _ in found if p.startswith(unit_path + ".")]
+            covered = sum(_parameter_count(self.model.get_submodule(p)) for p in pieces)
+            # Pieces holding most of the unit's weights (ModernBERT's attention and MLP in a
+            # layer of its own) are worth compiling; small ones (norms, a squeeze-excite) are not.
+            if pieces and 2 * covered < _parameter_count(unit):
+                dropped.update(pieces)
+        return [(path, module) for path, module in found if path not in dropped]
 
     # -- search --
 
@@ -372,7 +437,7 @@ def _is_block(module: nn.Module) -> bool:
     return (
         not isinstance(module, nn.ModuleList | nn.ModuleDict)
         and next(module.children(), None) is not None
-        and _has_parameters(module)
+        and has_parameters(module)
     )
 
 
@@ -383,16 +448,21 @@ def model_block_hints(model: nn.Module) -> set[str]:
     hints compare."""
     hints: set[str] = set()
     for attribute in ("_no_split_modules", "_repeated_blocks"):
-        value = getattr(model, attribute, None)
-        if isinstance(value, str):
-            hints.add(value)
-        elif isinstance(value, Iterable):
-            hints.update(v for v in value if isinstance(v, str))
+        hints |= _names(getattr(model, attribute, None))
     return hints
 
 
-def _has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
+def _names(value: object) -> set[str]:
+    """Class names from a model attribute holding one name or a list of them."""
+    if isinstance(value, str):
+        return {value}
+    if isinstance(value, Iterable):
+        return {v for v in value if isinstance(v, str)}
+    return set()
+
+
+def _parameter_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 def _outermost(matches: Iterable[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
@@ -431,8 +501,8 @@ def _leaf_groups(
         for path, module in model.named_modules()
         if path
         and not any(True for _ in module.children())
-        and _has_parameters(module)
-        and not any(prefix in taken for prefix in _self_and_ancestors(path))
+        and has_parameters(module)
+        and not any(prefix in taken for prefix in self_and_ancestors(path))
     ]
     found = group_by_structure(
         drop_excluded(leaves, config.regions.exclude),
@@ -450,52 +520,6 @@ def _leaf_groups(
         )
         for g in found
     ]
-
-
-def _self_and_ancestors(path: str) -> list[str]:
-    """``a.b.c`` -> ``a``, ``a.b``, ``a.b.c``."""
-    parts = path.split(".")
-    return [".".join(parts[: i + 1]) for i in range(len(parts))]
-
-
-def eager_parts(
-    model: nn.Module, groups: list[RegionGroup], config: CompileConfig
-) -> list[EagerPart]:
-    """The largest subtrees holding no region: what runs eagerly, and why."""
-    taken = {r.path for g in groups for r in g.regions}
-    if "" in taken:
-        return []
-    # Sets, not lists: with thousands of regions a membership scan per module is quadratic.
-    above = {ancestor for path in taken for ancestor in _self_and_ancestors(path)} - taken
-    parts: list[EagerPart] = []
-    outside = f"outside the selected regions (regions.rest={config.regions.rest})"
-
-    def visit(module: nn.Module, prefix: str) -> None:
-        for name, child in module.named_children():
-            path = f"{prefix}{name}"
-            if path in taken:
-                continue
-            if path in above:
-                visit(child, path + ".")
-            elif _has_parameters(child) or any(True for _ in child.children()):
-                if is_excluded(path, config.regions.exclude):
-                    parts.append(EagerPart(path, "excluded (regions.exclude)"))
-                else:
-                    parts.append(EagerPart(path, _own_shape(child, groups) + outside))
-
-    visit(model, "")
-    return parts
-
-
-def _own_shape(module: nn.Module, groups: list[RegionGroup]) -> str:
-    """For a module of a chosen block class whose shape is not repeated (ResNet's first
-    bottleneck of a stage, say): why it is not in that class's group, else ``""``."""
-    for group in groups:
-        if group.module_class is type(module):
-            why = difference_kind(module, group.regions[0].module)
-            if why is not None:
-                return f"a shape of its own, not repeated (unlike group {group.name}: {why}); "
-    return ""
 
 
 SELECTORS: dict[str, Callable[[nn.Module, CompileConfig], RegionPlan]] = {

@@ -13,8 +13,11 @@ import torch
 import torch._dynamo
 from stack_model import Stack
 from torch._dynamo.utils import counters
+from zoo_imports import harmless_torchvision
 
 import torchkiln
+
+harmless_torchvision()  # before any test imports transformers (docs/zoo.md)
 
 
 @pytest.fixture

@@ -1,23 +1,21 @@
-"""Which region each Dynamo compile (and recompile-limit hit) happened in, on every call.
+"""Which region each Dynamo compile happened in, on every call.
 
 The report must stay true after the first calls without torchkiln sitting on the forward path.
-Dynamo runs Python only when it compiles, never on a guard hit, and two of those moments are
-observable: the start of a compile (``torch._dynamo.callback_handler``'s start callbacks,
-given the compile id) and a recompile-limit hit (a warning on the
-``torch._dynamo.convert_frame`` logger). At those moments the frame being compiled is an
-argument of Dynamo's ``_compile`` on the stack; when its code is a region group's function, its
-``module`` local is the region. This module records ``compile id -> region`` and, for a limit
-hit, the locals of the call that hit it (so the report can evaluate the group's cached guards
-for every other region: does a call like that one still run compiled code there?).
+Dynamo runs Python only when it compiles, never on a guard hit, and the start of a compile is
+observable (``torch._dynamo.callback_handler``'s start callbacks, given the compile id). At that
+moment the frame being compiled is an argument of Dynamo's ``_compile`` on the stack; when its
+code is a region group's function, its ``module`` local is the region. This module records
+``compile id -> region``. (Eager runs, a recompile-limit hit's included, are counted by the
+group's function itself: :func:`torchkiln.engine.compile_state.ran_eagerly`. No log is read: what
+the report says never depends on log levels.)
 
-The observers are installed when a model is compiled (``torch._dynamo.reset()`` drops Dynamo's
+The observer is installed when a model is compiled (``torch._dynamo.reset()`` drops Dynamo's
 callbacks: a reset after compiling loses the attribution of later compiles until the next
-compile), and cost nothing on calls that hit Dynamo's cache. They never raise into Dynamo.
+compile), and costs nothing on calls that hit Dynamo's cache. It never raises into Dynamo.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 import weakref
@@ -28,7 +26,6 @@ import attrs
 
 GROUP_CODE_PREFIX = "torchkiln_"
 RESUME_PREFIX = "torch_dynamo_resume_in_"
-_LIMIT_MESSAGE = "torch._dynamo hit config."
 
 
 @attrs.define(eq=False)
@@ -39,19 +36,12 @@ class CompileEvent:
     group_code: str
     """The group function's ``co_name`` (a resume function maps to its group's)."""
     module: weakref.ref[Any] | None
-    limit_hit: bool = False
-    frame_locals: dict[str, Any] | None = attrs.field(default=None, repr=False)
-    """For a limit hit: the call's locals (module, args, kwargs), to check guards later."""
-    reason: str = ""
 
 
 _lock = threading.Lock()
 _by_compile_id: dict[tuple[str, str], CompileEvent] = {}
 """(group code, compile id) -> event: compile ids restart after ``torch._dynamo.reset()``,
 group code names never repeat in a process."""
-_limit_hits: dict[str, CompileEvent] = {}
-"""Group code -> its latest recompile-limit hit."""
-_installed = False
 
 
 def group_code_of(co_name: str) -> str | None:
@@ -74,7 +64,7 @@ def _compiling() -> tuple[CodeType, dict[str, Any]] | None:
     return None
 
 
-def _event(compile_id: str, *, limit_hit: bool = False, reason: str = "") -> CompileEvent | None:
+def _event(compile_id: str) -> CompileEvent | None:
     found = _compiling()
     if found is None:
         return None
@@ -87,14 +77,7 @@ def _event(compile_id: str, *, limit_hit: bool = False, reason: str = "") -> Com
         ref = weakref.ref(module) if module is not None else None
     except TypeError:
         ref = None
-    return CompileEvent(
-        compile_id,
-        group,
-        ref,
-        limit_hit=limit_hit,
-        frame_locals=dict(frame_locals) if limit_hit else None,
-        reason=reason,
-    )
+    return CompileEvent(compile_id, group, ref)
 
 
 def _on_compile_start(args: Any) -> None:
@@ -107,45 +90,15 @@ def _on_compile_start(args: Any) -> None:
         return
 
 
-class _LimitHitFilter(logging.Filter):
-    """Sees Dynamo's recompile-limit warning go by (and lets it through)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            if str(record.msg).startswith(_LIMIT_MESSAGE):
-                args = record.args if isinstance(record.args, tuple) else ()
-                reason = str(args[3]) if len(args) > 3 else ""
-                event = _event(_current_compile_id(), limit_hit=True, reason=reason)
-                if event is not None:
-                    with _lock:
-                        _limit_hits[event.group_code] = event
-        except Exception:
-            pass
-        return True
-
-
-def _current_compile_id() -> str:
-    try:
-        from torch._guards import CompileContext
-
-        return str(CompileContext.current_compile_id() or "")
-    except Exception:
-        return ""
-
-
 def install() -> None:
-    """Install the observers (the log filter once per process; the compile callback again
-    whenever ``torch._dynamo.reset()``, which clears Dynamo's callbacks, dropped it)."""
-    global _installed
+    """Install the observer (again whenever ``torch._dynamo.reset()``, which clears Dynamo's
+    callbacks, dropped it)."""
     import torch._dynamo
 
     with _lock:
         handler = torch._dynamo.callback_handler
         if _on_compile_start not in handler.start_callbacks:
             handler.register_start_callback(_on_compile_start)
-        if not _installed:
-            logging.getLogger("torch._dynamo.convert_frame").addFilter(_LimitHitFilter())
-            _installed = True
 
 
 def event_for(group_code: str, compile_id: str) -> CompileEvent | None:
@@ -153,47 +106,23 @@ def event_for(group_code: str, compile_id: str) -> CompileEvent | None:
         return _by_compile_id.get((group_code, compile_id))
 
 
-def limit_hit(group_code: str) -> CompileEvent | None:
-    with _lock:
-        return _limit_hits.get(group_code)
-
-
 def forget(group_codes: set[str]) -> None:
     """Drop what was recorded for these groups (their model was decompiled)."""
     with _lock:
         for key in [k for k, e in _by_compile_id.items() if e.group_code in group_codes]:
             del _by_compile_id[key]
-        for code in group_codes:
-            _limit_hits.pop(code, None)
 
 
-def guards_pass(code: CodeType, frame_locals: dict[str, Any]) -> bool | None:
-    """Whether any of Dynamo's cached entries for ``code`` accepts a call with these locals
-    (``None`` when this torch cannot tell)."""
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        entries = _debug_get_cache_entry_list(code)
-    except Exception:
-        return None
-    for entry in entries:
-        try:
-            if entry.guard_manager.check(frame_locals):
-                return True
-        except Exception:
-            continue
-    return False
-
-
-def failed_guards(code: CodeType, frame_locals: dict[str, Any]) -> list[str]:
+def failed_guards_and_count(code: CodeType, frame_locals: dict[str, Any]) -> tuple[list[str], int]:
     """For each of Dynamo's cached entries for ``code``, the first guard a call with these
-    locals fails (Dynamo's own "last reason" names only one entry's)."""
+    locals fails (Dynamo's own "last reason" names only one entry's), and how many cached
+    entries ``code`` has."""
     try:
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
         entries = _debug_get_cache_entry_list(code)
     except Exception:
-        return []
+        return [], 0
     failed = []
     for entry in entries:
         try:
@@ -202,4 +131,4 @@ def failed_guards(code: CodeType, frame_locals: dict[str, Any]) -> list[str]:
             continue
         if not info.result and info.verbose_code_parts:
             failed.append(str(info.verbose_code_parts[0]).strip())
-    return failed
+    return failed, len(entries)

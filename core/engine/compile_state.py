@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import enum
 import functools
+import itertools
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +65,12 @@ class RegionState:
     graph_breaks: dict[str, int] = attrs.Factory(dict)
     owner: CompileState | None = attrs.field(default=None, repr=False)
     """The root's state this region belongs to (deep copies keep the pair together)."""
+    eager_calls: int = 0
+    """Calls that ran this region's code eagerly (Dynamo ran the group's function without
+    compiled code: a recompile-limit hit, ``force_eager``, a skipped frame). Counted by the
+    group's function itself (:func:`ran_eagerly`), in code that compiled code never contains."""
+    first_eager: EagerRun | None = None
+    """What the first of those calls saw, taken at that call."""
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return (_nothing, ())  # a pickled model is the plain model (see CompileState)
@@ -76,6 +84,55 @@ class RegionState:
         for field in attrs.fields(RegionState):
             object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
         return copied
+
+
+@attrs.frozen
+class EagerRun:
+    """The first call that ran a region eagerly, as seen during that call (so under that
+    call's grad mode, dtype and stance, never the report's)."""
+
+    order: int
+    """A process-wide sequence number: the earliest eager run of a group is where it began."""
+    cached: int
+    """Dynamo's cached graphs for the group's code at that call."""
+    failed_guards: tuple[str, ...]
+    """For each cached graph, the first guard that call failed."""
+    stance: str
+    """``torch.compiler``'s stance at that call (``default`` unless the user set one)."""
+
+
+_EAGER_ORDER = itertools.count()
+
+
+def ran_eagerly(frame_locals: dict[str, Any]) -> None:
+    """Count one eager run of the region ``frame_locals["module"]``.
+
+    Called by a group's function only when ``torch.compiler.is_compiling()`` is false: Dynamo
+    folds that test to a constant while tracing, so compiled code never contains the call and
+    a call that runs compiled code pays nothing for it. The first eager run of a region also
+    records which guard each cached graph failed, evaluated now, with this call's locals and
+    global state."""
+    module = frame_locals.get("module")
+    region_state = getattr(module, "__dict__", {}).get(REGION_ATTR)
+    if region_state is None:
+        return
+    if region_state.first_eager is None:
+        region_state.first_eager = _eager_run(region_state, frame_locals)
+    region_state.eager_calls += 1
+
+
+def _eager_run(region_state: RegionState, frame_locals: dict[str, Any]) -> EagerRun:
+    owner = region_state.owner
+    code = owner.codes.get(region_state.region.group) if owner is not None else None
+    failed: list[str] = []
+    cached = 0
+    if code is not None:
+        failed, cached = compile_events.failed_guards_and_count(code, frame_locals)
+    try:
+        stance = str(torch._dynamo.eval_frame._stance.stance)
+    except AttributeError:
+        stance = "default"
+    return EagerRun(next(_EAGER_ORDER), cached, tuple(failed), stance)
 
 
 @attrs.define(eq=False)
@@ -114,6 +171,9 @@ class CompileState:
     (Dynamo keeps only its most recent records)."""
     tiered: Any = None
     """The tiered runtime (:class:`torchkiln.tiered.runtime.TieredForward`), when installed."""
+    root: weakref.ref[nn.Module] | None = attrs.field(default=None, repr=False)
+    """The module this state lives on: decompiling through another object that holds all of
+    its regions (PEFT's merged model) also clears it there."""
 
     def settle(self, region_state: RegionState, status: str) -> None:
         """Set a region's status, keeping :attr:`pending` right."""
@@ -142,7 +202,12 @@ class CompileState:
         copied = object.__new__(CompileState)
         memo[id(self)] = copied
         for field in attrs.fields(CompileState):
+            if field.name == "root":
+                continue
             object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
+        root = self.root() if self.root is not None else None
+        copied_root = memo.get(id(root)) if root is not None else None
+        copied.root = weakref.ref(copied_root) if copied_root is not None else None
         return copied
 
 
@@ -165,6 +230,42 @@ def region_state_of(module: Any) -> RegionState | None:
 
 def state_of(model: Any) -> CompileState | None:
     return getattr(model, "__dict__", {}).get(STATE_ATTR)
+
+
+def held_regions(holder: Any) -> dict[int, tuple[CompileState, list[RegionState]]]:
+    """The compiled regions inside ``holder`` (any module: the compiled root, a submodule taken
+    out of it, PEFT's merged model, a wrapper another library put around it), by the state
+    they belong to (``id(state) -> (state, regions)``). Compiled state lives on the blocks,
+    so it follows them wherever they go."""
+    found: dict[int, tuple[CompileState, list[RegionState]]] = {}
+    if not isinstance(holder, nn.Module):
+        return found
+    for module in holder.modules():
+        region_state = region_state_of(module)
+        if region_state is None or region_state.owner is None:
+            continue
+        owner = region_state.owner
+        found.setdefault(id(owner), (owner, []))[1].append(region_state)
+    return found
+
+
+def decompile_held(holder: nn.Module) -> bool:
+    """Decompile the regions inside ``holder`` (see :func:`held_regions`); ``False`` if none.
+
+    When ``holder`` holds every region of a compile, that compile is undone as a whole (its
+    settings too, and its state leaves the module it was on); otherwise only the regions
+    inside ``holder`` get their own forwards back and leave their compile's report."""
+    found = held_regions(holder)
+    for state, regions in found.values():
+        live = [r for r in state.regions if r.module is not None and region_state_of(r.module) is r]
+        root = state.root() if state.root is not None else None
+        if len(regions) == len(live) and root is not None and state_of(root) is state:
+            decompile(root)
+            continue
+        for region_state in regions:
+            _decompile_region(holder, region_state)
+            state.regions.remove(region_state)
+    return bool(found)
 
 
 def add_undo(model: Any, undo: Callable[[], None]) -> bool:

@@ -23,6 +23,7 @@ import itertools
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ from torchkiln.engine.compile_state import (
     Missing,
     RegionState,
     named_tensors,
+    ran_eagerly,
     state_of,
 )
 from torchkiln.engine.dispatch import direct_dispatch_hook
@@ -102,12 +104,15 @@ def group_function(
     (:mod:`torchkiln.engine.double_compile`).
     """
     from torch._dynamo.comptime import comptime  # imported with Dynamo, not with torchkiln
+    from torch.compiler import is_compiling
 
     check = group_function_check(group.name)
     if len(group.regions) > 1 and traceable_int_patch():
 
         def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             comptime(check)
+            if not is_compiling():  # folded away by Dynamo: only eager runs get here
+                ran_eagerly(locals())
             with torch._dynamo.patch_dynamo_config(allow_unspec_int_on_nn_module=True):
                 return forward(module, *args, **kwargs)
 
@@ -115,6 +120,8 @@ def group_function(
 
         def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             comptime(check)
+            if not is_compiling():  # folded away by Dynamo: only eager runs get here
+                ran_eagerly(locals())
             return forward(module, *args, **kwargs)
 
     # Unique in the process, not just in the model: the report recognises its group's compile
@@ -138,12 +145,15 @@ def instance_forward_function(
         return previous(*args, **kwargs)
 
     from torch._dynamo.comptime import comptime
+    from torch.compiler import is_compiling
 
     traced = _wrap_traced(previous_forward, preparations or [])
     check = group_function_check(group_name)
 
     def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         comptime(check)  # see group_function
+        if not is_compiling():
+            ran_eagerly(locals())
         return traced(module, *args, **kwargs)
 
     return region_forward
@@ -216,6 +226,7 @@ class Compiler:
             pending=self.plan.region_count,
             records_before=MetricsMark.now(),
         )
+        state.root = weakref.ref(root)
         compile_events.install()
         object.__setattr__(root, STATE_ATTR, state)
         for index, group in enumerate(self.plan.groups):
@@ -422,6 +433,7 @@ class Compiler:
             compile_events.install()  # again, in case torch._dynamo.reset() dropped it
             progress.start(region, region_state.group_index, group_count)
             window = Window.open()
+            eager_before = (region_state.eager_calls, region_state.first_eager)
             started = time.perf_counter()
             module.__dict__["forward"] = compiled  # recursion and re-entry see the final state
             try:
@@ -444,6 +456,10 @@ class Compiler:
                 module.__dict__["forward"] = shim  # interrupted: the next call starts over
                 raise
             finally:
+                if module.__dict__.get("forward") is shim:
+                    # Not finished (interrupted, or the user's own error): the next call is a
+                    # first call again, and what this one ran does not count.
+                    region_state.eager_calls, region_state.first_eager = eager_before
                 close_window(region_state, window, wrapper_code, started)
                 if region_state.status != "pending":
                     progress.done(

@@ -110,7 +110,9 @@ def _own_facts(module: nn.Module) -> Iterator[tuple[str, Any]]:
             continue  # numbers the block; traced as a symbolic int (see the module docstring)
         plain = _plain(value)
         if plain is not _NOT_PLAIN:
-            yield f"{_kind(value)} attribute {name}", (name, plain)
+            # Keyed by name alone: an int 1 in one module and a float 1.0 in another is one
+            # attribute with two values, not two attributes each absent from the other.
+            yield f"attribute {name}", (name, plain, _kind(value))
 
 
 def _forward_identity(module: nn.Module) -> Hashable:
@@ -186,9 +188,36 @@ def structural_difference(a: nn.Module, b: nn.Module) -> str | None:
     """
     first, second = flat_facts(a), flat_facts(b)
     for name in [*first, *(n for n in second if n not in first)]:
-        if first.get(name, _NOT_PLAIN) != second.get(name, _NOT_PLAIN):
-            return f"{name}: {_show(first.get(name))} vs {_show(second.get(name))}"
+        one, other = first.get(name, _NOT_PLAIN), second.get(name, _NOT_PLAIN)
+        if one != other:
+            if name.endswith("children") and isinstance(one, tuple) and isinstance(other, tuple):
+                return f"{name}: {_show_children(one, other)}"
+            if " attribute " in f" {name.split(': ', 1)[-1]}":
+                return _attribute_difference(name, one, other)
+            return f"{name}: {_show(one)} vs {_show(other)}"
     return None
+
+
+def _attribute_difference(name: str, one: Hashable, other: Hashable) -> str:
+    """``drop_path: float attribute drop_prob: 0.0 vs 0.1``; with kinds that differ,
+    ``<self>: attribute scale: float 1.0 vs int 1``."""
+    where, attribute = name.split(": ", 1)
+    kinds = [fact[2] if isinstance(fact, tuple) else None for fact in (one, other)]
+    present = [k for k in kinds if k is not None]
+    if len(set(present)) > 1:
+        shown = " vs ".join(f"{k} {_show(f)}" for k, f in zip(kinds, (one, other), strict=True))
+        return f"{where}: {attribute}: {shown}"
+    return f"{where}: {present[0]} {attribute}: {_show(one)} vs {_show(other)}"
+
+
+def _show_children(one: tuple[str, ...], other: tuple[str, ...]) -> str:
+    """Which submodules one has and the other lacks (``children: ff_context, norm2_context
+    absent``), else the two lists."""
+    missing = [name for name in one if name not in other]
+    extra = [name for name in other if name not in one]
+    if not missing and not extra:
+        return f"{one!r} vs {other!r}"
+    return f"{', '.join(missing) or 'absent'} vs {', '.join(extra) or 'absent'}"
 
 
 def difference_kind(a: nn.Module, b: nn.Module) -> str | None:
@@ -205,16 +234,22 @@ def difference_kind(a: nn.Module, b: nn.Module) -> str | None:
     if " attribute " in what:
         kind, name = what.split(" attribute ", 1)
         return f"{kind} attribute {inside + '.' if inside else ''}{name}"
+    if what.startswith("attribute "):  # an attribute whose kind differs
+        name = what.removeprefix("attribute ")
+        return f"attribute {inside + '.' if inside else ''}{name}"
     if what == "children":
-        what = "submodules"
+        names = sorted({*difference.split(": ", 2)[2].split(" vs ")} - {"absent"})
+        named = all(n.isidentifier() for n in names)  # ff_context, not list items 3 or ('0',)
+        what = f"submodules ({', '.join(names)})" if named and names else "submodules"
+        return what.replace("submodules", f"submodules of {inside}", 1) if inside else what
     return f"{what} of {inside}" if inside else what
 
 
 def _show(value: Hashable) -> str:
     if value is None or value is _NOT_PLAIN:
         return "absent"
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
-        value = value[1]  # (name, plain)
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], str):
+        value = value[1]  # (name, plain, kind)
     if isinstance(value, tuple) and len(value) == 5 and isinstance(value[0], tuple):
         shape, dtype, device, grad, _ = value
         return f"{tuple(shape)} {str(dtype).removeprefix('torch.')} {device}" + (

@@ -2,10 +2,14 @@
 
 The first call of each region is measured by its first-call shim (a window over Dynamo's
 records). Everything after that is read lazily, when the report is built: Dynamo's compilation
-metrics (recompiles, graph breaks, recompile-limit hits of the group's code, at any time), the
-region each of those compiles ran for (:mod:`torchkiln.engine.compile_events`) and Dynamo's cached
-guards (does a region still run compiled code after a limit hit?). Nothing of torchkiln runs
-on the forward path for this.
+metrics (recompiles, graph breaks, recompile-limit hits of the group's code, at any time) and
+the region each of those compiles ran for (:mod:`torchkiln.engine.compile_events`).
+
+Whether a region ran compiled is never re-derived when the report is read (under the report's
+grad mode, say) nor taken from a log: the region's own code counts each call that runs it
+eagerly (:func:`torchkiln.engine.compile_state.ran_eagerly`, in a branch Dynamo folds away, so a
+call that runs compiled code pays nothing), and its first eager call keeps which guard each
+cached graph failed then. A region is ``compiled`` when no call of it ran eagerly.
 
 Every reason is one line (the guard or the break, Dynamo's compile-id prefix dropped);
 identical lines are grouped, with a count; a known cause is named with its remedy
@@ -16,7 +20,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from types import CodeType
 from typing import Any
 
 import attrs
@@ -88,6 +91,9 @@ class RegionReport:
     later_graph_breaks: dict[str, int] = attrs.Factory(dict)
     reasons: tuple[Reason, ...] = ()
     """Every reason about this region, one line each, identical ones counted once."""
+    eager_calls: int = 0
+    """Calls whose region code ran eagerly, not compiled (first call included): counted by the
+    region's own code when it runs without Dynamo's compiled code, never re-derived."""
 
     @property
     def graph_break_count(self) -> int:
@@ -140,47 +146,28 @@ class CompileReport:
 
 @attrs.define
 class _Later:
-    """What Dynamo did for one region after its first call."""
+    """What Dynamo did for one region after its first call, and how its calls ran."""
 
     records: list[CompileRecord] = attrs.Factory(list)
-    limit_hit: compile_events.CompileEvent | None = None
+    limit_hit: CompileRecord | None = None
+    """The group's recompile-limit hit, when this region's call was the one that hit it."""
+    limit_phase: str = LATER_CALLS
     affected_by: str | None = None
-    """Path of the region whose limit hit makes calls like that one run eagerly here."""
+    """Path of the region whose call hit the group's limit, when this region ran eagerly too."""
     still_compiled_after: str | None = None
-    """Path of the region whose limit hit left this one running compiled code."""
+    """Path of the region whose call hit the group's limit, when this region never ran
+    eagerly (every call found a cached graph)."""
 
 
 def _region_report(
-    state: RegionState, limit_hit_at: str | None, later: _Later, causes: Sequence[ReportCause]
+    state: RegionState, later: _Later, causes: Sequence[ReportCause]
 ) -> RegionReport:
     records: list[CompileRecord] = state.records
     reasons = tuple(r.recompile_reason for r in records if r.recompile_reason)
     status, fallback = state.status, state.fallback_reason
-    if limit_hit_at == state.region.path and status == "compiled":
-        # This region's own frame hit the limit: Dynamo ran it eagerly.
-        status = "eager"
-        fallback = (
-            f"hit Dynamo's recompile limit in group {state.region.group!r}; this region "
-            "runs eagerly"
-        )
-    elif limit_hit_at is not None and status == "compiled" and not records:
-        # Dynamo stopped compiling this group's code: this region's frame runs eagerly.
-        status = "eager"
-        fallback = (
-            f"Dynamo's recompile limit was hit in group {state.region.group!r} "
-            f"(at {limit_hit_at or '<root>'}); this region runs eagerly"
-        )
-    if status == "compiled" and later.limit_hit is not None:
-        status = "eager"
-        fallback = (
-            "hit Dynamo's recompile limit on a later call; calls like that one run eagerly here"
-        )
-    elif status == "compiled" and later.affected_by is not None:
-        status = "eager"
-        fallback = (
-            f"the recompile limit hit at {later.affected_by} on a later call stopped this "
-            "group's compiling: calls like that one run eagerly here"
-        )
+    if status == "compiled" and state.eager_calls:
+        # The witness: the group's function ran without compiled code for this region.
+        status, fallback = "eager", _eager_reason(state, later)
     later_breaks = _breaks(later.records)
     lines = _reasons(state, records, later, later_breaks, status, fallback, causes)
     return RegionReport(
@@ -196,12 +183,32 @@ def _region_report(
         cache_hits=sum(r.cache_hits for r in records),
         reused=status == "compiled" and not records,
         fallback_reason=fallback,
-        recompile_limit_hit=any(r.hit_recompile_limit for r in records)
-        or later.limit_hit is not None,
+        recompile_limit_hit=later.limit_hit is not None,
         later_graphs=sum(1 for r in later.records if not r.fail_reason),
         later_graph_breaks=later_breaks,
         reasons=lines,
+        eager_calls=state.eager_calls,
     )
+
+
+def _eager_reason(state: RegionState, later: _Later) -> str:
+    """Why a region's code ran eagerly, from what its first eager call saw."""
+    group = state.region.group
+    when = " on a later call" if later.limit_phase == LATER_CALLS else ""
+    if later.limit_hit is not None:
+        return (
+            f"hit Dynamo's recompile limit in group {group!r}{when}; calls like that one run "
+            "eagerly here"
+        )
+    if later.affected_by is not None:
+        return (
+            f"Dynamo's recompile limit was hit in group {group!r} (at {later.affected_by}"
+            f"{when}); calls that no cached graph fits run eagerly here"
+        )
+    run = state.first_eager
+    if run is not None and run.stance != "default":
+        return f"ran eagerly under torch.compiler.set_stance({run.stance!r})"
+    return "Dynamo ran this region's code without compiled code (a skipped or disabled frame)"
 
 
 def _breaks(records: Iterable[CompileRecord]) -> dict[str, int]:
@@ -252,41 +259,37 @@ def _reasons(
     for reason, count in later_breaks.items():
         found.append(_reason("graph break", reason, LATER_CALLS, causes, count))
     if later.limit_hit is not None:
-        found.append(_limit_reason(state, later.limit_hit, causes))
+        found.append(_limit_reason(state, later, causes))
     if status in ("eager", "failed") and fallback:
-        phase = LATER_CALLS if later.limit_hit or later.affected_by else FIRST_CALLS
+        phase = later.limit_phase if state.eager_calls else FIRST_CALLS
         found.append(Reason(status, one_line(fallback), phase, full=fallback))
     elif later.still_compiled_after is not None:
         found.append(
             Reason(
                 "compiled",
-                f"the recompile limit was hit at {later.still_compiled_after}; calls like that "
-                "one still run compiled code here (guard hits)",
-                LATER_CALLS,
+                f"the recompile limit was hit at {later.still_compiled_after}; every call here "
+                "still ran compiled code (no eager run counted)",
+                later.limit_phase,
             )
         )
     return _merge(found)
 
 
-def _limit_reason(
-    state: RegionState, hit: compile_events.CompileEvent, causes: Sequence[ReportCause]
-) -> Reason:
-    """The limit hit, with the guard each cached graph failed (Dynamo names only one)."""
-    owner = state.owner
-    code = owner.codes.get(state.region.group) if owner is not None else None
-    failed = (
-        compile_events.failed_guards(code, hit.frame_locals)
-        if code is not None and hit.frame_locals is not None
-        else []
-    )
-    distinct = list(dict.fromkeys(failed))
-    full = hit.reason if not distinct else "\n".join([hit.reason, *distinct])
-    reason = _reason("recompile limit", full, LATER_CALLS, causes)
+def _limit_reason(state: RegionState, later: _Later, causes: Sequence[ReportCause]) -> Reason:
+    """The limit hit, with the guard each cached graph failed at that call (Dynamo names only
+    one), as the call saw it."""
+    hit = later.limit_hit
+    full = (hit.fail_reason or hit.recompile_reason or "") if hit is not None else ""
+    run = state.first_eager
+    distinct = list(dict.fromkeys(run.failed_guards)) if run is not None else []
     if distinct:
+        full = "\n".join([full, *distinct]) if full else "\n".join(distinct)
+    reason = _reason("recompile limit", full or "recompile limit hit", later.limit_phase, causes)
+    if distinct and run is not None:
         reason = attrs.evolve(
             reason,
             text=one_line(
-                f"no cached graph fits ({len(failed)} cached): " + "; ".join(distinct[:3])
+                f"no cached graph fits ({run.cached} cached): " + "; ".join(distinct[:3])
             ),
         )
     return reason
@@ -373,64 +376,49 @@ def _attribute_later(
             owner = by_module.get(id(module)) if module is not None else None
             if owner is not None:
                 later[id(owner)].records.append(record)
-    first_ids = {r.compile_id for s in state.regions for r in s.records}
-    for group, code in state.codes.items():
-        hit = compile_events.limit_hit(code.co_name)
-        if hit is None or hit.compile_id in first_ids or hit.module is None:
-            continue
-        module = hit.module()
-        at = by_module.get(id(module)) if module is not None else None
-        if at is None:
-            continue
-        later[id(at)].limit_hit = hit
-        _affected(state, group, code, hit, at, later)
+    _attribute_limit_hits(state, by_group, later)
     return later
 
 
-def _affected(
-    state: CompileState,
-    group: str,
-    code: CodeType,
-    hit: compile_events.CompileEvent,
-    at: RegionState,
-    later: dict[int, _Later],
+def _attribute_limit_hits(
+    state: CompileState, by_group: dict[str, list[CompileRecord]], later: dict[int, _Later]
 ) -> None:
-    """After a limit hit, Dynamo runs only the group's cached graphs: check each region of the
-    group against them with the call that hit the limit (``module`` swapped for the region)."""
-    for region_state in state.regions:
-        if region_state is at or region_state.region.group != group:
+    """A group's recompile-limit hit (Dynamo's own record, first or later calls) belongs to the
+    region whose eager run came first: the call that hit the limit ran eagerly. The group's
+    other regions either ran eagerly too (affected) or never did (still compiled)."""
+    own_frames = _own_frames(state)
+    for group, code in state.code_names.items():
+        frames = own_frames.get(group, set())
+        members = [s for s in state.regions if s.region.group == group]
+        first = [
+            r
+            for s in members
+            for r in s.records
+            if r.hit_recompile_limit and _is_own(r, code, frames)
+        ]
+        hits = first + [r for r in by_group.get(group, []) if r.hit_recompile_limit]
+        eager = [s for s in members if s.first_eager is not None]
+        if not hits or not eager:
             continue
-        passes = (
-            compile_events.guards_pass(code, {**hit.frame_locals, "module": region_state.module})
-            if hit.frame_locals is not None
-            else None
-        )
-        if passes is False:
-            later[id(region_state)].affected_by = at.region.display_path
-        elif passes:
-            later[id(region_state)].still_compiled_after = at.region.display_path
+        at = min(eager, key=lambda s: s.first_eager.order if s.first_eager else 0)
+        phase = FIRST_CALLS if first else LATER_CALLS
+        later[id(at)].limit_hit = hits[-1]
+        for region_state in members:
+            later[id(region_state)].limit_phase = phase
+            if region_state is at:
+                continue
+            if region_state.eager_calls:
+                later[id(region_state)].affected_by = at.region.display_path
+            elif phase == LATER_CALLS and region_state.status == "compiled":
+                later[id(region_state)].still_compiled_after = at.region.display_path
 
 
 def _region_reports(state: CompileState, causes: Sequence[ReportCause]) -> list[RegionReport]:
-    limit_hit_at: dict[str, str] = {}
-    own_frames = _own_frames(state)
     later = _attribute_later(state, _later_records(state))
-    reports = []
-    for region_state in state.regions:
-        group = region_state.region.group
-        # Only the group's own frames (and their resume functions) count: a limit hit in a
-        # library frame called from the region (DeepSpeed ZeRO-3's hooks) leaves the group's code
-        # compiled and reused.
-        code = state.code_names.get(group, "")
-        if any(
-            r.hit_recompile_limit and _is_own(r, code, own_frames.get(group, set()))
-            for r in region_state.records
-        ):
-            limit_hit_at.setdefault(group, region_state.region.path)
-        reports.append(
-            _region_report(region_state, limit_hit_at.get(group), later[id(region_state)], causes)
-        )
-    return reports
+    return [
+        _region_report(region_state, later[id(region_state)], causes)
+        for region_state in state.regions
+    ]
 
 
 def build_report(

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 HEADER = ("region", "group", "status", "graphs", "compile s", "first call s", "breaks",
-          "recompiles", "cache hits", "later graphs", "later breaks")  # fmt: skip
+          "recompiles", "cache hits", "later graphs", "later breaks", "eager calls")  # fmt: skip
 LEFT_ALIGNED = frozenset({0, 1, 2})
 
 
@@ -28,6 +28,7 @@ def _is_plain_reuse(region: Any) -> bool:
         and region.recompiles == 0
         and not region.fallback_reason
         and not getattr(region, "reasons", ())
+        and not getattr(region, "eager_calls", 0)
     )
 
 
@@ -48,6 +49,7 @@ def _row(region: Any) -> tuple[str, ...]:
         str(region.cache_hits),
         str(getattr(region, "later_graphs", 0)),
         str(sum(getattr(region, "later_graph_breaks", {}).values())),
+        str(getattr(region, "eager_calls", 0)),
     )
 
 
@@ -56,7 +58,7 @@ def _folded_row(run: Sequence[Any]) -> tuple[str, ...]:
     seconds = [r.first_call_seconds for r in run if r.first_call_seconds is not None]
     paths = first.path if len(run) == 1 else f"{first.path} .. {last.path} ({len(run)} regions)"
     return (paths, first.group, "reused", "0", "0.00",
-            _seconds(max(seconds)) if seconds else "-", "0", "0", "0", "0", "0")  # fmt: skip
+            _seconds(max(seconds)) if seconds else "-", "0", "0", "0", "0", "0", "0")  # fmt: skip
 
 
 def _rows(regions: Sequence[Any]) -> list[tuple[str, ...]]:

@@ -117,3 +117,22 @@ def test_only_block_numbers_are_left_out() -> None:
     assert not any(INDEX_ATTRIBUTE.match(name) for name in others)
     a, b = nn.Embedding(10, 4, padding_idx=0), nn.Embedding(10, 4, padding_idx=1)
     assert difference_kind(a, b) == "int attribute padding_idx"
+
+
+def test_an_int_and_a_float_attribute_of_one_name_are_one_difference() -> None:
+    """UNet: ``output_scale_factor`` is a float 1.0 in some resnets and an int 1 in others;
+    this used to say ``float attribute output_scale_factor: 1.0 vs absent``."""
+    a, b = Block(), Block()
+    a.output_scale_factor = 1.0
+    b.output_scale_factor = 1
+    assert (
+        structural_difference(a, b) == "<self>: attribute output_scale_factor: float 1.0 vs int 1"
+    )
+    assert difference_kind(a, b) == "attribute output_scale_factor"
+
+
+def test_submodules_one_side_lacks_are_named() -> None:
+    a, b = Block(), Block()
+    a.context_norm = nn.LayerNorm(8)
+    assert structural_difference(a, b) == "<self>: children: context_norm vs absent"
+    assert difference_kind(a, b) == "submodules (context_norm)"
