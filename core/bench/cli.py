@@ -14,8 +14,6 @@ from torchkiln.bench.presets import (
     GPU_PLOT,
     GPU_STRATEGIES,
     GPU_WORKLOADS,
-)
-from torchkiln.bench.presets import (
     QUICK_BATCHES,
     QUICK_DEEPEST_ONLY,
     QUICK_DEPTHS,

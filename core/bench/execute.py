@@ -15,10 +15,10 @@ from typing import Any
 from torchkiln.bench.environment import collect_environment
 from torchkiln.bench.plan import BenchPlan
 from torchkiln.bench.presets import mode_name
+from torchkiln.bench.replay import exit_status
 from torchkiln.bench.runner import BenchProgress, CellResult, count_steps, run_bench_cells
 from torchkiln.bench.settings import BenchSettings, check_device
 from torchkiln.bench.table import render_all
-from torchkiln.bench.replay import exit_status
 from torchkiln.bench.targets import Target, check_targets
 
 JSON_FORMAT_VERSION = 1
