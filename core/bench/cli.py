@@ -46,7 +46,8 @@ Presets (--preset):
            depths {",".join(map(str, DEFAULT_DEPTHS))}, batch {",".join(map(str, DEFAULT_BATCHES))}, sequence {DEFAULT_SEQ}, float32, on the CPU.
   quick    README's main job (--quick is an alias): the same model at depths {",".join(map(str, QUICK_DEPTHS))}, batch
            {",".join(map(str, QUICK_BATCHES))}; {", ".join(QUICK_EVERY_DEPTH)} at every depth, {", ".join(QUICK_DEEPEST_ONLY)}
-           at depth {max(QUICK_DEPTHS)} only; warm runs for {", ".join(QUICK_WARM)}; {QUICK_STEADY_ITERS} steady-state rounds.
+           at depth {max(QUICK_DEPTHS)} only; warm runs for {", ".join(QUICK_WARM)}; steady state at depth {max(QUICK_DEPTHS)},
+           {QUICK_STEADY_ITERS} rounds. README states how long it takes.
   gpu      one CUDA GPU: a ~1B-parameter Llama ({GPU_MODEL}) in {GPU_DTYPE} at depths {",".join(map(str, GPU_DEPTHS))},
            workloads {" and ".join(GPU_WORKLOADS)}, compile modes default and reduce-overhead,
            strategies {",".join(GPU_STRATEGIES)} (eager once, in the default-mode runs), no

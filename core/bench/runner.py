@@ -422,7 +422,7 @@ def count_steps(settings: BenchSettings) -> int:
     steady-state run per depth and batch unless the first-call runs time it."""
     cells = settings.cells()
     groups = {(c.depth, c.batch) for c in cells}
-    return len(cells) + (0 if settings.steady_in_first_call else len(groups))
+    return len(cells) + sum(1 for depth, _ in groups if settings.times_steady(depth))
 
 
 def _budget_left(deadline: float | None) -> float | None:
@@ -478,7 +478,7 @@ def run_bench_cells(
                 )
                 if on_cell is not None:
                     on_cell(results + group_results)
-            if not settings.steady_in_first_call:
+            if settings.times_steady(depth):
                 _steady_or_skip(settings, group_results, scratch, merged, progress, deadline)
                 if on_cell is not None:
                     on_cell(results + group_results)  # now with the steady-state numbers

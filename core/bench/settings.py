@@ -11,6 +11,7 @@ from torchkiln.bench.presets import (
     QUICK_DEEPEST_ONLY,
     QUICK_DEPTHS,
     QUICK_EVERY_DEPTH,
+    QUICK_STEADY_DEEPEST_ONLY,
     QUICK_STEADY_ITERS,
     QUICK_WARM,
     QUICK_WARMUP_ITERS,
@@ -146,6 +147,8 @@ class BenchSettings:
     """Strategies run at the deepest of ``depths`` only (the quick preset's)."""
     warm_strategies: tuple[str, ...] | None = None
     """The compiled strategies that get a warm run (``None``: all of them, when ``warm``)."""
+    steady_deepest_only: bool = False
+    """Time the steady state at the deepest of ``depths`` only (the quick preset's)."""
 
     def cells(self) -> list[Cell]:
         deepest = max((d for d in self.depths if d is not None), default=None)
@@ -156,6 +159,13 @@ class BenchSettings:
             for strategy in self.strategies
             if strategy not in self.deepest_only or depth == deepest
         ]
+
+    def times_steady(self, depth: int | None) -> bool:
+        """Whether the cells at ``depth`` get a shared steady-state run."""
+        if self.steady_in_first_call:
+            return False
+        deepest = max((d for d in self.depths if d is not None), default=None)
+        return not self.steady_deepest_only or depth == deepest
 
     def runs_warm(self, strategy: str) -> bool:
         """Whether ``strategy``'s cells get a warm run after the cold one."""
@@ -302,6 +312,7 @@ def make_settings(
         dispatch=dispatch,
         deepest_only=QUICK_DEEPEST_ONLY if preset_cells else (),
         warm_strategies=QUICK_WARM if preset_cells else None,
+        steady_deepest_only=QUICK_STEADY_DEEPEST_ONLY if preset_cells else False,
         warmup_iters=QUICK_WARMUP_ITERS if quick else 3,
     )
 

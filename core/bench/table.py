@@ -111,7 +111,7 @@ def legend(settings: dict[str, Any]) -> dict[str, str]:
         "warm": "the first call again in another fresh process that keeps the cold run's "
         "cache directory ('-': not run for this strategy)",
         "warm/cold": "warm / first call: what the persistent compile cache saves",
-        "steady ms": f"{steady}, {_steady_where(settings)}",
+        "steady ms": f"{steady}, {_steady_where(settings)} ('-': not timed at this depth)",
         "steady/full": "steady ms / full's steady ms at the same depth and batch "
         "(above 1: slower per call than full torch.compile)",
         "graphs": "graphs Dynamo compiled (after the first call and a few more)",
