@@ -90,6 +90,10 @@ def plugins_listing() -> dict[str, Any]:
     from torchkiln.plugin_host.default_manager import get_plugin_manager
 
     pm = get_plugin_manager().ensure_loaded()
+    # Declarations first: a plugin whose declaration hook fails is quarantined there, and
+    # must then be listed as FAILED, not as loaded.
+    backends, selectors = pm.backends(), pm.selectors()
+    strategies = pm.distributed_strategies()
 
     def availability(spec: Any) -> dict[str, Any]:
         result = spec.probe()
@@ -117,7 +121,7 @@ def plugins_listing() -> dict[str, Any]:
                 **availability(d.spec),
                 **usable(d),
             }
-            for name, d in sorted(pm.backends().items())
+            for name, d in sorted(backends.items())
         ],
         "selectors": [
             {
@@ -127,7 +131,7 @@ def plugins_listing() -> dict[str, Any]:
                 "options": d.spec.options,
                 **usable(d),
             }
-            for n, d in sorted(pm.selectors().items())
+            for n, d in sorted(selectors.items())
         ],
         "distributed": [
             {
@@ -137,7 +141,7 @@ def plugins_listing() -> dict[str, Any]:
                 **availability(d.spec),
                 **usable(d),
             }
-            for n, d in sorted(pm.distributed_strategies().items())
+            for n, d in sorted(strategies.items())
         ],
     }
 

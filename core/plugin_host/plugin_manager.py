@@ -198,6 +198,8 @@ class PluginManager(pluggy.PluginManager):
                 continue
             if self.get_plugin(entry_point.name) is not None:
                 continue
+            if any(f.name == entry_point.name and f.hook for f in self.failed):
+                continue  # quarantined: stays out when the entry points are loaded again
             self._registering_internally = True
             try:
                 self._load_entry_point(entry_point)
@@ -445,10 +447,10 @@ class PluginManager(pluggy.PluginManager):
         blocked = sorted(name for name, plugin in self.list_name_plugin() if plugin is None)
         if blocked:
             parts.append("plugins disabled by TORCHKILN_DISABLED_PLUGINS: " + ", ".join(blocked))
-        not_loaded = [f.name for f in self.failed if f.hook is None]
+        not_loaded = sorted(f.name for f in self.failed if f.hook is None)
         if not_loaded:
             parts.append("plugins that failed to load: " + ", ".join(not_loaded))
-        quarantined = [f"{f.name} ({f.reason})" for f in self.failed if f.hook is not None]
+        quarantined = sorted(f"{f.name} ({f.reason})" for f in self.failed if f.hook is not None)
         if quarantined:
             parts.append("plugins quarantined, their names unavailable: " + ", ".join(quarantined))
         return f" ({'; '.join(parts)})" if parts else ""
@@ -530,7 +532,6 @@ class PluginManager(pluggy.PluginManager):
             hook=hook_name,
         )
         self.unregister(name=name)
-        self.set_blocked(name)  # keeps it out if entry points are loaded again
         self.failed.append(failure)
         warnings.warn(failure.describe(), RuntimeWarning, stacklevel=4)
 

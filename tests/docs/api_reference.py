@@ -120,8 +120,14 @@ def _fields(cls: type) -> list[str]:
         return []
     docs = _field_docs(cls)
     rows = []
+    # The annotations as written (attrs.resolve_types, which cattrs calls, replaces field.type
+    # with the resolved objects: the page must not depend on which code ran first).
+    written: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        written.update(klass.__dict__.get("__annotations__", {}))
     for field in attrs.fields(cls):
-        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+        kind = written.get(field.name, "")
+        kind = kind if isinstance(kind, str) else getattr(kind, "__name__", "")
         doc = f": {docs[field.name]}" if field.name in docs else ""
         rows.append(f"- `{field.name}`" + (f" (`{kind}`)" if kind else "") + doc)
     return rows

@@ -3,12 +3,22 @@ site, issue 25 F5) and kept in sync with them."""
 
 from __future__ import annotations
 
+import difflib
+
 from api_reference import PAGES, REFERENCE, out_of_date, render
 
 
 def test_reference_pages_match_the_docstrings() -> None:
-    assert out_of_date() == [], (
-        "docs/reference is out of date: run python tests/docs/api_reference.py --write"
+    stale = out_of_date()
+    diff = "".join(
+        line
+        for page in stale
+        for line in difflib.unified_diff(
+            (REFERENCE / page).read_text().splitlines(True), render(page).splitlines(True)
+        )
+    )
+    assert stale == [], (
+        f"docs/reference is out of date: run python tests/docs/api_reference.py --write\n{diff}"
     )
 
 

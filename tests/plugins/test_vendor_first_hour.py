@@ -128,18 +128,20 @@ def test_plugins_listing_fits_120_columns_and_quarantines_broken_declarations(si
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert max(map(len, lines)) <= 120, max(lines, key=len)
-    text = result.stdout
+    text = " ".join(result.stdout.split())  # wrapped lines joined
     # Every working plugin is listed with what it declares ...
-    acme = next(line for line in lines if line.startswith("  acme "))
+    backends = lines[lines.index("backends:") :]
+    acme = next(line for line in backends if line.startswith("  acme "))
     assert "acme_option_number_0" in acme and "(+" in acme and "more)" in acme
     assert any(line.startswith("  zeta ") and "depth, skip" in line for line in lines)
-    assert any(line.startswith("  acme-npu ") and "  no  " in line for line in lines)
+    assert any(line.startswith("  acme-npu ") and "  no  " in line for line in backends)
     # ... the broken ones as FAILED with the reason, the others unaffected (issue 23, W3).
     assert "FAILED faulty (faulty-dist 1.0): quarantined, its declare_backends() raised" in text
-    assert "RuntimeError: faulty cannot reach its license server" in " ".join(text.split())
+    assert "RuntimeError: faulty cannot reach its license server" in text
     assert "FAILED wrongtype (wrongtype-dist 1.0): quarantined, its declare_selectors() " in text
     assert "returned str 'wrongsel'; expected a list of torchkiln.plugin.SelectorSpec" in text
-    assert "  repeated " in text and "  inductor " in text
+    assert any(line.startswith("  repeated ") for line in lines)
+    assert any(line.startswith("  inductor ") for line in lines)
 
 
 def test_a_quarantined_plugin_fails_the_listing_under_strict_plugins(site: Path) -> None:
@@ -165,13 +167,17 @@ def test_one_broken_declaration_breaks_no_other_plugin(on_path: Path) -> None:
         "wrongtype": "declare_selectors",
     }
     assert pm.get_plugin("faulty") is None and "faulty" not in pm.external
+    assert not pm.is_blocked("faulty") and "disabled" not in pm.missing_hint()
+    pm.load_external()  # loading the entry points again does not bring it back
+    assert pm.get_plugin("faulty") is None
     # Its names are unavailable with the reason.
     with pytest.raises(ConfigError) as raised:
         torchkiln.plan(Stack(), backend="faultyback", plugins=pm)
-    assert (
-        "plugins quarantined, their names unavailable: faulty (declare_backends() raised "
-        "RuntimeError: faulty cannot reach its license server)"
-    ) in str(raised.value)
+    message = str(raised.value)
+    assert "plugins quarantined, their names unavailable: faulty (declare_backends() raised " in (
+        message
+    )
+    assert "faulty (declare_backends() raised RuntimeError: faulty cannot reach its " in message
 
 
 # --- B3: warned once ---------------------------------------------------------------------------------
@@ -331,7 +337,8 @@ def test_a_wrapping_backend_hands_its_graph_to_aot_eager(pm: torchkiln.PluginMan
     expected = model(x)
     torchkiln.compile(model, backend="wrapping", plugins=pm)
     torch.testing.assert_close(model(x), expected)
-    assert len(seen) == 1 and seen[0] > 2  # one graph, shared by the three blocks
+    # The blocks' graph went through the wrapper (one compiled function for the three blocks).
+    assert seen and seen[0] > 2 and len(set(seen)) == 1
     with pytest.raises(ValueError, match="torch knows no backend 'inductr'; known: "):
         torch_backend("inductr")
 
