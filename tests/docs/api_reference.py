@@ -124,7 +124,7 @@ def _fields(cls: type) -> list[str]:
     # with the resolved objects: the page must not depend on which code ran first).
     written: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
-        written.update(klass.__dict__.get("__annotations__", {}))
+        written.update(inspect.get_annotations(klass))
     for field in attrs.fields(cls):
         kind = written.get(field.name, "")
         kind = kind if isinstance(kind, str) else getattr(kind, "__name__", "")
