@@ -36,7 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return int(args.handler(args) or 0)
+        status = int(args.handler(args) or 0)
+        # Output shorter than the buffer is written here: a closed pipe must be caught too.
+        sys.stdout.flush()
+        return status
     except TorchkilnError as error:
         print(f"torchkiln: error: {error}", file=sys.stderr)
         return 2

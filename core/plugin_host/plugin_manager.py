@@ -450,7 +450,9 @@ class PluginManager(pluggy.PluginManager):
         not_loaded = sorted(f.name for f in self.failed if f.hook is None)
         if not_loaded:
             parts.append("plugins that failed to load: " + ", ".join(not_loaded))
-        quarantined = sorted(f"{f.name} ({f.reason})" for f in self.failed if f.hook is not None)
+        quarantined = sorted(
+            f"plugin {f.name!r} (its {f.reason})" for f in self.failed if f.hook is not None
+        )
         if quarantined:
             parts.append("plugins quarantined, their names unavailable: " + ", ".join(quarantined))
         return f" ({'; '.join(parts)})" if parts else ""

@@ -162,7 +162,7 @@ def test_a_declare_hook_that_fails_quarantines_its_plugin_only(
     assert (failure.hook, failure.target, failure.distribution) == (hook_name, None, None)
     assert failure.error.startswith(detail)
     assert f"its {hook_name}() {detail}" in str(caught[0].message)
-    assert f"broken-vendor ({hook_name}() {detail}" in pm.missing_hint()
+    assert f"plugin 'broken-vendor' (its {hook_name}() {detail}" in pm.missing_hint()
     assert len(caught) == 1  # said once, not on every later call
     getattr(pm, accessor)()
 

@@ -174,10 +174,13 @@ def test_one_broken_declaration_breaks_no_other_plugin(on_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
         torchkiln.plan(Stack(), backend="faultyback", plugins=pm)
     message = str(raised.value)
-    assert "plugins quarantined, their names unavailable: faulty (declare_backends() raised " in (
-        message
+    assert (
+        "plugins quarantined, their names unavailable: plugin 'faulty' (its declare_backends("
+        in (message)
     )
-    assert "faulty (declare_backends() raised RuntimeError: faulty cannot reach its " in message
+    assert (
+        "'faulty' (its declare_backends() raised RuntimeError: faulty cannot reach its" in message
+    )
 
 
 # --- B3: warned once ---------------------------------------------------------------------------------
