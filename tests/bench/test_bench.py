@@ -162,6 +162,10 @@ def test_targets_judged_from_the_numbers() -> None:
         "hierarchical first call vs full (depth 32)": (None, 0.375),
         "precompiled first call vs regional cold (depth 32)": (None, 0.05),
         "precompiled first call vs regional warm (depth 32)": (None, 0.2),
+        # no tiered cells in this grid
+        "tiered first call vs regional cold": (None, None),
+        "tiered steady after the switch vs full (depth 16, 32)": (None, None),
+        "tiered time to whole-model speed vs full cold first call": (None, None),
     }
     slow = {t.name: t.met for t in check_targets(_grid(regional_16=25.0))}
     assert slow["regional first call vs full (depth 16, 32)"] is False
