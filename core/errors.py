@@ -67,7 +67,7 @@ class RegionCompileError(TorchkilnError):
         self.group = group
         self.error = error
         self.plugin = plugin
-        by = f" in plugin {plugin!r}'s compile_region" if plugin else ""
+        by = f" in compile_region of plugin {plugin!r}" if plugin else ""
         super().__init__(
             f"compiling region {path or '<root>'!r} (group {group!r}) failed{by}: "
             f"{type(error).__name__}: {error}. Set on_region_error='eager' to run failing "

@@ -28,9 +28,10 @@ from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
 from torchkiln.engine.transaction import Snapshot
 from torchkiln.errors import DistributedError, PluginError, TorchkilnError
+from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
 from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
 from torchkiln.plugin_host.distributed_result import DistributedResult
-from torchkiln.plugin_host.plugin_faults import bad_result, call_hook
+from torchkiln.plugin_host.plugin_faults import bad_result, call_hook, shown
 from torchkiln.plugin_host.plugin_manager import Declared, PluginManager
 from torchkiln.plugin_host.region_plan import RegionPlan
 from torchkiln.plugin_host.report_causes import ReportCause
@@ -175,6 +176,7 @@ def _compile_checked(
         add_undo(result.module, install_step_marker(result.module))
     if state is not None:
         state.report_causes = declared_causes(pm)
+        state.providers = providers(pm, cfg)
     if state is not None and cfg.report:
         state.on_first_calls_done.append(
             lambda s: print(build_report(s, causes=s.report_causes), file=sys.stderr)
@@ -192,6 +194,17 @@ def _install_tiers(model: nn.Module, state: CompileState, cfg: CompileConfig) ->
         install_tiers(model, state, cfg)
 
 
+def providers(pm: PluginManager, config: CompileConfig) -> dict[str, str]:
+    """Which plugin serves the configured backend and selector (``torch`` for a backend only
+    torch's registry knows): the report names them, so a name another plugin took over is
+    never mistaken for the one the user meant."""
+    backend = pm.backend(config.backend)
+    found = {"backend": backend.plugin if backend is not None else None}
+    selector = pm.selectors().get(config.regions.strategy)
+    found["selector"] = selector.plugin if selector is not None else None
+    return {role: plugin for role, plugin in found.items() if plugin is not None}
+
+
 def declared_causes(pm: PluginManager) -> tuple[ReportCause, ...]:
     """Every ``ReportCause`` the plugins' declarations carry (backends, selectors, strategies),
     in declaration order; anything else there is the declaring plugin's fault."""
@@ -201,6 +214,11 @@ def declared_causes(pm: PluginManager) -> tuple[ReportCause, ...]:
         *pm.selectors().values(),
         *pm.distributed_strategies().values(),
     ]
+    hooks = {
+        BackendSpec: "declare_backends",
+        SelectorSpec: "declare_selectors",
+        DistributedSpec: "declare_distributed",
+    }
     for declared in declarations:
         found = getattr(declared.spec, "report_causes", ())
         if not isinstance(found, tuple | list) or not all(
@@ -208,8 +226,9 @@ def declared_causes(pm: PluginManager) -> tuple[ReportCause, ...]:
         ):
             raise PluginError(
                 f"plugin {declared.plugin!r} declared {declared.spec.name!r} with report_causes "
-                f"{found!r:.80}; expected a tuple of torchkiln.plugin.ReportCause",
+                f"{shown(found)}; expected a tuple of torchkiln.plugin.ReportCause",
                 plugin=declared.plugin,
+                hook=hooks.get(type(declared.spec)),
             )
         causes.extend(c for c in found if c not in causes)
     return tuple(causes)

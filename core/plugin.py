@@ -73,8 +73,10 @@ from torchkiln.plugin_host.region_plan import EagerPart, Region, RegionGroup, Re
 from torchkiln.plugin_host.report_causes import ReportCause
 from torchkiln.plugin_host.selection import select_with
 from torchkiln.plugin_host.torch_backends import (
+    DynamoBackend,
     compile_with_torch,
     probe_import,
+    torch_backend,
     torch_backend_names,
     torch_knows,
 )
@@ -107,6 +109,7 @@ __all__ = [
     "DistributedError",
     "DistributedResult",
     "DistributedSpec",
+    "DynamoBackend",
     "EagerPart",
     "FSDP2Config",
     "FSDP2MixedPrecision",
@@ -146,6 +149,7 @@ __all__ = [
     "select_with",
     "structural_difference",
     "structure_key",
+    "torch_backend",
     "torch_backend_names",
     "torch_knows",
 ]

@@ -14,6 +14,12 @@ from torchkiln.bench.presets import (
     GPU_PLOT,
     GPU_STRATEGIES,
     GPU_WORKLOADS,
+    QUICK_BATCHES,
+    QUICK_DEEPEST_ONLY,
+    QUICK_DEPTHS,
+    QUICK_EVERY_DEPTH,
+    QUICK_STEADY_ITERS,
+    QUICK_WARM,
 )
 from torchkiln.bench.settings import (
     DEFAULT_BATCHES,
@@ -21,10 +27,9 @@ from torchkiln.bench.settings import (
     DEFAULT_NEW_TOKENS,
     DEFAULT_SEQ,
     DTYPES,
+    EXIT_TARGET_MISSED,
     MODES,
     PRESETS,
-    QUICK_BATCHES,
-    QUICK_DEPTHS,
     STRATEGIES,
     WORKLOADS,
 )
@@ -39,7 +44,10 @@ reusing that directory (warm).
 Presets (--preset):
   default  a small Llama-family model (torchkiln.examples.llama, no download) at
            depths {",".join(map(str, DEFAULT_DEPTHS))}, batch {",".join(map(str, DEFAULT_BATCHES))}, sequence {DEFAULT_SEQ}, float32, on the CPU.
-  quick    the same at depths {",".join(map(str, QUICK_DEPTHS))}, batch {",".join(map(str, QUICK_BATCHES))} (--quick is an alias).
+  quick    README's main job (--quick is an alias): the same model at depths {",".join(map(str, QUICK_DEPTHS))}, batch
+           {",".join(map(str, QUICK_BATCHES))}; {", ".join(QUICK_EVERY_DEPTH)} at every depth, {", ".join(QUICK_DEEPEST_ONLY)}
+           at depth {max(QUICK_DEPTHS)} only; warm runs for {", ".join(QUICK_WARM)}; steady state at depth {max(QUICK_DEPTHS)},
+           {QUICK_STEADY_ITERS} rounds. README states how long it takes.
   gpu      one CUDA GPU: a ~1B-parameter Llama ({GPU_MODEL}) in {GPU_DTYPE} at depths {",".join(map(str, GPU_DEPTHS))},
            workloads {" and ".join(GPU_WORKLOADS)}, compile modes default and reduce-overhead,
            strategies {",".join(GPU_STRATEGIES)} (eager once, in the default-mode runs), no
@@ -163,6 +171,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run nothing: print the tables and targets of a JSON file a bench wrote (also one "
         "a stopped run left), and draw --plot from it",
     )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit {EXIT_TARGET_MISSED} when a target is NOT met (without it, the targets are "
+        "shown and the exit status ignores them)",
+    )
     p.add_argument("--cache-root", help="keep the per-cell cache directories under this folder")
     p.set_defaults(handler=run_bench)
     return p
@@ -170,11 +184,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the bench described by ``args``; 0 when every cell that ran produced numbers
-    (cells skipped for the time budget included), else 1."""
+    (cells skipped for the time budget included), else 1; with ``--check``,
+    :data:`EXIT_TARGET_MISSED` when they did but a target is NOT met."""
     if args.from_json:
         from torchkiln.bench.replay import replay
 
-        return replay(args.from_json, args.plot_path)
+        return replay(args.from_json, args.plot_path, check=args.check)
     from torchkiln.bench.execute import run_plan
     from torchkiln.bench.plan import plan_from_args
 

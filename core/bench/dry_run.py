@@ -104,11 +104,12 @@ def render_plan(plan: BenchPlan) -> str:
     cell in execution order with its worker command."""
     first = plan.runs[0]
     steady = "in the first-call process" if first.steady_in_first_call else "in a shared process"
+    warm = [s for s in first.strategies if first.runs_warm(s)]
     lines = [
         f"torchkiln bench --preset {plan.preset} --dry-run: nothing is run",
         f"model {first.model}, {first.dtype}, device {first.device}, backend {first.backend}, "
         f"seq {first.seq}, generate {first.new_tokens} new tokens, warm runs "
-        f"{'on' if first.warm else 'off'}, steady state timed {steady}",
+        f"{'for ' + ', '.join(warm) if warm else 'off'}, steady state timed {steady}",
         _parameters_line(plan),
         _budget_line(plan),
         f"outputs: JSON {plan.json_path or '(none: --json)'} (rewritten after every cell), "

@@ -15,10 +15,11 @@ from typing import Any
 from torchkiln.bench.environment import collect_environment
 from torchkiln.bench.plan import BenchPlan
 from torchkiln.bench.presets import mode_name
+from torchkiln.bench.replay import exit_status
 from torchkiln.bench.runner import BenchProgress, CellResult, count_steps, run_bench_cells
 from torchkiln.bench.settings import BenchSettings, check_device
 from torchkiln.bench.table import render_all
-from torchkiln.bench.targets import check_targets
+from torchkiln.bench.targets import Target, check_targets
 
 JSON_FORMAT_VERSION = 1
 
@@ -76,8 +77,9 @@ def _title(plan: BenchPlan, settings: BenchSettings) -> str:
 
 def run_plan(plan: BenchPlan, args: argparse.Namespace) -> int:
     """Execute ``plan`` (``--dry-run``: print it instead); 0 when every cell that ran produced
-    numbers (cells skipped for the time budget do not count as failures), else 1; 130 when
-    interrupted (Ctrl-C, SIGINT), after printing and saving the cells that finished."""
+    numbers (cells skipped for the time budget do not count as failures), else 1; with
+    ``--check``, 3 when a target is NOT met; 130 when interrupted (Ctrl-C, SIGINT), after
+    printing and saving the cells that finished."""
     if getattr(args, "dry_run", False):
         from torchkiln.bench.dry_run import render_plan
 
@@ -96,12 +98,13 @@ def run_plan(plan: BenchPlan, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: the tables below hold the cells that finished", file=sys.stderr)
-    every = execution.report(interrupted)
+    every, targets = execution.report(interrupted)
     if plan.plot_path is not None:
         _plot(plan, execution.results, plan.plot_path)
     if interrupted:
         return 130
-    return 0 if all(r.failure is None for r in every) else 1
+    failed = any(r.failure is not None for r in every)
+    return exit_status(failed, targets, bool(getattr(args, "check", False)))
 
 
 class _Execution:
@@ -138,11 +141,14 @@ class _Execution:
             )  # fmt: skip
         progress.finish()
 
-    def report(self, interrupted: bool) -> list[CellResult]:
-        """Print every run's table and targets, save the final JSON; return every cell."""
+    def report(self, interrupted: bool) -> tuple[list[CellResult], list[Target]]:
+        """Print every run's table and targets, save the final JSON; return every cell and
+        every target."""
         wall = time.perf_counter() - self.started
+        judged: list[Target] = []
         for settings, run_results in zip(self.plan.runs, self.results, strict=True):
             targets = check_targets(run_results, settings.workload)
+            judged += targets
             rendered = render_all(settings.to_dict(), self.environment, run_results, targets)
             print(_title(self.plan, settings) + rendered)
             print()
@@ -156,7 +162,7 @@ class _Execution:
         self.save(complete=not interrupted)
         if self.plan.json_path:
             print(f"wrote {self.plan.json_path}")
-        return every
+        return every, judged
 
 
 def _plot(plan: BenchPlan, results: list[list[CellResult]], path: str) -> None:

@@ -36,7 +36,6 @@ from torchkiln.bench.settings import (
 )
 
 DEFAULT_TIMEOUT = 1800.0
-DEFAULT_STEADY_ITERS = 30
 
 
 @attrs.frozen
@@ -80,7 +79,7 @@ def settings_from_args(args: argparse.Namespace, preset: str = "default") -> Ben
         model=args.model or DEFAULT_MODEL, quick=preset == "quick", depths=args.depths,
         batch=args.batch, seq=args.seq, strategies=args.strategies, backend=args.backend,
         train=args.train, device=args.device or "cpu",
-        steady_iters=args.steady_iters or DEFAULT_STEADY_ITERS, warm=args.warm,
+        steady_iters=args.steady_iters, warm=args.warm,
         timeout=args.timeout or DEFAULT_TIMEOUT, workload=args.workload,
         new_tokens=args.new_tokens, dtype=args.dtype or "float32", mode=args.mode,
         dispatch=getattr(args, "dispatch", None), check_device=not getattr(args, "dry_run", False),

@@ -1,15 +1,42 @@
-"""``torchkiln bench --preset gpu``: the plan of runs for one CUDA GPU, in the order they run.
+"""The bench presets: ``--quick`` (README's main job) and ``--preset gpu``.
 
-A plan is a list of runs, each a :class:`BenchSettings` grid for one workload and compile
+The quick preset is one grid whose cells are chosen to fit README's promise (at most 6
+minutes after installation on a quiet 2-core machine). The gpu preset is a plan of runs for one
+CUDA GPU, in the order they run. A plan is a list of runs, each a :class:`BenchSettings` grid for one workload and compile
 mode. The runs are executed depth by depth, most valuable first (:func:`execution_order`),
 so that when the time budget runs out what is missing is what matters least.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 
-from torchkiln.bench.settings import BenchSettings
+if TYPE_CHECKING:  # settings imports this module's quick constants
+    from torchkiln.bench.settings import BenchSettings
+
+QUICK_DEPTHS = (4, 16)
+"""Two depths: regional's first call stays flat while full compile's grows."""
+QUICK_BATCHES = (1,)
+QUICK_EVERY_DEPTH = ("full", "regional")
+"""Strategies run at every quick depth: the contrast the story is about. A strategy added
+here costs one cell per depth (issue 21's ``tiered`` is meant to go here: 60-90 s)."""
+QUICK_DEEPEST_ONLY = ("precompiled",)
+"""Strategies run at the deepest quick depth only, where they differ most from full compile:
+one cell each (about 20 s on a quiet 2-core machine, with its precompile run).
+``hierarchical`` and ``accelerate`` (about 30 s each there) are left to the default preset
+and ``--strategies``: with them and ``tiered``, the quick preset would not fit its 6 minutes."""
+QUICK_WARM = ("regional",)
+"""The compiled strategies whose warm start (a second process reusing the cache directory)
+is measured: regional's, the one the persistent-cache story is about. Each other warm run
+costs a process (about 10 s)."""
+QUICK_STEADY_DEEPEST_ONLY = True
+"""Time the steady state at the deepest quick depth only, where a block boundary's cost
+adds up most (one steady-state process instead of one per depth)."""
+QUICK_STEADY_ITERS = 10
+"""Timed rounds of the shared steady-state run (each round times every strategy once)."""
+QUICK_WARMUP_ITERS = 2
 
 GPU_MODEL = "llama-1b"
 GPU_DEPTHS = (32, 16)
@@ -48,6 +75,8 @@ def gpu_plan(
     ``eager`` does not depend on the compile mode, so it runs only in the default-mode runs.
     ``overrides`` replace other :class:`BenchSettings` fields in every run.
     """
+    from torchkiln.bench.settings import BenchSettings
+
     runs = []
     for mode in GPU_MODES:
         for workload in GPU_WORKLOADS:

@@ -9,9 +9,16 @@ from typing import Any
 
 from torchkiln.bench.presets import mode_name
 from torchkiln.bench.runner import CellResult, RunFailure
-from torchkiln.bench.settings import BenchError, Cell
+from torchkiln.bench.settings import EXIT_TARGET_MISSED, BenchError, Cell
 from torchkiln.bench.table import render_all
-from torchkiln.bench.targets import check_targets
+from torchkiln.bench.targets import Target, check_targets, missed
+
+
+def exit_status(failed: bool, targets: list[Target], check: bool) -> int:
+    """1 when a cell failed; else, with ``check``, 3 when a target is NOT met; else 0."""
+    if failed:
+        return 1
+    return EXIT_TARGET_MISSED if check and missed(targets) else 0
 
 
 def cell_result(record: dict[str, Any]) -> CellResult:
@@ -48,15 +55,17 @@ def load_runs(
     return document, [(run["settings"], [cell_result(c) for c in run["cells"]]) for run in runs]
 
 
-def replay(path: str, plot_path: str | None) -> int:
+def replay(path: str, plot_path: str | None, *, check: bool = False) -> int:
     """Print the tables and targets of ``path``; draw ``plot_path`` when given. 0 unless a
-    cell in it failed."""
+    cell in it failed (1), or, with ``check``, a target is NOT met (3)."""
     document, runs = load_runs(path)
     environment = document.get("environment", {})
     several = len(runs) > 1
+    judged = []
     for settings, results in runs:
         title = f"=== {settings['workload']}, mode {mode_name(settings.get('mode'))} ===\n"
         targets = check_targets(results, settings.get("workload", "forward"))
+        judged += targets
         print((title if several else "") + render_all(settings, environment, results, targets))
         print()
     if not document.get("complete", True):
@@ -74,4 +83,5 @@ def replay(path: str, plot_path: str | None) -> int:
             f"torchkiln bench: {first['model']}, {first.get('dtype', 'float32')}, backend {first['backend']}",
         )
         print(f"wrote {plot_path}")
-    return 0 if all(r.failure is None for _, results in runs for r in results) else 1
+    failed = any(r.failure is not None for _, results in runs for r in results)
+    return exit_status(failed, judged, check)

@@ -12,11 +12,13 @@ cell; the run goes on.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +27,8 @@ from typing import Any, TextIO
 import attrs
 
 from torchkiln.artifacts.cache import cache_dir_environment
-from torchkiln.bench.settings import COMPILED_STRATEGIES, BenchSettings, Cell
+from torchkiln.bench.settings import BenchSettings, Cell
+from torchkiln.bench.worker import PROGRESS_PREFIX
 
 STDERR_TAIL_LINES = 25
 BUDGET_GRACE_SECONDS = 45.0
@@ -155,29 +158,85 @@ def _tail(text: str) -> str:
     return "\n".join(text.strip().splitlines()[-STDERR_TAIL_LINES:])
 
 
+COUNTED = re.compile(r"(?P<done>\d+)/(?P<total>\d+)( \w+)?$")
+"""Counted work in a worker's progress line: ``steady 7/10`` or ``steady 7/10 rounds``."""
+LOG_EVERY_SECONDS = 10.0
+"""A log (not a terminal) gets counted progress at most this often, and at its end."""
+TICK_SECONDS = 1.0
+"""How often a live (terminal) progress line is redrawn while a worker is quiet."""
+
+
+def _stream_worker(
+    command: list[str],
+    env: dict[str, str],
+    timeout: float,
+    on_progress: Callable[[str], None],
+) -> tuple[int | None, str]:
+    """Run ``command``; pass each progress line of its stderr to ``on_progress`` as it comes
+    (``""`` every :data:`TICK_SECONDS` in between). Returns the exit code (``None``: stopped
+    at ``timeout``) and the rest of stderr."""
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    kept: list[str] = []
+    said: list[str] = []
+
+    def read() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.startswith(PROGRESS_PREFIX):
+                said.append(line[len(PROGRESS_PREFIX) :].strip())
+            else:
+                kept.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    shown = 0
+    timed_out = False
+    try:
+        while process.poll() is None:
+            if time.monotonic() >= deadline:
+                timed_out = True
+                break
+            reader.join(TICK_SECONDS)
+            while shown < len(said):
+                on_progress(said[shown])
+                shown += 1
+            on_progress("")
+    finally:  # also on Ctrl-C: never leave a worker behind
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    reader.join(5.0)
+    for text in said[shown:]:
+        on_progress(text)
+    return (None if timed_out else process.returncode), "".join(kept)
+
+
 def run_worker(
-    command: list[str], run: str, cache_dir: Path, output: Path, timeout: float
+    command: list[str],
+    run: str,
+    cache_dir: Path,
+    output: Path,
+    timeout: float,
+    on_progress: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any] | None, RunFailure | None]:
-    """One worker process; returns its JSON or why there is none."""
+    """One worker process; returns its JSON or why there is none. ``on_progress`` gets what
+    the worker says it is doing (:func:`torchkiln.bench.worker.progress`)."""
     import json
 
     output.unlink(missing_ok=True)
     env = dict(os.environ) | cache_dir_environment(cache_dir)
-    try:
-        finished = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired as expired:
-        stderr = (
-            expired.stderr.decode() if isinstance(expired.stderr, bytes) else expired.stderr or ""
-        )
+    code, stderr = _stream_worker(command, env, timeout, on_progress or (lambda _text: None))
+    if code is None:
         return None, RunFailure(
             run, None, f"stopped after {timeout:.0f} s (--timeout)", _tail(stderr)
         )
-    if finished.returncode != 0 or not output.exists():
-        last = _tail(finished.stderr).splitlines()[-1:] or ["(no output)"]
-        message = f"worker exited with code {finished.returncode}: {last[0]}"
-        return None, RunFailure(run, finished.returncode, message, _tail(finished.stderr))
+    if code != 0 or not output.exists():
+        last = _tail(stderr).splitlines()[-1:] or ["(no output)"]
+        message = f"worker exited with code {code}: {last[0]}"
+        return None, RunFailure(run, code, message, _tail(stderr))
     return json.loads(output.read_text(encoding="utf-8")), None
 
 
@@ -186,11 +245,13 @@ def run_cell(
     cell: Cell,
     scratch: Path,
     keep_cache: Path,
-    notify: Callable[[str], None],
+    notify: Callable[[str, str | None], None],
 ) -> CellResult:
     """Cold run with a fresh cache directory, then (compiled strategies) the warm run.
 
     The cache the runs filled is merged into ``keep_cache`` for the steady-state run.
+    ``notify(phase, None)`` is called as each run starts, ``notify(phase, text)`` with what its
+    worker says it is doing (``""``: nothing new, a clock tick).
     """
     cache_dir = scratch / cell.strategy / "inductor-cache"
     output = scratch / cell.strategy / "result.json"
@@ -200,27 +261,29 @@ def run_cell(
     artifacts = artifacts_dir(scratch) if cell.strategy == "precompiled" else None
 
     def run(phase: str) -> tuple[dict[str, Any] | None, RunFailure | None]:
-        notify(phase)
+        notify(phase, None)
         command = worker_command(
             settings, cell.depth, cell.batch, output, strategy=cell.strategy, artifacts=artifacts
         )
-        return run_worker(command, phase, cache_dir, output, settings.timeout)
+        said = lambda text: notify(phase, text)  # noqa: E731
+        return run_worker(command, phase, cache_dir, output, settings.timeout, said)
 
     if artifacts is not None:
         # Written once, untimed, in a process and cache directory of its own; the cold run
         # then starts from an empty cache directory and the artifacts alone.
-        notify("precompile")
+        notify("precompile", None)
         command = worker_command(
             settings, cell.depth, cell.batch, output, artifacts=artifacts, precompile=True
         )
         precompile_cache = scratch / cell.strategy / "precompile-cache"
         result.precompile, result.failure = run_worker(
-            command, "precompile", precompile_cache, output, settings.timeout
-        )
+            command, "precompile", precompile_cache, output, settings.timeout,
+            lambda text: notify("precompile", text),
+        )  # fmt: skip
         if result.failure is not None:
             return result
     result.cold, result.failure = run("cold")
-    if result.failure is None and settings.warm and cell.strategy in COMPILED_STRATEGIES:
+    if result.failure is None and settings.runs_warm(cell.strategy):
         result.warm, result.failure = run("warm")
     if cache_dir.exists():
         # Entries are keyed by content hash, so caches of several strategies merge safely.
@@ -234,7 +297,11 @@ def artifacts_dir(scratch: Path) -> Path:
 
 
 def run_steady(
-    settings: BenchSettings, results: list[CellResult], scratch: Path, cache: Path
+    settings: BenchSettings,
+    results: list[CellResult],
+    scratch: Path,
+    cache: Path,
+    on_progress: Callable[[str], None] | None = None,
 ) -> None:
     """Time every strategy of one depth and batch together; attach the samples to ``results``."""
     depth, batch = results[0].cell.depth, results[0].cell.batch
@@ -250,7 +317,7 @@ def run_steady(
     command = worker_command(settings, depth, batch, output, steady=strategies, artifacts=artifacts)
     # Every strategy compiles once more in this process (warm caches), then the timed rounds.
     timeout = settings.timeout * max(1, len(strategies))
-    data, failure = run_worker(command, "steady", cache, output, timeout)
+    data, failure = run_worker(command, "steady", cache, output, timeout, on_progress)
     for result in results:
         if data is None:
             result.steady_failure = failure.message if failure else "no result"
@@ -275,19 +342,46 @@ class BenchProgress:
         self.stream = stream if stream is not None else sys.stderr
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self.started = time.perf_counter()
+        self._run_started = self._logged = self.started
+        self._said = ""
 
-    def show(self, index: int, label: str, phase: str) -> None:
-        elapsed = time.perf_counter() - self.started
-        remaining = self.total - index
-        text = (
-            f"[{index + 1}/{self.total}] {self._where(label)}: {phase} run "
-            f"({_minutes(elapsed)} elapsed, {remaining - 1} more to go)"
-        )
+    def show(self, index: int, label: str, phase: str, said: str | None = None) -> None:
+        """A run starts (``said`` is ``None``), or its worker said what it is doing now
+        (``said``; ``""``: nothing new). A terminal gets one line, redrawn every second; a log
+        gets a line per start and per thing said, counted work (``steady 7/10``) at most
+        every :data:`LOG_EVERY_SECONDS` and at its end."""
+        now = time.perf_counter()
+        if said is None:
+            self._run_started, self._said = now, ""
+        elif said:
+            self._said = said
+        if not self.live and not self._log_now(said, now):
+            return
+        where = f"[{index + 1}/{self.total}] {self._where(label)}: {phase} run"
+        if said is None or self.live:
+            doing = f": {self._said} ({int(now - self._run_started)} s)" if self._said else ""
+            text = (
+                f"{where}{doing} ({_minutes(now - self.started)} elapsed, "
+                f"{self.total - index - 1} more to go)"
+            )
+        else:
+            text = f"    {where}: {said} ({int(now - self._run_started)} s)"
+        self._logged = now
         if self.live:
             self.stream.write("\r\x1b[K" + text)
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
+
+    def _log_now(self, said: str | None, now: float) -> bool:
+        if said is None:
+            return True
+        if not said:
+            return False
+        counted = COUNTED.search(said)
+        if counted is None or counted["done"] == counted["total"]:
+            return True
+        return now - self._logged >= LOG_EVERY_SECONDS
 
     def _where(self, label: str) -> str:
         return f"{label} ({self.context})" if self.context else label
@@ -328,7 +422,7 @@ def count_steps(settings: BenchSettings) -> int:
     steady-state run per depth and batch unless the first-call runs time it."""
     cells = settings.cells()
     groups = {(c.depth, c.batch) for c in cells}
-    return len(cells) + (0 if settings.steady_in_first_call else len(groups))
+    return len(cells) + sum(1 for depth, _ in groups if settings.times_steady(depth))
 
 
 def _budget_left(deadline: float | None) -> float | None:
@@ -384,7 +478,7 @@ def run_bench_cells(
                 )
                 if on_cell is not None:
                     on_cell(results + group_results)
-            if not settings.steady_in_first_call:
+            if settings.times_steady(depth):
                 _steady_or_skip(settings, group_results, scratch, merged, progress, deadline)
                 if on_cell is not None:
                     on_cell(results + group_results)  # now with the steady-state numbers
@@ -420,7 +514,8 @@ def _steady_or_skip(
         depth, batch = results[0].cell.depth, results[0].cell.batch
         label = f"{'' if depth is None else f'depth {depth} '}batch {batch}"
         progress.show(index, label, "steady-state")
-    run_steady(steady_settings, results, scratch, merged)
+    said = lambda text: progress.show(index, label, "steady-state", text)  # noqa: E731
+    run_steady(steady_settings, results, scratch, merged, said)
 
 
 def _stopped_by_budget(result: CellResult, ran: BenchSettings, asked: BenchSettings) -> bool:
@@ -448,7 +543,7 @@ def _run_or_skip(
     if cell_settings is None:
         progress.skipped(cell.label, SKIPPED_BUDGET)
         return CellResult(cell, skipped=SKIPPED_BUDGET)
-    notify = lambda phase: progress.show(index, cell.label, phase)  # noqa: E731
+    notify = lambda phase, said: progress.show(index, cell.label, phase, said)  # noqa: E731
     result = run_cell(cell_settings, cell, scratch, merged, notify)
     if _stopped_by_budget(result, cell_settings, settings):
         # Started in time but cut short by the budget: not a failure of the strategy.

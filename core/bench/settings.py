@@ -6,6 +6,16 @@ import importlib.util
 
 import attrs
 
+from torchkiln.bench.presets import (
+    QUICK_BATCHES,
+    QUICK_DEEPEST_ONLY,
+    QUICK_DEPTHS,
+    QUICK_EVERY_DEPTH,
+    QUICK_STEADY_DEEPEST_ONLY,
+    QUICK_STEADY_ITERS,
+    QUICK_WARM,
+    QUICK_WARMUP_ITERS,
+)
 from torchkiln.errors import TorchkilnError
 
 STRATEGIES = (
@@ -32,8 +42,6 @@ STRATEGY_HELP = {
 DEFAULT_MODEL = "llama"
 DEFAULT_DEPTHS = (4, 8, 16, 32)
 DEFAULT_BATCHES = (1, 4)
-QUICK_DEPTHS = (4, 16)
-QUICK_BATCHES = (1,)
 DEFAULT_SEQ = 128
 WORKLOADS = ("forward", "train", "generate")
 WORKLOAD_HELP = {
@@ -54,6 +62,8 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 """``torch.compile`` modes the bench passes on (``default`` is passed as ``None``)."""
 CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 PRESETS = ("quick", "default", "gpu")
+EXIT_TARGET_MISSED = 3
+"""``torchkiln bench --check``'s exit status when every cell ran but a target is NOT met."""
 
 
 class BenchError(TorchkilnError):
@@ -134,14 +144,35 @@ class BenchSettings:
     """Time the steady state in the first-call process (after its warm-up calls) instead of
     a shared steady-state process per depth and batch: half the processes and compiles, at
     the cost of strategies not sharing the machine's load alike (fine on a dedicated GPU)."""
+    deepest_only: tuple[str, ...] = ()
+    """Strategies run at the deepest of ``depths`` only (the quick preset's)."""
+    warm_strategies: tuple[str, ...] | None = None
+    """The compiled strategies that get a warm run (``None``: all of them, when ``warm``)."""
+    steady_deepest_only: bool = False
+    """Time the steady state at the deepest of ``depths`` only (the quick preset's)."""
 
     def cells(self) -> list[Cell]:
+        deepest = max((d for d in self.depths if d is not None), default=None)
         return [
             Cell(depth, batch, strategy)
             for depth in self.depths
             for batch in self.batches
             for strategy in self.strategies
+            if strategy not in self.deepest_only or depth == deepest
         ]
+
+    def times_steady(self, depth: int | None) -> bool:
+        """Whether the cells at ``depth`` get a shared steady-state run."""
+        if self.steady_in_first_call:
+            return False
+        deepest = max((d for d in self.depths if d is not None), default=None)
+        return not self.steady_deepest_only or depth == deepest
+
+    def runs_warm(self, strategy: str) -> bool:
+        """Whether ``strategy``'s cells get a warm run after the cold one."""
+        if not self.warm or strategy not in COMPILED_STRATEGIES:
+            return False
+        return self.warm_strategies is None or strategy in self.warm_strategies
 
     def to_dict(self) -> dict[str, object]:
         return attrs.asdict(self)
@@ -214,7 +245,7 @@ def make_settings(
     backend: str = "inductor",
     train: bool = False,
     device: str = "cpu",
-    steady_iters: int = 30,
+    steady_iters: int | None = None,
     warm: bool = True,
     timeout: float = 1800.0,
     workload: str | None = None,
@@ -226,6 +257,9 @@ def make_settings(
 ) -> BenchSettings:
     """Validate command-line style values into :class:`BenchSettings`.
 
+    ``quick`` without ``strategies`` runs the quick preset's cells (see
+    :mod:`torchkiln.bench.presets`); ``steady_iters=None`` is the preset's number.
+
     :raises BenchError: naming the bad option and what is allowed.
     """
     model, depth_list = _model_depths(model, depths, quick)
@@ -234,6 +268,8 @@ def make_settings(
     )
     if seq < 1:
         raise BenchError(f"--seq {seq}: must be >= 1")
+    if steady_iters is None:
+        steady_iters = QUICK_STEADY_ITERS if quick else 30
     if steady_iters < 1:
         raise BenchError(f"--steady-iters {steady_iters}: must be >= 1")
     if timeout <= 0:
@@ -242,6 +278,9 @@ def make_settings(
     mode = check_mode(mode, device)
     check_backend_mode(backend, mode)
     chosen = parse_strategies(strategies) if strategies else default_strategies(backend)
+    preset_cells = quick and not strategies
+    if preset_cells:
+        chosen = tuple(s for s in chosen if s in QUICK_EVERY_DEPTH + QUICK_DEEPEST_ONLY)
     for needs_artifacts in ("precompiled", "tiered"):
         if needs_artifacts in chosen and not backend_precompiles(backend):
             raise BenchError(
@@ -272,6 +311,10 @@ def make_settings(
         dtype=check_dtype(dtype),
         mode=mode,
         dispatch=dispatch,
+        deepest_only=QUICK_DEEPEST_ONLY if preset_cells else (),
+        warm_strategies=QUICK_WARM if preset_cells else None,
+        steady_deepest_only=QUICK_STEADY_DEEPEST_ONLY if preset_cells else False,
+        warmup_iters=QUICK_WARMUP_ITERS if quick else 3,
     )
 
 

@@ -11,8 +11,8 @@ from torchkiln.bench.tiered import TIERED_HEADER, TIERED_LEGEND, tiered_rows
 
 HEADER = (
     "depth", "batch", "strategy",
-    "first call", "x full", "warm", "warm/cold",
-    "steady ms", "x full", "graphs", "recompiles", "breaks", "max |diff|",
+    "first call", "first/full", "warm", "warm/cold",
+    "steady ms", "steady/full", "graphs", "recompiles", "breaks", "max |diff|",
 )  # fmt: skip
 RIGHT_ALIGNED = frozenset(range(len(HEADER))) - {2}
 
@@ -88,18 +88,76 @@ def render_table(results: Sequence[CellResult]) -> str:
     return "\n".join(_format(rows))
 
 
+def legend(settings: dict[str, Any]) -> dict[str, str]:
+    """What each column of :func:`render_table` means, for this run's workload."""
+    generate = settings.get("workload") == "generate"
+    first = (
+        "time to the first generated token (strategy applied, prefill compiled and run)"
+        if generate
+        else "applying the strategy + the first call (where compiling happens)"
+    )
+    steady = (
+        "median time per decoded token after warm-up"
+        if generate
+        else "median call time after warm-up"
+    )
+    return {
+        "depth": "decoder blocks in the model",
+        "batch": "batch size",
+        "strategy": "how the model is compiled (docs/benchmarks.md, 'What is measured')",
+        "first call": f"{first}, in a fresh process with an empty inductor cache (cold)",
+        "first/full": "first call / full's first call at the same depth and batch "
+        "(below 1: starts faster than full torch.compile)",
+        "warm": "the first call again in another fresh process that keeps the cold run's "
+        "cache directory ('-': not run for this strategy)",
+        "warm/cold": "warm / first call: what the persistent compile cache saves",
+        "steady ms": f"{steady}, {_steady_where(settings)} ('-': not timed at this depth)",
+        "steady/full": "steady ms / full's steady ms at the same depth and batch "
+        "(above 1: slower per call than full torch.compile)",
+        "graphs": "graphs Dynamo compiled (after the first call and a few more)",
+        "recompiles": "recompilations Dynamo made in those calls",
+        "breaks": "graph breaks Dynamo recorded",
+        "max |diff|": "generated token ids that differ from eager"
+        if generate
+        else "largest absolute difference of the first output from the same model run eagerly",
+    }
+
+
+def render_legend(settings: dict[str, Any]) -> str:
+    meanings = legend(settings)
+    width = max(map(len, meanings))
+    return "\n".join(
+        ["columns:", *(f"  {name.ljust(width)}  {meaning}" for name, meaning in meanings.items())]
+    )
+
+
+MISSED_MEANS = (
+    "A target NOT met means this run measured a ratio worse than the one torchkiln promises "
+    "on this model (docs/benchmarks.md#targets).\nOn a machine busy with other work, timing "
+    "noise alone can miss one: rerun on a quiet machine before reading it as a regression.\n"
+    "The exit status is 0 whatever the targets say; with --check it is 3 when a target is "
+    "NOT met."
+)
+
+
 def render_targets(targets: Sequence[Target]) -> str:
-    lines = ["targets:"]
+    lines = ["targets (each judged once; 'not judged': stated at a depth this run lacks):"]
     for target in targets:
         value = "" if target.value is None else f" {target.value:.3g}x (limit {target.limit:g}x)"
         lines.append(f"  [{target.verdict}] {target.name}:{value} - {target.detail}")
+    missed = sum(1 for t in targets if t.met is False)
+    if missed:
+        lines += [f"{missed} target(s) NOT met. " + MISSED_MEANS]
     return "\n".join(lines)
 
 
 def _steady_where(settings: dict[str, Any]) -> str:
     if settings.get("steady_in_first_call"):
         return f"{settings.get('steady_iters')} calls timed in the first-call process"
-    return "all strategies of a row group timed in alternating rounds in one process"
+    return (
+        f"{settings.get('steady_iters')} rounds timing every strategy of a row group once each, "
+        "in one process"
+    )
 
 
 def _precision(settings: dict[str, Any]) -> str:
@@ -117,20 +175,13 @@ def render_header(settings: dict[str, Any], environment: dict[str, Any]) -> str:
             f"{settings['seq']} tokens, "
             f"generate {settings.get('new_tokens')} tokens (greedy, default KV cache), "
             f"backend {settings['backend']}, device {environment.get('device_name')}, "
-            f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}\n"
-            "first call = time to the first generated token (strategy applied, prefill "
-            "compiled and run) in a fresh process with an empty inductor cache; warm = the "
-            "same with that cache kept;\nsteady = median time per decoded token after warm-up, "
-            f"{_steady_where(settings)}; max |diff| = generated tokens that differ from eager"
+            f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}"
         )
     mode = "forward+backward" if workload == "train" else "forward (no_grad)"
     return (
         f"torchkiln bench: model {settings['model']}{_precision(settings)}, seq {settings['seq']}, "
         f"backend {settings['backend']}, {mode}, device {environment.get('device_name')}, "
-        f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}\n"
-        "first call = compile + first call in a fresh process with an empty inductor cache; "
-        "warm = the same with that cache kept;\nsteady = median call after warm-up, "
-        f"{_steady_where(settings)}"
+        f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}"
     )
 
 
@@ -155,6 +206,8 @@ def render_all(
         render_header(settings, environment),
         "",
         render_table(results),
+        "",
+        render_legend(settings),
         "",
     ]
     tiered = tiered_rows(list(results))

@@ -5,7 +5,8 @@ From the project's issues, on the default model:
 * regional first call <= 0.5x full compile at depth 16 and 32 (cold caches);
 * regional first call not slower than accelerate's ``compile_regions`` at depth 16 and 32;
 * regional first call at depth 32 <= 1.2x its first call at depth 4;
-* warm start <= 0.3x cold (torchkiln's strategies); hierarchical's <= 0.2x;
+* regional warm start <= 0.3x its cold start; hierarchical's <= 0.2x (each number is judged by
+  one target only);
 * hierarchical steady state within 3% of full compile; regional within 2% (issue 13);
 * hierarchical first call <= 0.45x full at depth 32;
 * precompiled first call in a new process (load included) <= 0.1x regional cold and
@@ -16,7 +17,8 @@ With ``--workload generate`` (issue 10), at depth 32:
 * regional time to the first generated token <= 0.4x full compile's, <= 0.85x accelerate's;
 * regional time per decoded token <= 1.1x full compile's.
 
-A target whose cells were not run (or failed) is reported as not measured, never as met.
+A target whose cells were not run (or failed) is reported as not measured, never as met; one
+stated at depth 32 in a run without depth 32 shows its value as ``not judged``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ class Target:
 
     @property
     def verdict(self) -> str:
-        return {True: "met", False: "NOT met", None: "not measured"}[self.met]
+        if self.met is None:
+            return "not measured" if self.value is None else "not judged"
+        return "met" if self.met else "NOT met"
 
     def to_dict(self) -> dict[str, object]:
         return attrs.asdict(self) | {"verdict": self.verdict}
@@ -114,17 +118,18 @@ def _depth_scaling(grid: _Grid, limit: float) -> Target:
     return Target(name, worst[1] <= limit, worst[1], limit, detail)
 
 
-def _warm_vs_cold(grid: _Grid, limit: float) -> Target:
-    name = "warm start vs cold (regional, hierarchical)"
-    pairs = []
-    for (depth, batch, strategy), result in sorted(grid.cells.items(), key=str):
-        if strategy in ("regional", "hierarchical"):
-            ratio = _ratio(result.warm_first_call, result.cold_first_call)
-            if ratio is not None:
-                pairs.append((f"{strategy} depth {depth} batch {batch}", ratio))
+def _warm_vs_cold(grid: _Grid, strategy: str, limit: float) -> Target:
+    """``strategy``'s warm start over its cold start, the worst cell judged."""
+    name = f"{strategy} warm start vs cold"
+    pairs = [
+        (f"depth {depth} batch {batch}", ratio)
+        for (depth, batch, name_), result in sorted(grid.cells.items(), key=str)
+        if name_ == strategy
+        and (ratio := _ratio(result.warm_first_call, result.cold_first_call)) is not None
+    ]
     worst = _worst(pairs)
     if worst is None:
-        return Target(name, None, None, limit, "needs warm runs of regional or hierarchical")
+        return Target(name, None, None, limit, f"needs warm runs of {strategy}")
     return Target(name, worst[1] <= limit, worst[1], limit, f"worst: {worst[0]} {worst[1]:.2f}x")
 
 
@@ -175,20 +180,6 @@ def _first_call(result: CellResult, run: str) -> float | None:
     return result.cold_first_call if run == "cold" else result.warm_first_call
 
 
-def _hierarchical_warm(grid: _Grid, limit: float) -> Target:
-    name = "hierarchical warm start vs cold"
-    pairs = [
-        (f"depth {depth} batch {batch}", ratio)
-        for (depth, batch, strategy), result in sorted(grid.cells.items(), key=str)
-        if strategy == "hierarchical"
-        and (ratio := _ratio(result.warm_first_call, result.cold_first_call)) is not None
-    ]
-    worst = _worst(pairs)
-    if worst is None:
-        return Target(name, None, None, limit, "needs warm runs of hierarchical")
-    return Target(name, worst[1] <= limit, worst[1], limit, f"worst: {worst[0]} {worst[1]:.2f}x")
-
-
 def _generate_targets(grid: _Grid) -> list[Target]:
     return [
         _first_call_ratio(
@@ -225,8 +216,8 @@ def check_targets(results: Iterable[CellResult], workload: str = "forward") -> l
             "regional first call vs accelerate compile_regions (depth 16, 32)",
         ),
         _depth_scaling(grid, 1.2),
-        _warm_vs_cold(grid, 0.3),
-        _hierarchical_warm(grid, 0.2),
+        _warm_vs_cold(grid, "regional", 0.3),
+        _warm_vs_cold(grid, "hierarchical", 0.2),
         _steady_vs_full(grid, "hierarchical", 1.03),
         _steady_vs_full(grid, "regional", 1.02),
         _at_depth_32(
@@ -243,3 +234,8 @@ def check_targets(results: Iterable[CellResult], workload: str = "forward") -> l
         ),
         *tiered_targets(list(results), Target),
     ]  # fmt: skip
+
+
+def missed(targets: Iterable[Target]) -> list[Target]:
+    """The targets this run judged and found NOT met."""
+    return [t for t in targets if t.met is False]

@@ -18,7 +18,8 @@ fresh process with that directory kept (warm).
 warmed up, then timed in alternating rounds (``steady_seconds`` per strategy); the runner
 gives it the cache directories the first-call runs filled, so its compiles are warm.
 
-It writes one JSON object to ``--output``.
+It writes one JSON object to ``--output``, and progress lines (``PROGRESS_PREFIX`` then what
+it is doing, ``steady 7/10`` for counted work) to stderr, which the runner shows.
 """
 
 from __future__ import annotations
@@ -36,6 +37,23 @@ import attrs
 
 START = time.perf_counter()
 START_WALL = time.time()
+PROGRESS_PREFIX = "torchkiln-bench-progress: "
+"""Starts every progress line on stderr (the runner's :func:`~torchkiln.bench.runner.run_worker`
+reads them; kept here so this module imports nothing of torchkiln before it is timed)."""
+
+
+def progress(text: str) -> None:
+    """Tell the runner what this process is doing now (outside every timed call)."""
+    print(PROGRESS_PREFIX + text, file=sys.stderr, flush=True)
+
+
+def _counted(what: str, count: int, call: Callable[[], Any]) -> list[Any]:
+    """``call()`` ``count`` times, saying ``what i/count`` after each."""
+    results = []
+    for index in range(count):
+        results.append(call())
+        progress(f"{what} {index + 1}/{count}")
+    return results
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -311,7 +329,9 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
 
     imported = time.perf_counter()
     if args.workload == "generate":
+        progress("first generate() (compiling)")
         return _common(args, imported - started) | _first_token(args, started)
+    progress("building the model")
     model, inputs = _build(args)
     built = time.perf_counter()
     call_target = None
@@ -322,6 +342,7 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
         return _step(call_target, model, inputs, args.train)()
 
     first_started = time.perf_counter()
+    progress("first call (compiling)")
     first_seconds, output = _timed(first, args.device)
     # A copy: under CUDA graphs (reduce-overhead) the next replay overwrites the output.
     first_out = _first_tensor(output).detach().clone()
@@ -331,11 +352,12 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
     if args.strategy == "tiered":
         from torchkiln.bench.tiered import now, until_whole_model
 
+        progress("regional until the whole-model form replaces it")
         tiered = until_whole_model(_synced(step, args.device), model, first_started, now)
-    later = [_timed(step, args.device)[0] for _ in range(args.warmup)]
-    steady = [
-        _timed(step, args.device)[0] for _ in range(args.steady_iters if args.steady_here else 0)
-    ]
+    later = _counted("warm-up", args.warmup, lambda: _timed(step, args.device)[0])
+    steady = _counted(
+        "steady", args.steady_iters if args.steady_here else 0, lambda: _timed(step, args.device)[0]
+    )
     return _common(args, imported - started) | {
         "phase": "first_call",
         "strategy": args.strategy,
@@ -411,7 +433,8 @@ def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
     strategies = [s for s in args.strategies.split(",") if s]
     steps: dict[str, Callable[[], Any]] = {}
     errors: dict[str, str] = {}
-    for strategy in strategies:
+    for number, strategy in enumerate(strategies, 1):
+        progress(f"compiling and warming up {strategy} ({number}/{len(strategies)})")
         try:
             steps[strategy] = _steady_step(strategy, args)
             for _ in range(1 + args.warmup):
@@ -433,6 +456,7 @@ def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
                 seconds, per_token = _timed(steps[strategy], args.device)
                 # generate: the call's median seconds per decoded token, not the whole call
                 samples[strategy].append(per_token if generate else seconds)
+        progress(f"steady {round_index + 1}/{rounds} rounds")
     return _common(args, imported - started) | {
         "phase": "steady",
         "strategies": strategies,
@@ -457,6 +481,7 @@ def measure_precompile(args: argparse.Namespace) -> dict[str, Any]:
     imported = time.perf_counter()
     if not args.artifacts:
         raise SystemExit("--precompile needs --artifacts DIR")
+    progress("precompiling")
     model, inputs = _build(args)
     kind = "training" if args.train else "inference"
     result = torchkiln.precompile(

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return int(args.handler(args) or 0)
+        status = int(args.handler(args) or 0)
+        # Output shorter than the buffer is written here: a closed pipe must be caught too.
+        sys.stdout.flush()
+        return status
     except TorchkilnError as error:
         print(f"torchkiln: error: {error}", file=sys.stderr)
         return 2
@@ -89,10 +93,19 @@ def plugins_listing() -> dict[str, Any]:
     from torchkiln.plugin_host.default_manager import get_plugin_manager
 
     pm = get_plugin_manager().ensure_loaded()
+    # Declarations first: a plugin whose declaration hook fails is quarantined there, and
+    # must then be listed as FAILED, not as loaded.
+    backends, selectors = pm.backends(), pm.selectors()
+    strategies = pm.distributed_strategies()
 
     def availability(spec: Any) -> dict[str, Any]:
         result = spec.probe()
         return {"available": result.available, "reason": result.reason}
+
+    def usable(declared: Any) -> dict[str, Any]:
+        """A name declared without the hook that serves it cannot be used (and is refused
+        when a configuration names it)."""
+        return {"unusable": pm.unserved(declared)}
 
     return {
         "plugins": [attrs.asdict(info) for info in pm.plugin_infos()],
@@ -109,8 +122,9 @@ def plugins_listing() -> dict[str, Any]:
                 "options": d.spec.options,
                 "devices": d.spec.devices,
                 **availability(d.spec),
+                **usable(d),
             }
-            for name, d in sorted(pm.backends().items())
+            for name, d in sorted(backends.items())
         ],
         "selectors": [
             {
@@ -118,8 +132,9 @@ def plugins_listing() -> dict[str, Any]:
                 "plugin": d.plugin,
                 "description": d.spec.description,
                 "options": d.spec.options,
+                **usable(d),
             }
-            for n, d in sorted(pm.selectors().items())
+            for n, d in sorted(selectors.items())
         ],
         "distributed": [
             {
@@ -127,8 +142,9 @@ def plugins_listing() -> dict[str, Any]:
                 "plugin": d.plugin,
                 "description": d.spec.description,
                 **availability(d.spec),
+                **usable(d),
             }
-            for n, d in sorted(pm.distributed_strategies().items())
+            for n, d in sorted(strategies.items())
         ],
     }
 
@@ -154,11 +170,10 @@ def _plugins(args: argparse.Namespace) -> int:
         )
     )
     for failure in listing["failed"]:
-        print(
-            f"  FAILED {failure['name']} ({failure['distribution']} {failure['version']}): {failure['error']}"
-        )
+        print(_wrapped(f"  FAILED {_failure_text(failure)}", "    "))
     if listing["disabled"]:
         print(f"  disabled (TORCHKILN_DISABLED_PLUGINS): {', '.join(listing['disabled'])}")
+    declared = [b for b in listing["backends"] if b["origin"] != "torch"]
     print(
         _table(
             "backends",
@@ -168,20 +183,34 @@ def _plugins(args: argparse.Namespace) -> int:
                     b["name"],
                     b["plugin"],
                     "yes" if b["available"] else "no",
-                    "yes" if b["training"] else "inference only",
+                    "yes" if b["training"] else "no",
                     _options_text(b["options"]),
-                    b["reason"] or b["description"],
+                    b["unusable"] or b["reason"] or b["description"],
                 ]
-                for b in listing["backends"]
+                for b in declared
             ],
         )
     )
+    torch_only = [b["name"] for b in listing["backends"] if b["origin"] == "torch"]
+    if torch_only:
+        print(
+            _wrapped(
+                "  known to torch only (compiled with torch.compile, any options): "
+                + ", ".join(torch_only),
+                "    ",
+            )
+        )
     print(
         _table(
             "selectors",
             ["name", "plugin", "options", "description"],
             [
-                [s["name"], s["plugin"], _options_text(s["options"]), s["description"]]
+                [
+                    s["name"],
+                    s["plugin"],
+                    _options_text(s["options"]),
+                    s["unusable"] or s["description"],
+                ]
                 for s in listing["selectors"]
             ],
         )
@@ -191,7 +220,12 @@ def _plugins(args: argparse.Namespace) -> int:
             "distributed strategies",
             ["name", "plugin", "available", "why not"],
             [
-                [d["name"], d["plugin"], "yes" if d["available"] else "no", d["reason"]]
+                [
+                    d["name"],
+                    d["plugin"],
+                    "yes" if d["available"] else "no",
+                    d["unusable"] or d["reason"],
+                ]
                 for d in listing["distributed"]
             ],
         )
@@ -199,20 +233,67 @@ def _plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+LISTING_WIDTH = 120
+"""``torchkiln plugins`` fits this many columns: the last column of a table wraps."""
+OPTIONS_SHOWN = 28
+MIN_LAST_WIDTH = 48
+"""Below this many free columns, a table's last column goes on lines of its own."""
+"""The most characters of an options list a table shows (all of them: ``--json``)."""
+
+
 def _options_text(options: Sequence[str] | None) -> str:
-    """``None`` (any key accepted) shows as ``any``; no accepted key as ``-``."""
+    """``None`` (any key accepted) shows as ``any``; no accepted key as ``-``; a list longer
+    than :data:`OPTIONS_SHOWN` characters as its first keys and how many more
+    (``scheduler (+2 more)``)."""
     if options is None:
         return "any"
-    return ", ".join(options) or "-"
+    text = ", ".join(options)
+    if len(text) <= OPTIONS_SHOWN:
+        return text or "-"
+    shown: list[str] = []
+    for key in options:
+        more = f" (+{len(options) - len(shown) - 1} more)"
+        if shown and len(", ".join([*shown, key])) + len(more) > OPTIONS_SHOWN:
+            break
+        shown.append(key)
+    return f"{', '.join(shown)} (+{len(options) - len(shown)} more)"
+
+
+def _failure_text(failure: dict[str, Any]) -> str:
+    dist = f" ({failure['distribution']} {failure['version']})" if failure["distribution"] else ""
+    if failure.get("hook"):
+        return f"{failure['name']}{dist}: quarantined, its {failure['hook']}() {failure['error']}"
+    return f"{failure['name']}{dist}: failed to load: {failure['error']}"
+
+
+def _wrapped(text: str, indent: str, width: int = LISTING_WIDTH) -> str:
+    return "\n".join(
+        textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False) or [text]
+    )
 
 
 def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns; the last one wraps so that no line is wider than
+    :data:`LISTING_WIDTH` (continuation lines start under it, or, when fewer than
+    :data:`MIN_LAST_WIDTH` columns are left beside the others, it goes below each row)."""
     rows = [header, *rows]
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header) - 1)]
+    start = 2 + sum(w + 2 for w in widths)
+    below = LISTING_WIDTH - start < MIN_LAST_WIDTH
+    if below:
+        start = 6
     lines = [f"\n{title}:"]
-    lines += [
-        "  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows
-    ]
+    for row in rows:
+        first = "  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths))
+        parts = textwrap.wrap(
+            str(row[-1]), LISTING_WIDTH - start, break_on_hyphens=False, break_long_words=False
+        )
+        if below or not parts:
+            lines.append(first.rstrip())
+            lines += [" " * start + part for part in parts]
+        else:
+            lines.append(first + "  " + parts[0])
+            lines += [" " * start + part for part in parts[1:]]
     return "\n".join(lines)
 
 

@@ -254,6 +254,15 @@ def _unknown_option(owner: str, key: str, accepted: tuple[str, ...]) -> str:
     return f"{owner} does not accept option {describe(key)}{hint}; allowed: {', '.join(accepted) or 'none'}"
 
 
+def _unserved(plugins: Any, declared: Any) -> str | None:
+    """A declared name whose plugin lacks the hook that serves it is refused here, like an
+    unknown name (it would fail only when compiling, or run eagerly under
+    ``on_region_error="eager"``)."""
+    if declared is None or not hasattr(plugins, "unserved"):
+        return None
+    return plugins.unserved(declared)
+
+
 def _selector_option_problems(
     config: CompileConfig, sources: Mapping[str, str], plugins: Any
 ) -> list[ConfigProblem]:
@@ -356,6 +365,11 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
             missing_hint,
         ),
     )
+    for path, declared in (
+        ("regions.strategy", plugins.selectors().get(config.regions.strategy)),
+        ("distributed.strategy", plugins.distributed_strategies().get(config.distributed.strategy)),
+    ):
+        add(path, _unserved(plugins, declared))
     problems.extend(_selector_option_problems(config, sources, plugins))
     if config.regions.strategy == "classes" and not config.regions.classes:
         add(
@@ -415,6 +429,9 @@ def _backend_problems(
         ]
     spec = found.spec
     problems = []
+    unserved = _unserved(plugins, found)
+    if unserved:
+        problems.append(ConfigProblem("$.backend", unserved, source))
     availability = spec.probe()
     if not availability.available:
         problems.append(

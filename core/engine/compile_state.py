@@ -164,6 +164,8 @@ class CompileState:
     """Group -> its direct dispatcher (``dispatch="direct"``, groups torch.compile compiled)."""
     report_causes: tuple[Any, ...] = ()
     """Named causes the plugins declared (``ReportCause``), tried before the built-in ones."""
+    providers: dict[str, str] = attrs.Factory(dict)
+    """``backend`` / ``selector`` -> the plugin that served it (the report names them)."""
     records_before: MetricsMark | None = None
     """Dynamo's records from before this compile (never this model's)."""
     later_records: dict[str, tuple[str, CompileRecord]] = attrs.Factory(dict)

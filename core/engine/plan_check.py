@@ -75,7 +75,7 @@ def check_plan(plan: Any, model: nn.Module, plugin: str | None) -> RegionPlan:
         more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
         who = f"selector plugin {plugin!r}" if plugin else "the selector"
         raise PluginError(
-            f"{who}'s select_regions() returned a plan for selector {plan.selector!r} that does "
+            f"{who}: select_regions() returned a plan for selector {plan.selector!r} that does "
             f"not fit the model: {'; '.join(problems[:_SHOWN])}{more}",
             plugin=plugin,
             hook="select_regions",

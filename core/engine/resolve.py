@@ -143,7 +143,7 @@ def _apply_plugins(
             if path in owners:
                 warnings.warn(
                     f"plugins {owners[path]!r} and {impl.plugin_name!r} both set {path!r} in "
-                    f"resolve_compile_config; keeping {owners[path]!r}'s value",
+                    f"resolve_compile_config; keeping the value of {owners[path]!r}",
                     RuntimeWarning,
                     stacklevel=4,
                 )

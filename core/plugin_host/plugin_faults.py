@@ -67,14 +67,26 @@ def call_hook(pm: Any, hook_name: str, owner: str | None = None, **kwargs: Any) 
         raise raised_in(pm, hook_name, error, owner) from error
 
 
+SHOWN_LIMIT = 80
+"""The most characters of a value's repr an error message shows."""
+
+
+def shown(value: Any, limit: int = SHOWN_LIMIT) -> str:
+    """``repr(value)`` on one line, at most ``limit`` characters: a longer one is cut after a
+    whole token (at a space, comma or bracket) and ends with ``...``."""
+    text = " ".join(repr(value).split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    boundary = max(cut.rfind(c) for c in " ,([{=")
+    return (cut[: boundary + 1] if boundary > limit // 2 else cut).rstrip() + "..."
+
+
 def bad_result(hook_name: str, plugin: str | None, got: Any, expected: str) -> PluginError:
     """The :class:`PluginError` for a hook result of the wrong type."""
     who = f"plugin {plugin!r}" if plugin else "a plugin"
-    shown = repr(got)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
     return PluginError(
-        f"{who}'s {hook_name}() returned {type(got).__name__} {shown}; expected {expected}",
+        f"{who}: {hook_name}() returned {type(got).__name__} {shown(got)}; expected {expected}",
         plugin=plugin,
         hook=hook_name,
     )

@@ -17,6 +17,7 @@ from torchkiln.plugin_host.declarations import (
     LayerCacheSpec,
     SelectorSpec,
 )
+from torchkiln.plugin_host.plugin_faults import shown
 
 SpecT = TypeVar("SpecT", BackendSpec, SelectorSpec, DistributedSpec, LayerCacheSpec)
 
@@ -36,12 +37,29 @@ def readable_name(plugin: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+DECLARATION_KINDS = {
+    "declare_backends": "backend",
+    "declare_selectors": "selector",
+    "declare_distributed": "distributed strategy",
+    "declare_layer_caches": "layer cache",
+}
 IMPLEMENTING_HOOK = {
     "declare_backends": "compile_region",
     "declare_selectors": "select_regions",
     "declare_distributed": "wrap_distributed",
 }
 """A plugin that declares names must implement the hook that serves them."""
+SERVING_HOOK = {
+    BackendSpec: "compile_region",
+    SelectorSpec: "select_regions",
+    DistributedSpec: "wrap_distributed",
+}
+"""Spec type -> the hook its declaring plugin must implement for the name to be usable."""
+DECLARING_HOOK = {
+    BackendSpec: "declare_backends",
+    SelectorSpec: "declare_selectors",
+    DistributedSpec: "declare_distributed",
+}
 
 
 @attrs.frozen
@@ -70,24 +88,36 @@ class PluginInfo:
 
 @attrs.frozen
 class FailedPlugin:
-    """An external plugin that could not be loaded, and why (same keys as :class:`PluginInfo`)."""
+    """A plugin that could not be loaded, or was quarantined because a declaration hook
+    failed, and why (same keys as :class:`PluginInfo`, plus ``hook``)."""
 
     name: str
-    """The entry-point name."""
-    target: str
-    """What the entry point loads (``module:attribute``)."""
+    """The entry-point name (or the registered name of a quarantined registered plugin)."""
+    target: str | None
+    """What the entry point loads (``module:attribute``); ``None`` for a registered plugin."""
     distribution: str | None
     version: str | None
     error: str
+    hook: str | None = None
+    """The declaration hook that failed (the plugin was quarantined), or ``None``: it failed
+    to load (import, or validation at registration)."""
 
     def describe(self) -> str:
         dist = (
             f"{self.distribution} {self.version}" if self.distribution else "unknown distribution"
         )
+        where = f" = {self.target!r} (from {dist})" if self.target else ""
+        if self.hook is None:
+            return f"torchkiln plugin {self.name!r}{where} failed to load and was skipped: {self.error}"
         return (
-            f"torchkiln plugin {self.name!r} = {self.target!r} (from {dist}) failed to "
-            f"load and was skipped: {self.error}"
+            f"torchkiln plugin {self.name!r}{where} was quarantined (its names are unavailable, "
+            f"every other plugin is unaffected): its {self.hook}() {self.error}"
         )
+
+    @property
+    def reason(self) -> str:
+        """One short phrase for lists: ``declare_backends() raised ValueError: ...``."""
+        return self.error if self.hook is None else f"{self.hook}() {self.error}"
 
 
 @attrs.frozen
@@ -106,24 +136,25 @@ _SPEC_TYPES = {
 }
 
 
+class DeclarationFailed(PluginError):
+    """A declaration hook raised or returned the wrong type; ``detail`` says which, without
+    the plugin's name (``raised ValueError: ...``, ``returned dict {...}; expected ...``)."""
+
+    def __init__(self, plugin: str, hook: str, detail: str):
+        super().__init__(f"plugin {plugin!r}: {hook}() {detail}", plugin=plugin, hook=hook)
+        self.detail = detail
+
+
 def check_specs(hook_name: str, plugin: str, specs: Any) -> None:
     """A declaration hook returns a list (or tuple) of its spec type: anything else is the
     plugin's fault, named as such (a bare ``AttributeError`` on ``.name`` helps nobody)."""
     kind = _SPEC_TYPES[hook_name]
     if isinstance(specs, list | tuple) and all(isinstance(spec, kind) for spec in specs):
         return
-    bad = (
-        next((s for s in specs if not isinstance(s, kind)), specs)
-        if isinstance(specs, list | tuple)
-        else specs
-    )
-    shown = repr(bad)
-    raise PluginError(
-        f"plugin {plugin!r}'s {hook_name}() returned {type(specs).__name__} containing "
-        f"{type(bad).__name__} {shown[:80]}; expected a list of torchkiln.{kind.__name__}"
-        if bad is not specs
-        else f"plugin {plugin!r}'s {hook_name}() returned {type(specs).__name__} {shown[:80]}; "
-        f"expected a list of torchkiln.{kind.__name__}",
-        plugin=plugin,
-        hook=hook_name,
-    )
+    expected = f"expected a list of torchkiln.plugin.{kind.__name__}"
+    if isinstance(specs, list | tuple):
+        bad = next(s for s in specs if not isinstance(s, kind))
+        what = f"{type(specs).__name__} containing {type(bad).__name__} {shown(bad)}"
+    else:
+        what = f"{type(specs).__name__} {shown(specs)}"
+    raise DeclarationFailed(plugin, hook_name, f"returned {what}; {expected}")

@@ -15,15 +15,24 @@ Names in both lists are matched case-insensitively (``TorchKiln.TensorRT`` block
 ``torchkiln.tensorrt``). A name that matches no built-in and no installed entry point is
 reported with a ``RuntimeWarning`` (with the closest known name) when plugins load.
 
-Precedence does not depend on when plugins are registered: built-ins first, then installed
-(entry-point) plugins, then plugins registered with :meth:`PluginManager.register`, each later
-one called before (and overriding the declarations of) the earlier ones; ``tryfirst`` /
-``trylast`` on a ``hookimpl`` move it within that order. (``register`` loads the entry points
-first if they are due, so a framework that registers its plugin before the first compile gets
-the same order as one that registers after.)
+Precedence does not depend on when plugins are registered, nor on the order Python finds
+installed distributions: plugins registered with :meth:`PluginManager.register` first (the
+last registered first of all), then installed (entry-point) plugins in the order
+``TORCHKILN_PLUGINS`` names them, else by entry-point name (case-insensitively, ``a`` before
+``b``), then the built-ins. The first in that order is called first, and its declarations win a
+name declared twice; ``tryfirst`` / ``trylast`` on a ``hookimpl`` move it within that order.
+(``register`` loads the entry points first if they are due, so a framework that registers its
+plugin before the first compile gets the same order as one that registers after.)
+
+A plugin whose ``declare_*`` hook raises or returns something else than a list of its spec
+type is quarantined: unregistered, listed in :attr:`PluginManager.failed` (``torchkiln
+plugins`` shows it as FAILED with the reason), its names unknown with that reason, and every
+other plugin unaffected. A plugin that declares a name without the hook that serves it
+(``compile_region``, ``select_regions``, ``wrap_distributed``) does not provide that name:
+using it is refused when the configuration is validated, like an unknown name.
 ``TORCHKILN_STRICT_PLUGINS=1``
-    a plugin that fails to import or to validate raises :class:`~torchkiln.PluginError`
-    instead of being skipped with a warning.
+    a plugin that fails to import, to validate or to declare raises
+    :class:`~torchkiln.PluginError` instead of being skipped (or quarantined) with a warning.
 ``TORCHKILN_TRACE_PLUGINS=1``
     print each hook call, its arguments and its result to stderr.
 """
@@ -35,7 +44,7 @@ import importlib
 import os
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from typing import Any
 
@@ -59,7 +68,11 @@ from torchkiln.plugin_host.plugin_env import (
     warn_unknown_names,
 )
 from torchkiln.plugin_host.plugin_info import (
+    DECLARATION_KINDS,
+    DECLARING_HOOK,
     IMPLEMENTING_HOOK,
+    SERVING_HOOK,
+    DeclarationFailed,
     Declared,
     FailedPlugin,
     PluginInfo,
@@ -101,6 +114,7 @@ class PluginManager(pluggy.PluginManager):
         self.failed: list[FailedPlugin] = []
         self.external: dict[str, PluginInfo] = {}
         self._declared_cache: dict[str, dict[str, Any]] = {}
+
         self.disabled = {
             n.lower() for n in env_names(self._env, "TORCHKILN_DISABLED_PLUGINS") or ()
         }
@@ -173,7 +187,7 @@ class PluginManager(pluggy.PluginManager):
         """Load every allowed plugin of the ``torchkiln`` entry-point group, each isolated."""
         only = {n.lower() for n in env_names(self._env, "TORCHKILN_PLUGINS") or ()} or None
         seen: set[str] = set()
-        for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        for entry_point in self._load_order(metadata.entry_points(group=ENTRY_POINT_GROUP)):
             if entry_point.name in seen:
                 continue
             seen.add(entry_point.name)
@@ -184,12 +198,27 @@ class PluginManager(pluggy.PluginManager):
                 continue
             if self.get_plugin(entry_point.name) is not None:
                 continue
+            if any(f.name == entry_point.name and f.hook for f in self.failed):
+                continue  # quarantined: stays out when the entry points are loaded again
             self._registering_internally = True
             try:
                 self._load_entry_point(entry_point)
             finally:
                 self._registering_internally = False
         self._declared_cache.clear()
+
+    def _load_order(self, entry_points: Iterable[metadata.EntryPoint]) -> list[metadata.EntryPoint]:
+        """Registration order: the plugin registered last is called first and wins a name, so
+        the one that must win (first in ``TORCHKILN_PLUGINS``, else the first by name) is
+        registered last. The order Python finds distributions in never matters."""
+        listed = [n.strip().lower() for n in self._env.get("TORCHKILN_PLUGINS", "").split(",")]
+        rank = {name: index for index, name in reversed(list(enumerate(listed))) if name}
+
+        def precedence(entry_point: metadata.EntryPoint) -> tuple[int, str, str]:
+            name = entry_point.name.lower()
+            return (rank.get(name, len(rank)), name, entry_point.value)
+
+        return sorted(entry_points, key=precedence, reverse=True)
 
     def check_plugin_controls(self) -> None:
         """Warn (once) about names in ``TORCHKILN_PLUGINS`` / ``TORCHKILN_DISABLED_PLUGINS``
@@ -207,8 +236,7 @@ class PluginManager(pluggy.PluginManager):
         version = dist.version if dist is not None else None
         try:
             plugin = entry_point.load()
-            self.register(plugin, name=entry_point.name)
-            self._check_plugin(entry_point.name, plugin)
+            self.register(plugin, name=entry_point.name)  # checks it (_check_plugin), once
         except Exception as error:  # isolate: one broken plugin never stops the others
             if self.get_plugin(entry_point.name) is not None:
                 self.unregister(name=entry_point.name)
@@ -223,7 +251,9 @@ class PluginManager(pluggy.PluginManager):
             if self.strict:
                 raise PluginError(
                     failure.describe().replace("was skipped", "was not loaded")
-                    + " (TORCHKILN_STRICT_PLUGINS=1)"
+                    + " (TORCHKILN_STRICT_PLUGINS=1)",
+                    plugin=entry_point.name,
+                    hook=getattr(error, "hook", None),
                 ) from error
             warnings.warn(failure.describe(), RuntimeWarning, stacklevel=3)
             return
@@ -247,16 +277,21 @@ class PluginManager(pluggy.PluginManager):
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise PluginError(
                     f"plugin {name!r} implements unknown hook {hook_name!r}{hint}; torchkiln "
-                    "hooks: " + ", ".join(known)
+                    "hooks: " + ", ".join(known),
+                    plugin=name,
+                    hook=hook_name,
                 )
         for declaration, serving in IMPLEMENTING_HOOK.items():
             if declaration in implemented and serving not in implemented:
                 message = (
-                    f"plugin {name!r} implements {declaration} but not {serving}: using the "
-                    f"names it declares will fail; add a @hookimpl {serving}"
+                    f"plugin {name!r} implements {declaration} but not {serving}: the names it "
+                    f"declares are refused when a configuration uses them; add a @hookimpl "
+                    f"{serving}"
                 )
                 if self.strict:
-                    raise PluginError(message + " (TORCHKILN_STRICT_PLUGINS=1)")
+                    raise PluginError(
+                        message + " (TORCHKILN_STRICT_PLUGINS=1)", plugin=name, hook=serving
+                    )
                 warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def hook_names(self) -> list[str]:
@@ -325,10 +360,12 @@ class PluginManager(pluggy.PluginManager):
 
     def _serve(self, hook_name: str, declared: Declared[Any], kind: str, **kwargs: Any) -> Any:
         impl = self.implementation(hook_name, declared.plugin)
-        if impl is None:  # registered before the check existed, or unregistered since
+        if impl is None:  # unregistered since it declared (declarations are cached)
             raise PluginError(
                 f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but does "
-                f"not implement {hook_name}"
+                f"not implement {hook_name}",
+                plugin=declared.plugin,
+                hook=hook_name,
             )
         # A pluggy subset caller, so pluggy's tracing and TORCHKILN_TRACE_PLUGINS see the call.
         others = [
@@ -339,7 +376,9 @@ class PluginManager(pluggy.PluginManager):
         if result is None:
             raise PluginError(
                 f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but its "
-                f"{hook_name} returned None for it"
+                f"{hook_name} returned None for it",
+                plugin=declared.plugin,
+                hook=hook_name,
             )
         return result
 
@@ -347,7 +386,10 @@ class PluginManager(pluggy.PluginManager):
         """The plan the plugin that declared ``selector`` makes (its ``select_regions`` only)."""
         declared = self.selectors().get(selector)
         if declared is None:
-            raise PluginError(f"no plugin declares the selector {selector!r}{self.missing_hint()}")
+            raise PluginError(
+                f"no plugin declares the selector {selector!r}{self.missing_hint()}",
+                hook="select_regions",
+            )
         return self._serve(
             "select_regions", declared, "selector", model=model, config=config, selector=selector
         )
@@ -364,7 +406,8 @@ class PluginManager(pluggy.PluginManager):
         declared = self.distributed_strategies().get(strategy)
         if declared is None:
             raise PluginError(
-                f"no plugin declares the distributed strategy {strategy!r}{self.missing_hint()}"
+                f"no plugin declares the distributed strategy {strategy!r}{self.missing_hint()}",
+                hook="wrap_distributed",
             )
         return self._serve(
             "wrap_distributed",
@@ -382,7 +425,10 @@ class PluginManager(pluggy.PluginManager):
         knows, ``torch.compile`` with the configured options."""
         declared = self.backend(backend)
         if declared is None:
-            raise PluginError(f"no plugin declares the backend {backend!r}{self.missing_hint()}")
+            raise PluginError(
+                f"no plugin declares the backend {backend!r}{self.missing_hint()}",
+                hook="compile_region",
+            )
         if declared.spec.origin == "torch":
             return compile_with_torch(fn, config, backend)
         return self._serve(
@@ -401,8 +447,14 @@ class PluginManager(pluggy.PluginManager):
         blocked = sorted(name for name, plugin in self.list_name_plugin() if plugin is None)
         if blocked:
             parts.append("plugins disabled by TORCHKILN_DISABLED_PLUGINS: " + ", ".join(blocked))
-        if self.failed:
-            parts.append("plugins that failed to load: " + ", ".join(f.name for f in self.failed))
+        not_loaded = sorted(f.name for f in self.failed if f.hook is None)
+        if not_loaded:
+            parts.append("plugins that failed to load: " + ", ".join(not_loaded))
+        quarantined = sorted(
+            f"plugin {f.name!r} (its {f.reason})" for f in self.failed if f.hook is not None
+        )
+        if quarantined:
+            parts.append("plugins quarantined, their names unavailable: " + ", ".join(quarantined))
         return f" ({'; '.join(parts)})" if parts else ""
 
     # --- declarations ----------------------------------------------------------------------
@@ -411,33 +463,79 @@ class PluginManager(pluggy.PluginManager):
         self.ensure_loaded()
         if hook_name in self._declared_cache:
             return self._declared_cache[hook_name]
+        while True:
+            try:
+                result, twice = self._collect(hook_name, kind)
+            except DeclarationFailed as error:
+                self._quarantine(error)  # raises under TORCHKILN_STRICT_PLUGINS=1
+                continue  # the culprit is gone: ask the others again
+            break
+        for message in twice:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        self._declared_cache[hook_name] = result
+        return result
+
+    def _collect(self, hook_name: str, kind: str) -> tuple[dict[str, Declared[Any]], list[str]]:
+        """Every plugin's declarations, the first called winning a name; and the warnings
+        about names declared twice. :raises PluginError: naming the plugin whose hook failed."""
         result: dict[str, Declared[Any]] = {}
+        twice: list[str] = []
         hook = getattr(self.hook, hook_name)
         # pluggy calls the last registered (or tryfirst) implementation first: that one wins.
         for impl in reversed(hook.get_hookimpls()):
             try:
                 specs = self.call_impl(hook_name, impl) or ()
             except Exception as error:
-                raise PluginError(
-                    f"plugin {impl.plugin_name!r} raised in {hook_name}(): "
-                    f"{type(error).__name__}: {error}",
-                    plugin=impl.plugin_name,
-                    hook=hook_name,
-                ) from error
+                detail = f"raised {type(error).__name__}: {error}"
+                raise DeclarationFailed(impl.plugin_name, hook_name, detail) from error
             check_specs(hook_name, impl.plugin_name, specs)
             for spec in specs:
                 if spec.name in result:
-                    warnings.warn(
+                    twice.append(
                         f"{kind} {spec.name!r} is declared by both plugin "
                         f"{result[spec.name].plugin!r} and plugin {impl.plugin_name!r}; using "
-                        f"{result[spec.name].plugin!r} (the one registered last, or tryfirst)",
-                        RuntimeWarning,
-                        stacklevel=3,
+                        f"{result[spec.name].plugin!r} (the first in precedence order: "
+                        "registered last, or tryfirst; docs/plugins/packaging.md)"
                     )
-                    continue
-                result[spec.name] = Declared(spec, impl.plugin_name)
-        self._declared_cache[hook_name] = result
-        return result
+                else:
+                    result[spec.name] = Declared(spec, impl.plugin_name)
+        return result, twice
+
+    def unserved(self, declared: Declared[Any]) -> str | None:
+        """Why ``declared`` cannot be used although it is declared: its plugin does not
+        implement the hook that serves it; ``None`` when it does."""
+        if getattr(declared.spec, "origin", "plugin") == "torch":
+            return None
+        hook_name = SERVING_HOOK[type(declared.spec)]
+        if self.implementation(hook_name, declared.plugin) is not None:
+            return None
+        kind = DECLARATION_KINDS[DECLARING_HOOK[type(declared.spec)]]
+        return (
+            f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but does not "
+            f"implement {hook_name}, so the name cannot be used"
+        )
+
+    def _quarantine(self, error: DeclarationFailed) -> None:
+        """Unregister the plugin a declaration hook failed in, and record why; under
+        ``TORCHKILN_STRICT_PLUGINS=1`` raise instead."""
+        name, hook_name = error.plugin, error.hook
+        assert name is not None and hook_name is not None
+        if self.strict:
+            raise PluginError(
+                f"{error} (TORCHKILN_STRICT_PLUGINS=1)", plugin=name, hook=hook_name
+            ) from error
+        info = self.external.pop(name, None)
+        failure = FailedPlugin(
+            name,
+            info.target if info else None,
+            info.distribution if info else None,
+            info.version if info else None,
+            error.detail,
+            hook=hook_name,
+        )
+        self.unregister(name=name)
+        self.failed.append(failure)
+        warnings.warn(failure.describe(), RuntimeWarning, stacklevel=4)
 
     def backends(self, *, include_torch: bool = True) -> dict[str, Declared[BackendSpec]]:
         """Backends declared by plugins, then every other name torch's registry knows."""

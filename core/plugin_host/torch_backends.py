@@ -15,12 +15,17 @@ if TYPE_CHECKING:
     from torchkiln.configuration.config import CompileConfig
 
 
+DynamoBackend = Callable[..., Callable[..., Any]]
+"""A ``torch.compile`` backend function: ``(graph_module, example_inputs) -> callable``."""
+
+
 def compile_with_torch(
-    fn: Callable[..., Any], config: CompileConfig, backend: str | None = None
+    fn: Callable[..., Any], config: CompileConfig, backend: str | DynamoBackend | None = None
 ) -> Callable[..., Any]:
     """``torch.compile(fn)`` with the configured ``mode``, ``fullgraph``, ``dynamic`` and
     ``options``, for ``backend`` (default: ``config.backend``; pass the torch name a vendor
-    registered when it differs from the torchkiln one).
+    registered when it differs from the torchkiln one, or a backend function of your own, such
+    as one that rewrites the graph and hands it on with :func:`torch_backend`).
 
     ``options`` is copied (``torch.compile`` pops keys out of it) and passed as ``None`` when
     empty, ``mode`` as ``None`` when unset: torch refuses ``mode`` and ``options`` together.
@@ -61,6 +66,26 @@ def torch_backend_names() -> list[str]:
     import torch._dynamo
 
     return sorted(name.lower() for name in torch._dynamo.list_backends(exclude_tags=()))
+
+
+def torch_backend(name: str) -> DynamoBackend:
+    """The backend function torch registered as ``name`` (``"inductor"``, ``"aot_eager"``,
+    ``"eager"``...), for a wrapping backend to hand its graph on to::
+
+        def acme_backend(graph_module, example_inputs):
+            rewrite(graph_module)  # the vendor's own passes
+            return torch_backend("inductor")(graph_module, example_inputs)
+
+    :raises ValueError: naming the names torch knows, when it knows no ``name``.
+    """
+    import torch._dynamo
+
+    if not torch_knows(name):
+        raise ValueError(
+            f"torch knows no backend {name!r}; known: {', '.join(torch_backend_names())}"
+        )
+    found: DynamoBackend = torch._dynamo.lookup_backend(name.lower())
+    return found
 
 
 def torch_knows(name: str) -> bool:

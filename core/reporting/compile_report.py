@@ -121,6 +121,17 @@ class CompileReport:
     tiers: Any = None
     """Tiered compilation: which tier serves, calls per tier, the switch, the build
     (:class:`torchkiln.tiered.runtime.TierReport`); ``None`` without tiers."""
+    backend_plugin: str | None = None
+    """The plugin whose ``compile_region`` compiled the regions (``torch``: a backend only
+    torch's registry knows, compiled with ``torch.compile``)."""
+    selector_plugin: str | None = None
+    """The plugin whose ``select_regions`` chose the regions."""
+
+    @property
+    def title(self) -> str:
+        """``torchkiln compile report: backend X (plugin P), selector Y (plugin Q)``."""
+        backend = _by(self.backend, self.backend_plugin)
+        return f"torchkiln compile report: backend {backend}, selector {_by(self.selector, self.selector_plugin)}"
 
     @property
     def total_graphs(self) -> int:
@@ -142,6 +153,10 @@ class CompileReport:
         except ImportError:
             return _plain_table(self)
         return render_report(self)
+
+
+def _by(name: str, plugin: str | None) -> str:
+    return f"{name} (plugin {plugin})" if plugin else name
 
 
 @attrs.define
@@ -440,6 +455,8 @@ def build_report(
         verbose=verbose,
         causes=all_causes,
         tiers=state.tiered.report() if state.tiered is not None else None,
+        backend_plugin=state.providers.get("backend"),
+        selector_plugin=state.providers.get("selector"),
     )
 
 
@@ -468,7 +485,7 @@ def _plain_table(report: CompileReport) -> str:
         for r in report.regions
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [f"torchkiln compile report: backend={report.backend} selector={report.selector}"]
+    lines = [report.title]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
     for r in report.regions:
         if r.fallback_reason:

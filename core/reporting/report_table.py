@@ -140,7 +140,7 @@ def _notes(report: Any) -> tuple[list[str], dict[str, str], dict[str, list[str]]
 def render_report(report: Any) -> str:
     """The report as a table with totals and notes (plain text, no colours)."""
     pending = sum(1 for r in report.regions if r.status == "pending")
-    lines = [f"torchkiln compile report: backend {report.backend}, selector {report.selector}"]
+    lines = [report.title]
     if report.reason:
         lines.append(f"  {report.reason}")
     if report.regions:

@@ -233,7 +233,7 @@ def test_a_backend_failing_at_the_first_call(
     torchkiln.compile(model, plugins=pm, backend="failing", progress="off")
     with pytest.raises(
         torchkiln.RegionCompileError,
-        match=rf"region '{failing_region}' .* in plugin '{PLUGIN}''s compile_region",
+        match=rf"region '{failing_region}' .* in compile_region of plugin '{PLUGIN}'",
     ):
         model(inputs())
     statuses = {r.path: r.status for r in torchkiln.report(model).regions}

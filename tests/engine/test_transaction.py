@@ -74,7 +74,7 @@ def raise_after_setting_flags(model: nn.Module) -> Any:
     ("after", "message"),
     [
         (raise_after_setting_flags, r"plugin 'odd' raised in wrap_distributed\(\): RuntimeError"),
-        (lambda model: 42, r"plugin 'odd''s wrap_distributed\(\) returned int 42; expected"),
+        (lambda model: 42, r"plugin 'odd': wrap_distributed\(\) returned int 42; expected"),
         (
             lambda model: DistributedResult(wrapped=model, module=nn.Linear(1, 1), strategy="odd"),
             r"strategy 'odd' returned module Linear instead of the model it was given",

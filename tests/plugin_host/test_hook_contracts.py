@@ -18,7 +18,7 @@ from stack_model import Stack
 from torch import nn
 
 import torchkiln
-from torchkiln import ConfigError, PluginError, RegionCompileError, TorchkilnError, hookimpl
+from torchkiln import ConfigError, PluginError, TorchkilnError, hookimpl
 from torchkiln.engine.resolve import resolve_config
 from torchkiln.plugin import (
     Availability,
@@ -30,6 +30,7 @@ from torchkiln.plugin import (
     RegionPlan,
     SelectorSpec,
 )
+from torchkiln.plugin_host.plugin_info import IMPLEMENTING_HOOK
 
 # --- declaration hooks ---------------------------------------------------------------------------
 
@@ -114,21 +115,71 @@ def test_declarations_are_recomputed_when_plugins_change(pm: torchkiln.PluginMan
     assert "mine" not in pm.selectors()
 
 
-@pytest.mark.parametrize(("hook_name", "spec_class", "accessor", "kind"), DECLARATIONS)
-def test_a_declare_hook_that_raises_is_named_in_plugin_error(
-    pm: torchkiln.PluginManager, hook_name: str, spec_class: type, accessor: str, kind: str
-) -> None:
-    def declare() -> list[Any]:
-        raise RuntimeError("vendor SDK missing")
+def _broken(hook_name: str, declare: Callable[[], Any]) -> object:
+    """A plugin whose ``hook_name`` calls ``declare``, with the hook that would serve it."""
 
-    pm.register(
-        type("Broken", (), {hook_name: staticmethod(hookimpl(declare))})(), name="broken-vendor"
-    )
+    def serve() -> None:
+        return None
+
+    hooks = {hook_name: declare, IMPLEMENTING_HOOK[hook_name]: serve}
+    return type("Broken", (), {name: staticmethod(hookimpl(f)) for name, f in hooks.items()})()
+
+
+def _raising() -> list[Any]:
+    raise RuntimeError("vendor SDK missing")
+
+
+@pytest.mark.parametrize(("hook_name", "spec_class", "accessor", "kind"), DECLARATIONS)
+@pytest.mark.parametrize(
+    ("declare", "detail"),
+    [
+        (_raising, "raised RuntimeError: vendor SDK missing"),
+        (
+            lambda: {"name": "x"},
+            "returned dict {'name': 'x'}; expected a list of torchkiln.plugin.",
+        ),
+    ],
+    ids=["raises", "wrong-type"],
+)
+def test_a_declare_hook_that_fails_quarantines_its_plugin_only(
+    pm: torchkiln.PluginManager,
+    hook_name: str,
+    spec_class: type,
+    accessor: str,
+    kind: str,
+    declare: Callable[[], Any],
+    detail: str,
+) -> None:
+    before = set(getattr(pm, accessor)())
+    pm.register(_broken(hook_name, declare), name="broken-vendor")
+    pm.register(declaring(hook_name, spec_class("fine")), name="fine-vendor")
+    with pytest.warns(RuntimeWarning, match="plugin 'broken-vendor' was quarantined") as caught:
+        declared = getattr(pm, accessor)()
+    # Every other plugin is unaffected: the built-ins' names and the other vendor's.
+    assert set(declared) == before | {"fine"}
+    assert pm.get_plugin("broken-vendor") is None
+    (failure,) = [f for f in pm.failed if f.name == "broken-vendor"]
+    assert (failure.hook, failure.target, failure.distribution) == (hook_name, None, None)
+    assert failure.error.startswith(detail)
+    assert f"its {hook_name}() {detail}" in str(caught[0].message)
+    assert f"plugin 'broken-vendor' (its {hook_name}() {detail}" in pm.missing_hint()
+    assert len(caught) == 1  # said once, not on every later call
+    getattr(pm, accessor)()
+
+
+@pytest.mark.parametrize(("hook_name", "spec_class", "accessor", "kind"), DECLARATIONS)
+def test_a_failing_declare_hook_raises_under_strict_plugins(
+    hook_name: str, spec_class: type, accessor: str, kind: str
+) -> None:
+    pm = torchkiln.PluginManager(entry_points=False, env={"TORCHKILN_STRICT_PLUGINS": "1"})
+    pm.register(_broken(hook_name, _raising), name="broken-vendor")
     with pytest.raises(PluginError) as raised:
         getattr(pm, accessor)()
     assert str(raised.value) == (
-        f"plugin 'broken-vendor' raised in {hook_name}(): RuntimeError: vendor SDK missing"
+        f"plugin 'broken-vendor': {hook_name}() raised RuntimeError: vendor SDK missing "
+        "(TORCHKILN_STRICT_PLUGINS=1)"
     )
+    assert (raised.value.plugin, raised.value.hook) == ("broken-vendor", hook_name)
 
 
 def test_torch_registry_backends_are_listed_after_declared_ones(
@@ -454,8 +505,9 @@ class Unanswered:
         return [BackendSpec("silent")]
 
 
-def test_a_declared_backend_nobody_compiles_fails_per_region_policy_raise(
-    pm: torchkiln.PluginManager, stack: Stack
+@pytest.mark.parametrize("policy", ["raise", "eager"])
+def test_a_declared_backend_nobody_compiles_is_refused_at_configuration(
+    pm: torchkiln.PluginManager, stack: Stack, policy: str
 ) -> None:
     # Reported when the plugin is registered, naming it ...
     with pytest.warns(
@@ -463,32 +515,18 @@ def test_a_declared_backend_nobody_compiles_fails_per_region_policy_raise(
         match="plugin 'unanswered' implements declare_backends but not compile_region",
     ):
         pm.register(Unanswered(), name="unanswered")
-    # ... and when the backend is used: the error names the declaring plugin.
-    with pytest.raises(
-        RegionCompileError,
-        match=r"compiling region 'blocks\.0' \(group 'Block'\) failed in plugin 'unanswered''s "
-        r"compile_region: PluginError: plugin 'unanswered' declares backend 'silent' but does "
-        r"not implement compile_region",
-    ):
-        torchkiln.compile(stack, plugins=pm, backend="silent")
-
-
-def test_a_declared_backend_nobody_compiles_runs_eagerly_under_policy_eager(
-    pm: torchkiln.PluginManager, stack: Stack
-) -> None:
-    pm.register(Unanswered(), name="unanswered")
-    x = torch.randn(2, 8)
-    expected = stack(x)
-    torchkiln.compile(stack, plugins=pm, backend="silent", on_region_error="eager")
-    torch.testing.assert_close(stack(x), expected)
-    regions = torchkiln.report(stack).regions
-    assert [r.status for r in regions] == ["eager"] * 3
-    assert all(
-        r.fallback_reason.startswith(
-            "compile_region failed: PluginError: plugin 'unanswered' declares backend 'silent'"
-        )
-        for r in regions
+    # ... and refused like an unknown name when a configuration uses it, before anything is
+    # compiled: under on_region_error="eager" it must not quietly run eagerly (issue 25, B7).
+    with pytest.raises(torchkiln.ConfigError) as raised:
+        torchkiln.compile(stack, plugins=pm, backend="silent", on_region_error=policy)
+    unusable = (
+        "plugin 'unanswered' declares backend 'silent' but does not implement compile_region, "
+        "so the name cannot be used"
     )
+    assert f"$.backend (from argument): {unusable}" in str(raised.value)
+    assert not torchkiln.is_compiled(stack)
+    with pytest.raises(torchkiln.ConfigError, match=re.escape(unusable)):
+        torchkiln.plan(stack, plugins=pm, backend="silent")
 
 
 def test_an_unavailable_backend_is_refused_before_anything_compiles(

@@ -176,6 +176,7 @@ def test_plugins_json_lists_the_installed_plugin_and_skips_broken_ones(plugin_si
         "distribution": "brokenplug-dist",
         "version": "1.2.0",
         "error": "RuntimeError: brokenplug cannot find its SDK",
+        "hook": None,  # it failed to load (a failing declaration hook would be named here)
     }
     assert failed["typoplug"]["distribution"] == "typoplug-dist"
     assert failed["typoplug"]["error"] == TYPO_ERROR
