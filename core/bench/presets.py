@@ -19,9 +19,10 @@ if TYPE_CHECKING:  # settings imports this module's quick constants
 QUICK_DEPTHS = (4, 16)
 """Two depths: regional's first call stays flat while full compile's grows."""
 QUICK_BATCHES = (1,)
-QUICK_EVERY_DEPTH = ("full", "regional")
-"""Strategies run at every quick depth: the contrast the story is about. A strategy added
-here costs one cell per depth (issue 21's ``tiered`` is meant to go here: 60-90 s)."""
+QUICK_EVERY_DEPTH = ("full", "regional", "tiered")
+"""Strategies run at every quick depth: the contrast the story is about. ``tiered`` (issue 21)
+costs one cell per depth, its first call plus the calls until the builder's whole-model form
+serves (about a full compile's time)."""
 QUICK_DEEPEST_ONLY = ("precompiled",)
 """Strategies run at the deepest quick depth only, where they differ most from full compile:
 one cell each (about 20 s on a quiet 2-core machine, with its precompile run).
@@ -47,9 +48,10 @@ GPU_DTYPE = "bfloat16"
 GPU_MODES: tuple[str | None, ...] = (None, "reduce-overhead")
 """``None`` is torch.compile's default mode."""
 GPU_WORKLOADS = ("forward", "generate")
-GPU_STRATEGIES = ("eager", "full", "regional", "accelerate")
+GPU_STRATEGIES = ("eager", "full", "regional", "tiered", "accelerate")
 """hierarchical and precompiled are left out to fit the budget (``precompiled`` also needs
-torch 2.13's ``aot_compile``); ``--strategies`` adds them back."""
+torch 2.13's ``aot_compile``); ``--strategies`` adds them back. ``tiered`` needs it too: on an
+older torch its cell says the model stayed regional, and why."""
 GPU_STEADY_ITERS = {"forward": 20, "generate": 10}
 """Timed calls per cell; a generate call is 16 tokens, its number the median of 15 gaps."""
 GPU_BUDGET_MINUTES = 8.0
