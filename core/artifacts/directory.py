@@ -325,7 +325,9 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         raise ArtifactError(f"{path} is malformed: {type(error).__name__}: {error}") from error
 
 
-ARTIFACT_NAMES = frozenset({MANIFEST, GROUPS_DIR, KERNELS_DIR})
+WHOLE_NAME = "whole"
+"""``torchkiln.artifacts.whole_model.WHOLE_DIR`` (not imported: that module imports this one)."""
+ARTIFACT_NAMES = frozenset({MANIFEST, GROUPS_DIR, KERNELS_DIR, WHOLE_NAME})
 """Everything a directory written by ``torchkiln precompile`` holds at its top level."""
 
 
