@@ -77,7 +77,7 @@ def test_custom_factory_without_depths_runs_at_its_own_size() -> None:
         ({"model": "nomodule"}, "neither a built-in example"),
         ({"seq": 0}, "--seq 0"),
         ({"model": "toy:99999999999"}, "depth 99999999999: at most 1024"),
-        ({"seq": 99999999999}, "99999999999 tokens; at most 16777216 per call"),
+        ({"seq": 99999999999}, "--seq 99999999999: 399999999996 tokens; at most 16777216"),
         ({"device": "tpu"}, "choose auto, cpu or cuda"),
     ],
 )
