@@ -55,7 +55,7 @@ from torchkiln.engine.first_call import (
 )
 from torchkiln.engine.progress import ProgressObserver
 from torchkiln.engine.trace_settings import with_trace_settings
-from torchkiln.errors import RegionCompileError, TorchkilnError
+from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.plugin_faults import bad_result, culprit, raised_in
 from torchkiln.plugin_host.region_plan import RegionGroup, RegionPlan
@@ -197,9 +197,15 @@ class Compiler:
         """The ``compile_regions`` callback handed to ``wrap_distributed``."""
         self.calls += 1
         if self.calls > 1:
-            raise TorchkilnError(
-                "compile_regions was called twice; a wrap_distributed plugin "
-                "must call it exactly once"
+            strategy = self.config.distributed.strategy
+            declared = self.plugins.distributed_strategies().get(strategy)
+            plugin = declared.plugin if declared is not None else None
+            who = f"plugin {plugin!r} (strategy {strategy!r})" if plugin else "a plugin"
+            raise PluginError(
+                f"{who} called compile_regions twice in wrap_distributed(); it must call it "
+                "exactly once",
+                plugin=plugin,
+                hook="wrap_distributed",
             )
         if state_of(root) is not None:
             raise TorchkilnError(
