@@ -61,6 +61,25 @@ from torchkiln.plugin_host.plugin_faults import bad_result, culprit, raised_in
 from torchkiln.plugin_host.region_plan import RegionGroup, RegionPlan
 
 
+class _PreparedForward(functools.partial):  # type: ignore[type-arg]
+    """A preparation's ``functools.partial`` forward (the hierarchical selector's nested
+    blocks) that pickles as ``getattr(module, "forward")``, like a compiled region's: its
+    function is local to torch's ``nested_compile_region`` and cannot be pickled, and
+    ``torch.save`` truncates its file before pickling starts. Loading puts the module's own
+    forward back (:func:`_plain_after_load`). Dynamo sees a ``functools.partial``."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (getattr, (self._torchkiln_module, "forward"))
+
+
+def _picklable(module: nn.Module, forward: Any) -> Any:
+    if type(forward) is not functools.partial:
+        return forward
+    prepared = _PreparedForward(forward.func, *forward.args, **forward.keywords)
+    prepared._torchkiln_module = module
+    return prepared
+
+
 def _named_forward(function: Any) -> Any:
     """``function`` renamed ``forward``, so a method bound from it pickles as
     ``getattr(module, "forward")`` (the plain forward when loaded)."""
@@ -265,7 +284,7 @@ class Compiler:
         for preparation in preparations:
             for module, forward in preparation.forwards:
                 state.replaced_forwards.append((module, module.__dict__.get("forward", MISSING)))
-                module.__dict__["forward"] = forward
+                module.__dict__["forward"] = _picklable(module, forward)
             if preparation.undo is not None:
                 state.restore.append(preparation.undo)
         return preparations
