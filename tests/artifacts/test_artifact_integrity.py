@@ -284,3 +284,24 @@ def test_copy_kernels_refuses_a_record_outside_kernels(tmp_path: Path) -> None:
     record = _entry(tmp_path, "groups/a.bin", b"payload")
     with pytest.raises(ArtifactError, match="not under kernels/"):
         copy_kernels(tmp_path, [record], tmp_path / "cache")
+
+
+# --- the docs state one trust model -------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+TRUST_MODEL = "configuration.md#paths-that-are-code-the-trust-model"
+
+
+def test_the_docs_state_one_trust_model() -> None:
+    configuration = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    assert "### Paths that are code: the trust model" in configuration
+    table = configuration.split("### Paths that are code")[1].split("\n\n")[2]
+    for path in ("`cache_dir`", "`artifacts`", "`distributed.deepspeed.config`", "module:factory"):
+        assert path in table
+    for page in ("precompile.md", "cache.md"):
+        text = (DOCS / page).read_text(encoding="utf-8")
+        assert TRUST_MODEL in text, page
+        assert "is code" in text, page
+    precompile = (DOCS / "precompile.md").read_text(encoding="utf-8")
+    assert "does not match the manifest" in precompile and "nothing of it was loaded" in precompile
+    assert "re-run\n`torchkiln precompile`" in precompile
