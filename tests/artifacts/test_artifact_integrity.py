@@ -255,6 +255,31 @@ def test_entry_paths_never_leave_the_directory(parts: list[str]) -> None:
         assert path.is_relative_to(root) and path != root
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=512),
+    edit=st.sampled_from(["truncate", "flip", "append", "replace"]),
+    at=st.integers(min_value=0, max_value=511),
+    extra=st.binary(min_size=1, max_size=64),
+)
+def test_any_change_to_an_entry_is_refused(data: bytes, edit: str, at: int, extra: bytes) -> None:
+    """Truncated, flipped, grown or replaced: the bytes never come back."""
+    root = Path(f"/tmp/torchkiln-tamper-{os.getpid()}")
+    shutil.rmtree(root, ignore_errors=True)
+    entry = _entry(root, "groups/e.bin", data)
+    at %= len(data)
+    changed = {
+        "truncate": data[:at],
+        "flip": data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :],
+        "append": data + extra,
+        "replace": extra if extra != data else extra + b"x",
+    }[edit]
+    (root / entry.file).write_bytes(changed)
+    with pytest.raises(ArtifactError, match=r"'groups/e\.bin' does not match the manifest"):
+        read_entry(root, entry)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 # --- D4: copying kernels into a shared cache never writes through a link -----------------------
 
 
