@@ -193,10 +193,14 @@ def _yaml_message(error: yaml.YAMLError) -> str:
     """What is wrong and where (line, column), without PyYAML's snippet of the file: the
     file may not be a torchkiln configuration at all, and its lines are not ours to print."""
     if not isinstance(error, yaml.MarkedYAMLError):
-        text = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return f"not valid YAML: {text[:200]}"
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return f"not valid YAML: {first[:200]}"
     parts = []
-    for text, mark in ((error.context, error.context_mark), (error.problem, error.problem_mark)):
+    pairs: tuple[tuple[str | None, Any], ...] = (
+        (error.context, error.context_mark),
+        (error.problem, error.problem_mark),
+    )
+    for text, mark in pairs:
         if text:
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
             parts.append(f"{text[:200]}{where}")

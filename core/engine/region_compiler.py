@@ -68,6 +68,8 @@ class _PreparedForward(functools.partial):  # type: ignore[type-arg]
     ``torch.save`` truncates its file before pickling starts. Loading puts the module's own
     forward back (:func:`_plain_after_load`). Dynamo sees a ``functools.partial``."""
 
+    _torchkiln_module: nn.Module
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         return (getattr, (self._torchkiln_module, "forward"))
 
