@@ -334,12 +334,19 @@ def _exchange(first: Path, second: Path) -> bool:
     return renameat2(at_cwd, bytes(first), at_cwd, bytes(second), exchange) == 0
 
 
+def _directory_mode(directory: Path) -> int:
+    """The replaced directory's permissions, else what ``mkdir`` would give under the umask."""
+    if directory.exists():
+        return directory.stat().st_mode & 0o7777
+    umask = os.umask(0o022)  # read it back (os has no getter); restored on the next line
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
 def _commit(staging: Path, directory: Path) -> None:
     """Put the finished ``staging`` at ``directory`` (the manifest arrives last or with
     everything at once), then remove what it replaced."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp made it private
+    os.chmod(staging, _directory_mode(directory))  # mkdtemp made it private
     if not directory.exists():
         os.rename(staging, directory)
         return

@@ -6,6 +6,7 @@ that cannot be written is a clear error, exit status 2 (T1)."""
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import signal
 from pathlib import Path
@@ -157,3 +158,24 @@ def test_an_output_that_cannot_be_written_is_a_clear_error(
     assert code == 2
     assert f"torchkiln: error: artifacts directory '{output}' cannot be written" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_the_commit_replaces_an_artifact_directory_in_one_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    """With the atomic exchange, and with the fallback where the system has none."""
+    module = importlib.import_module("torchkiln.precompile")  # the module, not the function
+
+    if not exchange:
+        monkeypatch.setattr(module, "_exchange", lambda first, second: False)
+    directory, staging = tmp_path / "artifacts", tmp_path / ".artifacts.precompile-x"
+    for root, text in ((directory, "old"), (staging, "new")):
+        (root / "groups").mkdir(parents=True)
+        (root / "groups" / "a.bin").write_text(text)
+        (root / MANIFEST).write_text(text)
+    directory.chmod(0o750)
+    module._commit(staging, directory)
+    assert _snapshot(directory) == {"groups/a.bin": b"new", MANIFEST: b"new"}
+    assert _siblings(directory) == []
+    assert directory.stat().st_mode & 0o777 == 0o750
