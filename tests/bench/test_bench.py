@@ -290,7 +290,10 @@ def test_a_failing_cell_is_reported_and_the_run_goes_on(
         assert cell["failure"]["run"] == "cold" and cell["failure"]["returncode"] == 1
         assert "sqrt" in cell["failure"]["stderr_tail"]
     assert re.search(r"-\s+1\s+full\s+FAILED\n", captured.out)
-    assert "batch 1 full: cold run: worker exited with code 1: TypeError" in captured.out
+    assert (
+        "batch 1 full: cold run: worker exited with code 1: torchkiln.errors.TorchkilnError: "
+        "model 'math:sqrt': sqrt() raised TypeError" in captured.out
+    )
     assert "batch 1 full: cold run failed" in captured.err
 
 
