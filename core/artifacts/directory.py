@@ -27,6 +27,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 import tempfile
@@ -396,6 +397,20 @@ def stored_file(directory: str | os.PathLike[str], relative: str) -> KernelFile:
     ``directory/relative``."""
     size, sha256 = file_digest(Path(directory) / relative)
     return KernelFile(relative, size, sha256)
+
+
+def kernel_files(directory: str | os.PathLike[str]) -> list[KernelFile]:
+    """The manifest records of every regular file of ``directory/kernels`` (its ``locks/``,
+    inductor's lock files, removed first), as the writer lists them."""
+    root = Path(directory)
+    shutil.rmtree(root / KERNELS_DIR / "locks", ignore_errors=True)
+    found = []
+    for parent, _, files in os.walk(root / KERNELS_DIR):
+        for name in sorted(files):
+            path = Path(parent) / name
+            if path.is_file() and not path.is_symlink():
+                found.append(stored_file(root, path.relative_to(root).as_posix()))
+    return found
 
 
 def read_entry(directory: str | os.PathLike[str], entry: StoredFile) -> bytes:

@@ -44,8 +44,8 @@ from torchkiln.artifacts.directory import (
     file_digest,
     input_spec,
     is_artifact_directory,
+    kernel_files,
     read_manifest,
-    stored_file,
     structure_hash,
     write_manifest,
 )
@@ -304,23 +304,11 @@ def _staging_directory(directory: Path) -> Path:
         ) from error
     (staging / GROUPS_DIR).mkdir()
     if directory.is_dir() and (directory / MANIFEST).exists():
-        from torchkiln.precompiled import copy_kernels
+        from torchkiln.artifacts.precompiled import copy_kernels
 
         with contextlib.suppress(ArtifactError, OSError):  # only a cold cache is lost
             copy_kernels(directory, read_manifest(directory).kernels, staging / KERNELS_DIR)
     return staging
-
-
-def _kernel_files(staging: Path) -> list[Any]:
-    """The manifest records of every regular file of ``staging/kernels``."""
-    shutil.rmtree(staging / KERNELS_DIR / "locks", ignore_errors=True)
-    found = []
-    for root, _, files in os.walk(staging / KERNELS_DIR):
-        for name in sorted(files):
-            path = Path(root) / name
-            if path.is_file() and not path.is_symlink():
-                found.append(stored_file(staging, path.relative_to(staging).as_posix()))
-    return found
 
 
 def _exchange(first: Path, second: Path) -> bool:
@@ -478,6 +466,6 @@ def _compile_into(
             if kind not in called
         ]
     manifest.groups = [g for g in recorder.groups.values() if g.entries]
-    manifest.kernels = _kernel_files(directory)
+    manifest.kernels = kernel_files(directory)
     write_manifest(directory, manifest)
     return manifest
