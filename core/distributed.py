@@ -162,24 +162,29 @@ def _live_wrapper(module: Any) -> Any:
     return ref() if ref is not None else None
 
 
-def check_result(result: _DistributedResult, model: nn.Module) -> None:
+def check_result(result: _DistributedResult, model: nn.Module, plugin: str | None = None) -> None:
     """Raise :class:`DistributedError` when a strategy returned something inconsistent: its
-    ``module`` is not the model it was given, or the model ended up wrapped twice."""
+    ``module`` is not the model it was given, or the model ended up wrapped twice. The message
+    names ``plugin`` (the one that declared the strategy) when given."""
+    who = (
+        f"plugin {plugin!r} (strategy {result.strategy!r})"
+        if plugin
+        else (f"strategy {result.strategy!r}")
+    )
     if result.module is not model:
         raise DistributedError(
-            f"strategy {result.strategy!r} returned module {type(result.module).__name__} instead "
+            f"{who} returned module {type(result.module).__name__} instead "
             "of the model it was given; DistributedResult.module must be that plain model"
         )
     layers = wrapper_layers(result.wrapped)
     if len(layers) > 1:
         raise DistributedError(
-            f"strategy {result.strategy!r} wrapped the model twice: {' -> '.join(layers)}; a "
+            f"{who} wrapped the model twice: {' -> '.join(layers)}; a "
             "strategy must wrap the plain model exactly once"
         )
     if layers and unwrap(result.wrapped) is not model:
         raise DistributedError(
-            f"strategy {result.strategy!r} returned a {layers[0]} that does not hold the model it "
-            "was given"
+            f"{who} returned a {layers[0]} that does not hold the model it was given"
         )
 
 

@@ -27,7 +27,7 @@ from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
 from torchkiln.engine.transaction import Snapshot
-from torchkiln.errors import DistributedError, PluginError, TorchkilnError
+from torchkiln.errors import DistributedError, PluginError, RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
 from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
 from torchkiln.plugin_host.distributed_result import DistributedResult
@@ -38,6 +38,11 @@ from torchkiln.plugin_host.report_causes import ReportCause
 from torchkiln.reporting.compile_report import CompileReport, build_report
 
 logger = logging.getLogger("torchkiln")
+
+
+def _who(plugin: str | None, strategy: str) -> str:
+    """``plugin 'acme' (strategy 'odd')``: faults are the plugin's, named with what it serves."""
+    return f"plugin {plugin!r} (strategy {strategy!r})" if plugin else f"strategy {strategy!r}"
 
 
 def plan(
@@ -101,6 +106,26 @@ def compile(
     :raises ConfigError: bad configuration, before anything is touched.
     """
     _check_not_wrapped(model)
+    # From the first hook on (plugins may hold the model, or change process-wide settings), a
+    # failure puts the model and the process back exactly as they were; what cannot be put
+    # back, parameter values written in place, is named.
+    snapshot = Snapshot.take(model)
+    try:
+        return _compile_all(model, config, plugins, options)
+    except Exception as error:
+        _roll_back(model, snapshot)
+        changed = snapshot.changed_values()
+        if changed:
+            raise _values_changed(error, changed) from error
+        raise
+    except BaseException:
+        _roll_back(model, snapshot)
+        raise
+
+
+def _compile_all(
+    model: nn.Module, config: ConfigArg, plugins: PluginsArg, options: dict[str, Any]
+) -> Any:
     pm = as_plugin_manager(plugins).ensure_loaded()
     resolved = resolve_config(config, plugins=pm, **options)
     cfg = resolved.config
@@ -119,14 +144,25 @@ def compile(
         from torchkiln.tiered.install import check_plan_for_tiers
 
         check_plan_for_tiers(region_plan)
-    # Everything that can be checked without touching the model was checked: from here on,
-    # a failure puts the model and the process back exactly as they were.
-    snapshot = Snapshot.take(model)
-    try:
-        return _compile_checked(model, cfg, region_plan, pm)
-    except BaseException:
-        _roll_back(model, snapshot)
-        raise
+    return _compile_checked(model, cfg, region_plan, pm)
+
+
+def _values_changed(error: Exception, changed: list[str]) -> PluginError:
+    """The error for a failed compile after which parameter or buffer values differ: they were
+    written in place by the plugin that failed (or one before it), and cannot be restored."""
+    plugin, hook = getattr(error, "plugin", None), getattr(error, "hook", None)
+    if isinstance(error, RegionCompileError):
+        hook = "compile_region"
+    who = f"plugin {plugin!r}" if plugin else "a plugin"
+    where = f" in {hook}()" if hook else ""
+    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    return PluginError(
+        f"{who} wrote the values of {shown}{where} and then the compile failed; everything "
+        "else was put back, but torchkiln keeps no copy of the weights, so these cannot be: "
+        f"reload them. The failure: {error}",
+        plugin=plugin,
+        hook=hook,
+    )
 
 
 def _compile_checked(
@@ -161,12 +197,12 @@ def _compile_checked(
         raise bad_result("wrap_distributed", owner, result, "a torchkiln.DistributedResult")
     if compiler.calls != 1:
         raise PluginError(
-            f"the {strategy!r} strategy called compile_regions {compiler.calls} "
-            "times; it must call it exactly once",
+            f"{_who(owner, strategy)} called compile_regions {compiler.calls} times in "
+            "wrap_distributed(); it must call it exactly once",
             plugin=owner,
             hook="wrap_distributed",
         )
-    check_result(result, model)
+    check_result(result, model, owner)
     state = state_of(result.module)
     if state is not None and cfg.cache_dir is not None:
         # Compilation is lazy: pointing the caches there now covers the first call; the

@@ -12,6 +12,12 @@ dynamic, device, dtype) matches the configuration and the model, and its **group
 by name, by the hash of the source files that define the group's classes, and by the group's
 parameter and buffer layout. Input specs (shapes, dtypes, grad mode) are checked on every
 call by the guards torch saved with the function.
+
+**The directory is code.** Its entries are pickles and its kernels are shared libraries and
+Python modules that inductor loads. The manifest records the size and SHA-256 of every file
+(format 2); :func:`read_entry` is the one way torchkiln reads a file of the directory, and it
+refuses, before anything is unpickled or imported, a path outside the directory, a link, a
+file that is not a regular file, and a size or hash that does not match the manifest.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ import inspect
 import json
 import os
 import re
+import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -34,8 +42,11 @@ from torch import nn
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.errors import TorchkilnError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: every file carries its size and SHA-256 (format 1 had no hashes and is refused)."""
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 16 * 2**20
+"""A larger manifest.json is refused unread (a real one is a few kilobytes)."""
 GROUPS_DIR = "groups"
 KERNELS_DIR = "kernels"
 KINDS = ("inference", "training")
@@ -150,6 +161,29 @@ def input_spec(args: Iterable[Any], kwargs: Mapping[str, Any]) -> list[str]:
     ]
 
 
+class StoredFile(Protocol):
+    """What :func:`read_entry` needs of a manifest entry (a :class:`GroupEntry`, a
+    :class:`KernelFile`, or any other entry of the directory)."""
+
+    file: str
+    """The path relative to the artifact directory, with ``/`` separators."""
+    size: int
+    sha256: str
+
+
+@attrs.define
+class KernelFile:
+    """One file of ``kernels/`` (inductor's cache): generated code, compiled libraries."""
+
+    file: str
+    """Relative to the artifact directory (``kernels/...``)."""
+    size: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
 @attrs.define
 class GroupEntry:
     """One compiled function of one group, for one kind."""
@@ -159,6 +193,10 @@ class GroupEntry:
     """Relative to the artifact directory."""
     inputs: list[str]
     compile_seconds: float
+    size: int = -1
+    """Bytes of ``file``, recorded by the writer (-1: not recorded; such an entry is refused)."""
+    sha256: str = ""
+    """SHA-256 of ``file``'s bytes, recorded by the writer."""
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -190,6 +228,8 @@ class Manifest:
     whole: dict[str, Any] | None = None
     """The whole-model entry (:class:`torchkiln.artifacts.whole_model.WholeArtifacts` as a dict),
     written by ``precompile(..., whole=True)`` or the tiered builder."""
+    kernels: list[KernelFile] = attrs.Factory(list)
+    """Every file of ``kernels/``; loading copies only these, each checked first."""
 
     def group(self, name: str) -> GroupArtifacts | None:
         return next((g for g in self.groups if g.name == name), None)
@@ -217,6 +257,7 @@ class Manifest:
             format=int(data["format"]),
             cpu_isa=data.get("cpu_isa"),
             whole=data.get("whole"),
+            kernels=[KernelFile(**k) for k in data.get("kernels", [])],
         )
 
 
@@ -237,11 +278,28 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
         raise
 
 
+def _read_manifest_text(path: Path) -> str:
+    """The manifest's text, refusing a link, a non-regular file or one over
+    :data:`MAX_MANIFEST_BYTES` before reading it."""
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ArtifactError(f"{path} is not a regular file")
+        if info.st_size > MAX_MANIFEST_BYTES:
+            raise ArtifactError(
+                f"{path} has {info.st_size} bytes; a manifest has at most {MAX_MANIFEST_BYTES}"
+            )
+        return handle.read(MAX_MANIFEST_BYTES + 1).decode("utf-8")
+
+
 def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
-    """:raises ArtifactError: missing directory or manifest, unreadable or another format."""
+    """:raises ArtifactError: missing directory or manifest, unreadable, malformed (nested too
+    deep, wrong types), or another format (format 1, without hashes, says to re-run
+    ``torchkiln precompile``)."""
     path = Path(directory).expanduser() / MANIFEST
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_read_manifest_text(path))
     except FileNotFoundError as error:
         raise ArtifactError(
             f"artifacts directory {str(directory)!r} has no {MANIFEST} (write one with "
@@ -249,12 +307,159 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         ) from error
     except (OSError, ValueError) as error:
         raise ArtifactError(f"{path} cannot be read: {error}") from error
+    except RecursionError as error:
+        raise ArtifactError(f"{path} is malformed: nested too deeply") from error
     if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
         found = data.get("format") if isinstance(data, dict) else None
+        rerun = (
+            " (written by an older torchkiln without content hashes: re-run "
+            "`torchkiln precompile` to rewrite it)"
+            if isinstance(found, int) and found < FORMAT_VERSION
+            else ""
+        )
         raise ArtifactError(
-            f"{path} has format {found!r}; this torchkiln reads format {FORMAT_VERSION}"
+            f"{path} has format {found!r}; this torchkiln reads format {FORMAT_VERSION}{rerun}"
         )
     try:
         return Manifest.from_dict(data)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ArtifactError(f"{path} is malformed: {type(error).__name__}: {error}") from error
+
+
+WHOLE_NAME = "whole"
+"""``torchkiln.artifacts.whole_model.WHOLE_DIR`` (not imported: that module imports this one)."""
+ARTIFACT_NAMES = frozenset({MANIFEST, GROUPS_DIR, KERNELS_DIR, WHOLE_NAME})
+"""Everything a directory written by ``torchkiln precompile`` holds at its top level."""
+
+
+def is_artifact_directory(directory: str | os.PathLike[str]) -> bool:
+    """Whether ``directory`` holds only what precompile writes, with a manifest that is one
+    of torchkiln's (any format): the directories precompile may replace."""
+    path = Path(directory)
+    try:
+        names = set(os.listdir(path))
+        data = json.loads(_read_manifest_text(path / MANIFEST))
+    except (OSError, ValueError, RecursionError, ArtifactError):
+        return False
+    return (
+        names <= ARTIFACT_NAMES
+        and isinstance(data, dict)
+        and isinstance(data.get("format"), int)
+        and isinstance(data.get("environment"), dict)
+        and isinstance(data.get("groups"), list)
+    )
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """``(size, sha256)`` of the file the writer just wrote, as the manifest records them."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(2**20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def entry_path(directory: str | os.PathLike[str], relative: str) -> Path:
+    """``directory/relative`` when ``relative`` stays inside ``directory``: relative, no
+    ``..``, no backslash, and no link on the way (the resolved path is the path itself).
+
+    :raises ArtifactError: naming the entry.
+    """
+    root = Path(directory).expanduser().resolve()
+    parts = PurePosixPath(relative).parts if isinstance(relative, str) else ()
+    if (
+        not parts
+        or PurePosixPath(relative).is_absolute()
+        or ".." in parts
+        or "\\" in relative
+        or "\0" in relative
+    ):
+        raise ArtifactError(
+            f"manifest entry {relative!r} points outside the artifact directory {str(root)!r}"
+        )
+    path = root.joinpath(*parts)
+    if path.resolve() != path:
+        raise ArtifactError(
+            f"manifest entry {relative!r} is or passes through a link (resolves to "
+            f"{str(path.resolve())!r}); artifact directories hold plain files only"
+        )
+    return path
+
+
+def stored_file(directory: str | os.PathLike[str], relative: str) -> KernelFile:
+    """The manifest record (file, size, sha256) of a file the writer put at
+    ``directory/relative``."""
+    size, sha256 = file_digest(Path(directory) / relative)
+    return KernelFile(relative, size, sha256)
+
+
+def kernel_files(directory: str | os.PathLike[str]) -> list[KernelFile]:
+    """The manifest records of every regular file of ``directory/kernels`` (its ``locks/``,
+    inductor's lock files, removed first), as the writer lists them."""
+    root = Path(directory)
+    shutil.rmtree(root / KERNELS_DIR / "locks", ignore_errors=True)
+    found = []
+    for parent, _, files in os.walk(root / KERNELS_DIR):
+        for name in sorted(files):
+            path = Path(parent) / name
+            if path.is_file() and not path.is_symlink():
+                found.append(stored_file(root, path.relative_to(root).as_posix()))
+    return found
+
+
+def read_entry(directory: str | os.PathLike[str], entry: StoredFile) -> bytes:
+    """The bytes of ``entry`` (any manifest record with ``file``, ``size`` and ``sha256``),
+    returned only after checking them against the manifest. The one way torchkiln reads a
+    file of an artifact directory: nothing is unpickled or imported before this check.
+
+    Checks, in order: the path is confined to ``directory`` (:func:`entry_path`); the file is
+    opened without following a link and is a regular file (not ``/dev/zero``, not a FIFO);
+    its size is the recorded size (a larger file is never read); its SHA-256 is the recorded
+    one.
+
+    :raises ArtifactError: naming the entry; a size or hash mismatch says the file "does not
+        match" the manifest ("tampered with or corrupted").
+    """
+    name = getattr(entry, "file", None)
+    size, sha256 = getattr(entry, "size", None), getattr(entry, "sha256", None)
+    if not isinstance(name, str):
+        raise ArtifactError(f"manifest entry {name!r} is malformed: its file must be a string")
+    if (
+        not isinstance(size, int)
+        or size < 0
+        or not isinstance(sha256, str)
+        or not _SHA256.fullmatch(sha256)
+    ):
+        raise ArtifactError(
+            f"manifest entry {name!r} has no valid size and sha256 (re-run `torchkiln precompile`)"
+        )
+    path = entry_path(directory, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        raise ArtifactError(f"manifest entry {name!r} cannot be opened: {error}") from error
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ArtifactError(f"manifest entry {name!r} is not a regular file")
+        if info.st_size != size:
+            raise ArtifactError(_tampered(name, f"{info.st_size} bytes, the manifest says {size}"))
+        data = handle.read(size + 1)
+    if len(data) != size:
+        raise ArtifactError(_tampered(name, f"read {len(data)} bytes, the manifest says {size}"))
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ArtifactError(_tampered(name, "its SHA-256 differs from the manifest's"))
+    return data
+
+
+def _tampered(name: str, detail: str) -> str:
+    return (
+        f"manifest entry {name!r} does not match the manifest ({detail}): the file was "
+        "tampered with or corrupted; nothing of it was loaded"
+    )

@@ -13,7 +13,10 @@ The inductor cache that compile filled is kept in ``DIR/kernels`` so loading com
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +29,7 @@ from torch import nn
 
 from torchkiln.artifacts.cache import apply_cache_dir
 from torchkiln.artifacts.directory import (
+    ARTIFACT_NAMES,
     GROUPS_DIR,
     KERNELS_DIR,
     KINDS,
@@ -37,7 +41,11 @@ from torchkiln.artifacts.directory import (
     code_hash,
     entry_file,
     environment_key,
+    file_digest,
     input_spec,
+    is_artifact_directory,
+    kernel_files,
+    read_manifest,
     structure_hash,
     write_manifest,
 )
@@ -219,10 +227,13 @@ class EntryRecorder:
             aot.save_compiled_function(
                 str(self.directory / relative), external_data=closure_data(fn)
             )
+            size, sha256 = file_digest(self.directory / relative)
         except Exception as error:  # one entry failing is recorded, the rest go on
             self.skipped.append({"group": group.name, "kind": self.kind, "reason": _reason(error)})
             return
-        saved.entries.append(GroupEntry(self.kind, relative, spec, round(seconds, 3)))
+        saved.entries.append(
+            GroupEntry(self.kind, relative, spec, round(seconds, 3), size=size, sha256=sha256)
+        )
 
 
 def _reason(error: BaseException) -> str:
@@ -257,16 +268,88 @@ def _precompile_whole(
     return built.to_dict(), [{"group": "<whole model>", **s} for s in skipped]
 
 
-def _fresh_directory(path: str | Any) -> Path:
+def _target_directory(path: str | Any) -> Path:
+    """The absolute artifact directory for ``path``: new, empty, or written by precompile
+    before (then replaced at the end); anything else is refused, untouched."""
     directory = Path(path).expanduser().resolve()
-    if directory.exists() and not directory.is_dir():
+    if not directory.exists():
+        return directory
+    if not directory.is_dir():
         raise ArtifactError(f"artifacts path {str(path)!r} exists and is not a directory")
-    directory.mkdir(parents=True, exist_ok=True)
-    # A rewrite replaces the entries; the kernels are content-addressed and stay valid.
-    shutil.rmtree(directory / GROUPS_DIR, ignore_errors=True)
-    (directory / MANIFEST).unlink(missing_ok=True)
-    (directory / GROUPS_DIR).mkdir()
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as error:
+        raise ArtifactError(f"artifacts path {str(path)!r} cannot be read: {error}") from error
+    if names and not is_artifact_directory(directory):
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ArtifactError(
+            f"artifacts path {str(path)!r} is not empty and is not a torchkiln artifact "
+            f"directory (it holds {shown}); precompile writes a new or empty directory, or "
+            "replaces one it wrote before (manifest.json, groups/, kernels/ only)"
+        )
     return directory
+
+
+def _staging_directory(directory: Path) -> Path:
+    """A new hidden sibling of ``directory`` to write into, with the earlier artifacts'
+    checked kernels (a warm inductor cache) when there are any."""
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(
+            tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.precompile-")
+        )
+    except OSError as error:
+        raise ArtifactError(
+            f"artifacts directory {str(directory)!r} cannot be written: {error.strerror or error}"
+        ) from error
+    (staging / GROUPS_DIR).mkdir()
+    if directory.is_dir() and (directory / MANIFEST).exists():
+        from torchkiln.artifacts.precompiled import copy_kernels
+
+        with contextlib.suppress(ArtifactError, OSError):  # only a cold cache is lost
+            copy_kernels(directory, read_manifest(directory).kernels, staging / KERNELS_DIR)
+    return staging
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` where the
+    system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_cwd, exchange = -100, 2
+    return renameat2(at_cwd, bytes(first), at_cwd, bytes(second), exchange) == 0
+
+
+def _directory_mode(directory: Path) -> int:
+    """The replaced directory's permissions, else what ``mkdir`` would give under the umask."""
+    if directory.exists():
+        return directory.stat().st_mode & 0o7777
+    umask = os.umask(0o022)  # read it back (os has no getter); restored on the next line
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+def _commit(staging: Path, directory: Path) -> None:
+    """Put the finished ``staging`` at ``directory`` (the manifest arrives last or with
+    everything at once), then remove what it replaced."""
+    os.chmod(staging, _directory_mode(directory))  # mkdtemp made it private
+    if not directory.exists():
+        os.rename(staging, directory)
+        return
+    if not os.listdir(directory):  # an empty directory (the working one, say): fill it
+        for name in (*sorted(ARTIFACT_NAMES - {MANIFEST}), MANIFEST):  # the manifest last
+            if (staging / name).exists():
+                os.rename(staging / name, directory / name)
+        staging.rmdir()
+        return
+    if not _exchange(staging, directory):
+        old = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.old-"))
+        os.replace(directory, old)
+        os.replace(staging, directory)
+        staging = old
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def precompile(
@@ -286,7 +369,10 @@ def precompile(
         it will run in.
     :param example_inputs: what the model is called with: a dict (keyword arguments), a tuple
         (positional arguments) or one value.
-    :param path: the artifact directory (created; earlier entries in it are replaced).
+    :param path: the artifact directory: new, empty, or written by precompile before. The
+        new artifacts are written into a hidden sibling directory and replace the earlier ones
+        in one step at the end, so a failed or interrupted precompile leaves them as they were.
+        A non-empty directory that is not an artifact directory is refused untouched.
     :param config: as :func:`torchkiln.compile`; ``options`` are ``CompileConfig`` fields.
     :param kinds: ``inference`` (eval mode, no grad) and/or ``training`` (train mode, forward
         and backward). The model's modes are restored afterwards.
@@ -296,7 +382,8 @@ def precompile(
     :return: a :class:`PrecompileResult`; an entry that could not be precompiled is listed in
         ``skipped`` with its reason (``torchkiln.compile`` then compiles that group normally).
     :raises ArtifactError: a backend that cannot serialise, a model already compiled, bad
-        ``kinds``, a plan with nothing to compile, or a nested (hierarchical) plan.
+        ``kinds``, a plan with nothing to compile, a nested (hierarchical) plan, or a ``path``
+        that is not a directory precompile may write (or cannot be written).
     """
     started = time.perf_counter()
     unknown = [k for k in kinds if k not in KINDS]
@@ -319,7 +406,33 @@ def precompile(
         )
     if not plan.groups:
         raise ArtifactError(f"nothing to precompile: {plan.reason or 'the plan has no regions'}")
-    directory = _fresh_directory(path)
+    directory = _target_directory(path)
+    staging = _staging_directory(directory)
+    try:
+        manifest = _compile_into(staging, model, example_inputs, plan, cfg, pm, kinds, whole)
+        try:
+            _commit(staging, directory)
+        except OSError as error:
+            raise ArtifactError(
+                f"artifacts directory {str(directory)!r} cannot be written: {error}"
+            ) from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone after a commit; else the attempt
+    return PrecompileResult(str(directory), manifest, time.perf_counter() - started)
+
+
+def _compile_into(
+    directory: Path,
+    model: nn.Module,
+    example_inputs: Any,
+    plan: Any,
+    cfg: CompileConfig,
+    pm: PluginManager,
+    kinds: Sequence[str],
+    whole: bool = False,
+) -> Manifest:
+    """Compile and run ``model`` once per kind, writing entries, kernels and the manifest into
+    ``directory``."""
     recorder = EntryRecorder(model, directory, cfg)
     compiler = Compiler(plan, cfg, pm, make_progress(cfg, plan))
     compiler.group_hooks.append(recorder.hook)
@@ -353,6 +466,6 @@ def precompile(
             if kind not in called
         ]
     manifest.groups = [g for g in recorder.groups.values() if g.entries]
-    shutil.rmtree(directory / KERNELS_DIR / "locks", ignore_errors=True)
+    manifest.kernels = kernel_files(directory)
     write_manifest(directory, manifest)
-    return PrecompileResult(str(directory), manifest, time.perf_counter() - started)
+    return manifest

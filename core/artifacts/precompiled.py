@@ -18,11 +18,12 @@ import contextlib
 import io
 import logging
 import os
-import shutil
+import stat
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -30,12 +31,15 @@ from torch import nn
 
 from torchkiln.artifacts.directory import (
     KERNELS_DIR,
+    MANIFEST,
     ArtifactError,
     GroupArtifacts,
+    KernelFile,
     Manifest,
     code_hash,
     environment_key,
     environment_mismatches,
+    read_entry,
     read_manifest,
     structure_hash,
 )
@@ -50,21 +54,51 @@ class ArtifactWarning(UserWarning):
     """Precompiled artifacts that do not fit: torchkiln compiles normally instead."""
 
 
-def copy_kernels(source: Path, target: Path) -> int:
-    """Merge ``source`` (a kernels directory) into the inductor cache ``target``; files that
-    exist are kept (entries are content-addressed). Returns how many files were copied."""
+def copy_kernels(directory: Path, kernels: list[KernelFile], target: Path) -> int:
+    """Merge the artifact directory's ``kernels`` (each checked by :func:`read_entry` first)
+    into the inductor cache ``target``; a regular file already there is kept (entries are
+    content-addressed). Written as inductor writes its cache: a temporary file in the
+    destination directory renamed into place, never through a link (a link planted in a
+    shared cache is replaced, not followed; a linked directory is skipped). Returns how many
+    files were written."""
     copied = 0
-    for root, dirs, files in os.walk(source):
-        dirs[:] = [d for d in dirs if d != "locks"]
-        relative = Path(root).relative_to(source)
-        for name in files:
-            destination = target / relative / name
-            if destination.exists():
-                continue
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(Path(root) / name, destination)
+    if kernels:
+        target.mkdir(parents=True, exist_ok=True)
+    for kernel in kernels:
+        relative = PurePosixPath(kernel.file)
+        if relative.parts[:1] != (KERNELS_DIR,) or len(relative.parts) < 2:
+            raise ArtifactError(f"manifest kernel {kernel.file!r} is not under {KERNELS_DIR}/")
+        data = read_entry(directory, kernel)
+        if _write_new_file(target, PurePosixPath(*relative.parts[1:]), data):
             copied += 1
     return copied
+
+
+def _write_new_file(target: Path, relative: PurePosixPath, data: bytes) -> bool:
+    """``data`` at ``target/relative`` unless a regular file is there; ``False`` when kept or
+    when a directory on the way is a link or not a directory (that file is left out)."""
+    directory = target
+    for part in relative.parts[:-1]:
+        directory = directory / part
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory)
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):  # lstat: a link is not followed
+            logger.warning("torchkiln: %s is not a directory; kernel not copied", directory)
+            return False
+    destination = directory / relative.name
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISREG(os.lstat(destination).st_mode):
+            return False
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{relative.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(temporary, 0o644)  # as a cache file: readable by the ranks that share it
+        os.replace(temporary, destination)  # replaces a link itself, never its target
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return True
 
 
 class PrecompiledGroup:
@@ -138,9 +172,11 @@ def _failed_guard(fn: Any, f_locals: dict[str, Any]) -> str:
 class ArtifactLoader:
     """Per compiled model: the directory checked once, groups loaded one by one."""
 
-    def __init__(self, directory: str, strict: bool):
+    def __init__(self, directory: str, strict: bool, cache_dir: str | None = None):
         self.directory = Path(directory).expanduser()
         self.strict = strict
+        self.cache_dir = cache_dir
+        """The model's ``cache_dir`` (the kernels go there), else the cache in force."""
         self.manifest: Manifest | None = None
         self.loaded: dict[str, PrecompiledGroup] = {}
         self.rejected: dict[str, str] = {}
@@ -165,6 +201,9 @@ class ArtifactLoader:
             manifest = read_manifest(self.directory)
         except ArtifactError as error:
             self._reject("any group", str(error))
+            return False
+        except Exception as error:  # a broken directory is never blamed on a plugin
+            self._reject("any group", f"{MANIFEST} cannot be read: {type(error).__name__}")
             return False
         declared = plugins.backend(config.backend)
         if declared is None or not getattr(declared.spec, "precompile", False):
@@ -205,6 +244,8 @@ class ArtifactLoader:
                 started = time.perf_counter()
                 precompiled = self._load(saved, shared, compile_group)
                 self.load_seconds += time.perf_counter() - started
+            except ArtifactError as error:  # refused by the integrity check: nothing was loaded
+                reason = str(error)[:500]
             except Exception as error:
                 reason = f"loading failed: {type(error).__name__}: {error}"[:500]
             else:
@@ -230,18 +271,21 @@ class ArtifactLoader:
         from torchkiln.artifacts.cache import current_cache_dir
         from torchkiln.artifacts.precompile import closure_data
 
-        kernels = self.directory / KERNELS_DIR
-        if not self._kernels_copied and kernels.is_dir():  # one directory for all groups
-            copy_kernels(kernels, Path(current_cache_dir()))
+        assert self.manifest is not None
+        # Every entry is checked before the kernels are copied or anything is unpickled.
+        data = [read_entry(self.directory, entry) for entry in saved.entries]
+        if not self._kernels_copied:  # one kernels directory for all groups
+            target = Path(self.cache_dir or current_cache_dir()).expanduser().resolve()
+            copy_kernels(self.directory, self.manifest.kernels, target)
             self._kernels_copied = True
         closure = closure_data(shared)
         entries = []
-        assert self.manifest is not None
         # Loading the first function loads its kernels, and inductor probes the CPU first.
         with answered_probes(self.manifest.cpu_isa), self._templates_deferred():
-            for entry in saved.entries:
-                data = (self.directory / entry.file).read_bytes()
-                fn = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=closure)
+            for entry, payload in zip(saved.entries, data, strict=True):
+                fn = torch.compiler.load_compiled_function(
+                    io.BytesIO(payload), external_data=closure
+                )
                 entries.append((entry.kind, fn))
         names = shared.__code__.co_freevars
         frame_closure = {name: closure[f"closure:{name}"] for name in names}
@@ -281,7 +325,7 @@ def _group_mismatch(
 def artifact_group_loader(config: CompileConfig, plugins: Any) -> Callable[..., Any]:
     """The :class:`~torchkiln.engine.region_compiler.Compiler` group loader for ``config.artifacts``."""
     assert config.artifacts is not None
-    loader = ArtifactLoader(config.artifacts, config.artifacts_strict)
+    loader = ArtifactLoader(config.artifacts, config.artifacts_strict, config.cache_dir)
 
     def load(
         group: RegionGroup, shared: Callable[..., Any], compile_group: Callable[[], Any]

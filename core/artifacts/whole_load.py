@@ -9,9 +9,7 @@ groups (:mod:`torchkiln.artifacts.precompiled`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
-import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkiln.artifacts.directory import KERNELS_DIR, ArtifactError, Manifest
+from torchkiln.artifacts.directory import ArtifactError, Manifest, read_entry
 from torchkiln.artifacts.whole_build import whole_model_forward
 from torchkiln.artifacts.whole_guards import referenced_files
 from torchkiln.artifacts.whole_model import WHOLE_DIR, WholeArtifacts, WholeEntry, whole_mismatch
@@ -62,24 +60,7 @@ def entry_bytes(directory: Path, entry: WholeEntry) -> bytes:
     relative = Path(entry.file)
     if relative.is_absolute() or relative.parts[:1] != (WHOLE_DIR,) or ".." in relative.parts:
         raise ArtifactError(f"whole-model entry {entry.file!r} is outside {WHOLE_DIR}/")
-    path = directory / relative
-    try:
-        info = path.lstat()
-    except OSError as error:
-        raise ArtifactError(f"whole-model entry {entry.file!r} cannot be read: {error}") from error
-    if not stat.S_ISREG(info.st_mode):
-        raise ArtifactError(f"whole-model entry {entry.file!r} is not a regular file")
-    if info.st_size != entry.size:
-        raise ArtifactError(
-            f"whole-model entry {entry.file!r} does not match its manifest (size "
-            f"{info.st_size}, recorded {entry.size}): tampered or truncated"
-        )
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != entry.sha256:
-        raise ArtifactError(
-            f"whole-model entry {entry.file!r} does not match its manifest's SHA-256: tampered"
-        )
-    return data
+    return read_entry(directory, entry)  # confined, no link, regular, size and hash
 
 
 def _module_globals(entry: WholeEntry) -> dict[str, Any]:
@@ -114,9 +95,8 @@ def load_whole(directory: Path, manifest: Manifest, model: nn.Module) -> WholeMo
     if reason is not None:
         raise ArtifactError(f"whole-model entry does not fit: {reason}")
     started = time.perf_counter()
-    kernels = directory / KERNELS_DIR
-    if kernels.is_dir():
-        copy_kernels(kernels, Path(current_cache_dir()))
+    # Each kernel is checked against the manifest before it is copied (read_entry).
+    copy_kernels(directory, manifest.kernels, Path(current_cache_dir()))
     inductor = manifest.environment.get("backend") == "inductor"
     templates = deferred_templates() if inductor else contextlib.nullcontext()
     loaded = []

@@ -234,6 +234,20 @@ def _model_depths(
     return model, QUICK_DEPTHS if quick else DEFAULT_DEPTHS
 
 
+def _check_sizes(depths: tuple[int | None, ...], batches: tuple[int, ...], seq: int) -> None:
+    """Depths and ``batch x seq`` that cannot be built are refused before any worker starts."""
+    from torchkiln.examples import MAX_DEPTH, MAX_TOKENS
+
+    deepest = max((d for d in depths if d is not None), default=1)
+    if deepest > MAX_DEPTH:
+        raise BenchError(f"depth {deepest}: at most {MAX_DEPTH}")
+    if max(batches) * seq > MAX_TOKENS:
+        raise BenchError(
+            f"--batch {max(batches)} --seq {seq}: {max(batches) * seq} tokens; at most "
+            f"{MAX_TOKENS} per call"
+        )
+
+
 def make_settings(
     *,
     model: str = DEFAULT_MODEL,
@@ -270,6 +284,7 @@ def make_settings(
         raise BenchError(f"--seq {seq}: must be >= 1")
     if steady_iters is None:
         steady_iters = QUICK_STEADY_ITERS if quick else 30
+    _check_sizes(depth_list, batches, seq)
     if steady_iters < 1:
         raise BenchError(f"--steady-iters {steady_iters}: must be >= 1")
     if timeout <= 0:

@@ -31,10 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
-    # `torchkiln plan mymodule:build` finds mymodule in the working directory, as
-    # `python -m` would (the console script's own directory is sys.path[0] instead).
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    # The working directory is never put on sys.path here: a planted sympy.py would run
+    # before the real one. Only a `module:factory` model spec is looked up there, last
+    # (torchkiln.examples.load_model).
     try:
         status = int(args.handler(args) or 0)
         # Output shorter than the buffer is written here: a closed pipe must be caught too.

@@ -56,16 +56,30 @@ def _inputs(spec: str, model: Any, batch: int, seq: int) -> Any:
     return make(model, batch, seq)
 
 
+def _device(name: str) -> Any:
+    """``--device`` as a torch device that exists here, else a clear error."""
+    import torch
+
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise TorchkilnError(f"--device {name!r}: not a usable device here ({first})") from error
+    return device
+
+
 def _precompile(args: argparse.Namespace) -> int:
     import torch
 
     import torchkiln
-    from torchkiln.examples import load_model
+    from torchkiln.examples import check_tokens, load_model
 
-    if args.batch < 1 or args.seq < 1:
-        raise TorchkilnError(f"--batch {args.batch} --seq {args.seq}: both must be >= 1")
+    check_tokens(args.batch, args.seq)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
-    model = load_model(args.model).to(args.device)
+    device = _device(args.device)
+    model = load_model(args.model).to(device)
+    check_tokens(args.batch, args.seq, model)
     if args.dtype:
         dtype = getattr(torch, args.dtype, None)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

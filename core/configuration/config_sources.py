@@ -9,6 +9,7 @@ remembers its source, which ``torchkiln config show`` prints and error messages 
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import types
@@ -22,7 +23,7 @@ import attrs
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.config_values import MAX_ENV_CHARS, describe, parse_json
 from torchkiln.configuration.yaml_reader import read_yaml_file
-from torchkiln.errors import ConfigProblem
+from torchkiln.errors import ConfigError, ConfigProblem
 
 logger = logging.getLogger("torchkiln.config")
 
@@ -126,10 +127,30 @@ def _chosen(path: Path, how: str) -> Path:
     return path
 
 
+def _near_a_field(key: str, fields: set[str]) -> bool:
+    """A field, or close to one (``bakend``: a typo in a torchkiln file, shown with a hint)."""
+    return key in fields or bool(difflib.get_close_matches(key, fields, n=1))
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a torchkiln YAML file with a safe, size- and depth-limited loader; any problem is a
-    ConfigError (:mod:`torchkiln.configuration.yaml_reader`)."""
-    return read_yaml_file(path)
+    ConfigError (:mod:`torchkiln.configuration.yaml_reader`). A mapping without one torchkiln field is not a
+    torchkiln configuration (``/etc/shadow`` reads as one): refused without showing its keys."""
+    data = read_yaml_file(path)
+    fields = {field.name for field in attrs.fields(CompileConfig)}
+    if data and not any(_near_a_field(str(key), fields) for key in data):
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    "$",
+                    f"not a torchkiln configuration: none of its {len(data)} top-level keys is "
+                    f"a torchkiln field (its contents are not shown); fields: "
+                    f"{', '.join(sorted(fields))}",
+                    f"file:{path}",
+                )
+            ]
+        )
+    return data
 
 
 # --- the environment layer ---------------------------------------------------------------------

@@ -190,10 +190,21 @@ def parse_yaml(text: str, where: str) -> Any:
 
 
 def _yaml_message(error: yaml.YAMLError) -> str:
-    text = str(error)
-    if len(text) > 600:
-        text = text[:597] + "..."
-    return f"not valid YAML: {text}"
+    """What is wrong and where (line, column), without PyYAML's snippet of the file: the
+    file may not be a torchkiln configuration at all, and its lines are not ours to print."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return f"not valid YAML: {first[:200]}"
+    parts = []
+    pairs: tuple[tuple[str | None, Any], ...] = (
+        (error.context, error.context_mark),
+        (error.problem, error.problem_mark),
+    )
+    for text, mark in pairs:
+        if text:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            parts.append(f"{text[:200]}{where}")
+    return "not valid YAML: " + ("; ".join(parts) or "malformed")
 
 
 def _check_graph(root: Node) -> None:

@@ -57,10 +57,31 @@ from torchkiln.engine.first_call import (
 )
 from torchkiln.engine.progress import ProgressObserver
 from torchkiln.engine.trace_settings import with_trace_settings
-from torchkiln.errors import RegionCompileError, TorchkilnError
+from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.plugin_faults import bad_result, culprit, raised_in
 from torchkiln.plugin_host.region_plan import RegionGroup, RegionPlan
+
+
+class _PreparedForward(functools.partial):  # type: ignore[type-arg]
+    """A preparation's ``functools.partial`` forward (the hierarchical selector's nested
+    blocks) that pickles as ``getattr(module, "forward")``, like a compiled region's: its
+    function is local to torch's ``nested_compile_region`` and cannot be pickled, and
+    ``torch.save`` truncates its file before pickling starts. Loading puts the module's own
+    forward back (:func:`_plain_after_load`). Dynamo sees a ``functools.partial``."""
+
+    _torchkiln_module: nn.Module
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (getattr, (self._torchkiln_module, "forward"))
+
+
+def _picklable(module: nn.Module, forward: Any) -> Any:
+    if type(forward) is not functools.partial:
+        return forward
+    prepared = _PreparedForward(forward.func, *forward.args, **forward.keywords)
+    prepared._torchkiln_module = module
+    return prepared
 
 
 def _named_forward(function: Any) -> Any:
@@ -207,9 +228,15 @@ class Compiler:
         """The ``compile_regions`` callback handed to ``wrap_distributed``."""
         self.calls += 1
         if self.calls > 1:
-            raise TorchkilnError(
-                "compile_regions was called twice; a wrap_distributed plugin "
-                "must call it exactly once"
+            strategy = self.config.distributed.strategy
+            declared = self.plugins.distributed_strategies().get(strategy)
+            plugin = declared.plugin if declared is not None else None
+            who = f"plugin {plugin!r} (strategy {strategy!r})" if plugin else "a plugin"
+            raise PluginError(
+                f"{who} called compile_regions twice in wrap_distributed(); it must call it "
+                "exactly once",
+                plugin=plugin,
+                hook="wrap_distributed",
             )
         if state_of(root) is not None:
             raise TorchkilnError(
@@ -270,7 +297,7 @@ class Compiler:
         for preparation in preparations:
             for module, forward in preparation.forwards:
                 state.replaced_forwards.append((module, module.__dict__.get("forward", MISSING)))
-                module.__dict__["forward"] = forward
+                module.__dict__["forward"] = _picklable(module, forward)
             if preparation.undo is not None:
                 state.restore.append(preparation.undo)
         return preparations

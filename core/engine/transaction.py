@@ -8,9 +8,15 @@ hooks, by content), and the process-wide state a plugin may change: the environm
 in ``wrap_distributed``, in a ``compile_region`` or in a check after them leaves the same
 ``forward``, the same parameter objects, no extra attribute and the settings it found.
 
-Parameter *values* are not copied (that would double the model's memory): torchkiln never
-writes them, and a strategy that does (DDP broadcasts rank 0's weights) writes the same values
-every rank already holds.
+The snapshot is taken before ``select_regions``, so whatever a selector, a strategy, a
+group preparation or a backend changed before failing is undone. Of each parameter and buffer
+it keeps the ``requires_grad`` flag and the tensor behind ``.data`` (a plugin that rebinds
+``param.data`` gets the original back). Parameter *values* are not copied (that would double
+the model's memory): an in-place write to them cannot be undone, so it is detected instead
+(from a sample of up to :data:`SAMPLE` of its elements, or its version counter where no
+sample can be read) and
+:meth:`Snapshot.changed_values` names the tensors; ``torchkiln.compile`` then raises a
+``PluginError`` naming the plugin, the hook and the tensors (docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -19,7 +25,11 @@ import os
 from typing import Any
 
 import attrs
+import torch
 from torch import nn
+
+SAMPLE = 64
+"""Elements of each parameter and buffer kept to detect in-place writes (evenly spaced)."""
 
 _EMPTY: dict[Any, Any] = {}
 
@@ -68,6 +78,56 @@ def _dynamo_config() -> Any:
     return dynamo_config
 
 
+def _sample(tensor: torch.Tensor) -> torch.Tensor | None:
+    """Up to :data:`SAMPLE` evenly spaced elements, as bytes; ``None`` where they cannot be
+    read cheaply (meta, tensor subclasses such as DTensor, non-contiguous)."""
+    if type(tensor) not in (torch.Tensor, nn.Parameter) or tensor.device.type == "meta":
+        return None
+    if not tensor.is_contiguous() or tensor.numel() == 0:
+        return None
+    with torch.no_grad():
+        flat = tensor.detach().reshape(-1)
+        step = max(1, flat.numel() // SAMPLE)
+        return flat[::step][:SAMPLE].clone().view(torch.uint8)
+
+
+@attrs.define(eq=False)
+class _TensorSnapshot:
+    name: str
+    tensor: torch.Tensor
+    data: torch.Tensor
+    """``tensor.data`` then: the same storage, kept so a rebinding can be undone."""
+    requires_grad: bool
+    version: int
+    sample: torch.Tensor | None
+
+    @classmethod
+    def take(cls, name: str, tensor: torch.Tensor) -> _TensorSnapshot:
+        return cls(
+            name, tensor, tensor.data, tensor.requires_grad, tensor._version, _sample(tensor)
+        )
+
+    def restore(self) -> None:
+        tensor = self.tensor
+        if tensor.data.data_ptr() != self.data.data_ptr() or tensor.shape != self.data.shape:
+            tensor.data = self.data
+        if tensor.requires_grad != self.requires_grad and tensor.is_leaf:
+            tensor.requires_grad_(self.requires_grad)
+
+    def values_changed(self) -> bool:
+        """The sample differs; without a sample, the version counter moved. (A moved counter
+        with the same sample is DDP broadcasting the values every rank already holds.)"""
+        if self.sample is None:
+            return self.tensor._version != self.version
+        now = _sample(self.tensor)
+        return now is None or not torch.equal(now, self.sample)
+
+
+def _tensors(model: nn.Module) -> list[_TensorSnapshot]:
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return [_TensorSnapshot.take(name, tensor) for name, tensor in named if tensor is not None]
+
+
 @attrs.define(eq=False)
 class Snapshot:
     """The model and the process-wide state before ``torchkiln.compile`` touched anything."""
@@ -75,6 +135,7 @@ class Snapshot:
     modules: list[_ModuleSnapshot]
     environment: dict[str, str]
     dynamo: dict[str, Any]
+    tensors: list[_TensorSnapshot] = attrs.Factory(list)
 
     @classmethod
     def take(cls, model: nn.Module) -> Snapshot:
@@ -82,14 +143,22 @@ class Snapshot:
             [_ModuleSnapshot.take(module) for module in model.modules()],
             dict(os.environ),
             _dynamo_config().get_config_copy(),
+            _tensors(model),
         )
 
     def restore(self) -> None:
-        """Put everything back (modules first, then settings)."""
+        """Put everything back (modules first, then tensors' flags and data, then settings)."""
         for snapshot in self.modules:
             snapshot.restore()
+        for tensor in self.tensors:
+            tensor.restore()
         self._restore_environment()
         self._restore_dynamo()
+
+    def changed_values(self) -> list[str]:
+        """Names of the parameters and buffers whose values were written in place since
+        :meth:`take` (which :meth:`restore` cannot undo)."""
+        return [tensor.name for tensor in self.tensors if tensor.values_changed()]
 
     def _restore_environment(self) -> None:
         for key in [key for key in os.environ if key not in self.environment]:

@@ -46,6 +46,7 @@ def _write_manifest(output: Path, request: dict[str, Any], whole: Any, skipped: 
         MANIFEST,
         ArtifactError,
         Manifest,
+        kernel_files,
         read_manifest,
         write_manifest,
     )
@@ -59,6 +60,7 @@ def _write_manifest(output: Path, request: dict[str, Any], whole: Any, skipped: 
         if existing is not None and existing.environment == request["environment"]:
             manifest = existing
     manifest.whole = whole.to_dict()
+    manifest.kernels = kernel_files(output)  # every kernel, hashed, as precompile lists them
     manifest.skipped = [s for s in manifest.skipped if s.get("group") != "<whole model>"]
     manifest.skipped += [{"group": "<whole model>", **s} for s in skipped]
     write_manifest(output, manifest)

@@ -97,6 +97,8 @@ def test_custom_factory_without_depths_runs_at_its_own_size() -> None:
         ),
         ({"model": "nomodule"}, "neither a built-in example"),
         ({"seq": 0}, "--seq 0"),
+        ({"model": "toy:99999999999"}, "depth 99999999999: at most 1024"),
+        ({"seq": 99999999999}, "--seq 99999999999: 399999999996 tokens; at most 16777216"),
         ({"device": "tpu"}, "choose auto, cpu or cuda"),
     ],
 )
@@ -360,7 +362,10 @@ def test_a_failing_cell_is_reported_and_the_run_goes_on(
         assert cell["failure"]["run"] == "cold" and cell["failure"]["returncode"] == 1
         assert "sqrt" in cell["failure"]["stderr_tail"]
     assert re.search(r"-\s+1\s+full\s+FAILED\n", captured.out)
-    assert "batch 1 full: cold run: worker exited with code 1: TypeError" in captured.out
+    assert (
+        "batch 1 full: cold run: worker exited with code 1: torchkiln.errors.TorchkilnError: "
+        "model 'math:sqrt': sqrt() raised TypeError" in captured.out
+    )
     assert "batch 1 full: cold run failed" in captured.err
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import io
 import types
 from pathlib import Path
@@ -179,6 +180,32 @@ def test_pickling_a_compiled_model_whole_saves_the_plain_model(tmp_path: Path) -
     torch.testing.assert_close(loaded(token_ids()), expected)
     assert torchkiln.is_compiled(model)  # the compiled model itself is untouched
     torch.testing.assert_close(model(token_ids()), expected)
+
+
+def test_pickling_a_hierarchically_compiled_model_keeps_the_checkpoint(tmp_path: Path) -> None:
+    """Issue 23 D1: the nested blocks' forwards (``functools.partial`` over torch's
+    ``nested_compile_region`` function, a local object) used to fail to pickle after
+    ``torch.save`` had truncated the file. The pickle holds the plain model."""
+    from precompile_models import Block, inputs, stack
+
+    model = stack(3).eval()
+    expected = model(inputs())
+    torchkiln.compile(model, backend="eager", regions="hierarchical", progress="off")
+    assert isinstance(model.blocks[0].__dict__["forward"], functools.partial)  # nested, marked
+    torch.testing.assert_close(model(inputs()), expected)
+    path = tmp_path / "model.pt"
+    torch.save(model.state_dict(), path)  # a good checkpoint already there
+    torch.save(model, path)
+    loaded = torch.load(path, weights_only=False)
+    assert not torchkiln.is_compiled(loaded)
+    blocks = [m for m in loaded.modules() if isinstance(m, Block)]
+    assert len(blocks) == 3 and not any("forward" in b.__dict__ for b in blocks)
+    # The root is the plan's one region, built after its state: its forward loads as the
+    # class's own, bound (its state and region records as None).
+    forward = loaded.__dict__.get("forward", loaded.forward)
+    assert forward.__func__ is type(loaded).forward
+    torch.testing.assert_close(loaded(inputs()), expected)
+    torch.testing.assert_close(model(inputs()), expected)  # the compiled model is untouched
 
 
 def test_pickling_before_the_first_call_saves_the_plain_model_too() -> None:

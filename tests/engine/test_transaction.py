@@ -77,7 +77,7 @@ def raise_after_setting_flags(model: nn.Module) -> Any:
         (lambda model: 42, r"plugin 'odd': wrap_distributed\(\) returned int 42; expected"),
         (
             lambda model: DistributedResult(wrapped=model, module=nn.Linear(1, 1), strategy="odd"),
-            r"strategy 'odd' returned module Linear instead of the model it was given",
+            r"plugin 'odd' \(strategy 'odd'\) returned module Linear instead of the model it was given",
         ),
     ],
     ids=["raises", "returns-garbage", "bad-result"],

@@ -18,7 +18,7 @@ from stack_model import Stack
 from torch import nn
 
 import torchkiln
-from torchkiln import ConfigError, PluginError, TorchkilnError, hookimpl
+from torchkiln import ConfigError, PluginError, hookimpl
 from torchkiln.engine.resolve import resolve_config
 from torchkiln.plugin import (
     Availability,
@@ -422,7 +422,8 @@ def test_wrap_distributed_that_never_calls_compile_regions_is_an_error(
     pm.register(Wrapper(times=0), name="lazy-engine")
     with pytest.raises(
         PluginError,
-        match=r"the 'custom' strategy called compile_regions 0 times; it must call it exactly once",
+        match=r"plugin 'lazy-engine' \(strategy 'custom'\) called compile_regions 0 times in "
+        r"wrap_distributed\(\); it must call it exactly once",
     ):
         torchkiln.compile(stack, plugins=pm, backend="eager", distributed="custom")
 
@@ -431,7 +432,10 @@ def test_wrap_distributed_that_calls_compile_regions_twice_is_an_error(
     pm: torchkiln.PluginManager, stack: Stack
 ) -> None:
     pm.register(Wrapper(times=2), name="eager-engine")
-    with pytest.raises(TorchkilnError, match="compile_regions was called twice"):
+    with pytest.raises(
+        PluginError,
+        match=r"plugin 'eager-engine' \(strategy 'custom'\) called compile_regions twice",
+    ):
         torchkiln.compile(stack, plugins=pm, backend="eager", distributed="custom")
 
 
