@@ -168,14 +168,12 @@ def tiered_targets(results: list[Any], target: Any) -> list[Any]:
             loaded_first.append((where, result.cold_first_call / full.cold_first_call))
         if full.steady and result.steady:
             loaded_steady.append((where, result.steady / full.steady))
-    judged = []
-    if any(strategy == "tiered" for _, _, strategy in by_key):
-        judged += [
+    judged = [
             _judge(target, "tiered first call vs regional cold", 1.1, first),
             _judge(target, "tiered time to whole-model speed vs full cold first call", 1.2,
                    to_whole),
-            _judge(target, "tiered steady after the switch vs full (depth 16, 32)", 1.02, steady),
-        ]  # fmt: skip
+        _judge(target, "tiered steady after the switch vs full (depth 16, 32)", 1.02, steady),
+    ]  # fmt: skip
     if loaded_first or loaded_steady:
         judged += [
             _judge(target, "whole-model artifact, new process: first call vs full cold", 0.1,

@@ -40,7 +40,9 @@ def test_gpu_preset_dry_run_prints_the_plan_and_runs_nothing(
     plan = _plan("--preset", "gpu", "--dry-run")
     assert (plan.preset, plan.budget_minutes) == ("gpu", 8.0)
     assert (plan.json_path, plan.plot_path) == ("bench-gpu.json", "bench-gpu.png")
-    compiled = ("full", "regional") + (("accelerate",) if accelerate_available() else ())
+    compiled = (
+        ("full", "regional") + (("accelerate",) if accelerate_available() else ()) + ("tiered",)
+    )
     runs = [(r.workload, r.mode, r.strategies) for r in plan.runs]
     assert runs == [
         ("forward", None, ("eager", *compiled)),
