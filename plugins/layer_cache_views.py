@@ -298,7 +298,27 @@ def view_class(cache_class: type, resolved: ResolvedSpec, outside: bool) -> type
             and inspect.getattr_static(cache_class, method.name, None) is method.function
         )
         members[method.name] = _split_method(method) if split else _outside_method(method.name)
-    return type(f"{cache_class.__name__}LayerView", (LayerView,), members)
+    return _importable(type(_view_name(cache_class, outside), (LayerView,), members))
+
+
+def _view_name(cache_class: type, outside: bool) -> str:
+    name = f"{cache_class.__name__}{'Outside' if outside else ''}LayerView"
+    taken = globals().get(name)
+    count = 1
+    while taken is not None:  # another declaration for a class of the same name
+        count += 1
+        taken = globals().get(f"{name}{count}")
+    return name if count == 1 else f"{name}{count}"
+
+
+def _importable(view: type) -> type:
+    """The class set as an attribute of this module under its own name, so that what pickles
+    it by reference (torch saving a precompiled function's guards) finds it, here and in a
+    process that builds the same views before loading."""
+    view.__module__ = __name__
+    view.__qualname__ = view.__name__
+    globals()[view.__name__] = view
+    return view
 
 
 def overridden(cache_class: type, resolved: ResolvedSpec) -> list[str]:
