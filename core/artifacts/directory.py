@@ -31,7 +31,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
@@ -463,3 +463,15 @@ def _tampered(name: str, detail: str) -> str:
         f"manifest entry {name!r} does not match the manifest ({detail}): the file was "
         "tampered with or corrupted; nothing of it was loaded"
     )
+
+
+def closure_data(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The group function's closure values, handed to torch's pickler as external data.
+
+    Saving them by reference fails for decorated functions (a transformers layer's
+    ``forward``: "it's not the same object as ...forward"); as external data they are never
+    pickled, and the loader supplies the live objects by the same keys.
+    """
+    names = fn.__code__.co_freevars
+    cells = fn.__closure__ or ()
+    return {f"closure:{name}": cell.cell_contents for name, cell in zip(names, cells, strict=True)}

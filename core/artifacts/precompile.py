@@ -38,6 +38,7 @@ from torchkiln.artifacts.directory import (
     GroupArtifacts,
     GroupEntry,
     Manifest,
+    closure_data,
     code_hash,
     entry_file,
     environment_key,
@@ -134,18 +135,6 @@ def _check_backend(config: CompileConfig, plugins: PluginManager) -> None:
             "serialisable (BackendSpec.precompile); `torchkiln plugins` lists the backends "
             "that can (inductor, aot_eager)"
         )
-
-
-def closure_data(fn: Callable[..., Any]) -> dict[str, Any]:
-    """The group function's closure values, handed to torch's pickler as external data.
-
-    Saving them by reference fails for decorated functions (a transformers layer's
-    ``forward``: "it's not the same object as ...forward"); as external data they are never
-    pickled, and the loader supplies the live objects by the same keys.
-    """
-    names = fn.__code__.co_freevars
-    cells = fn.__closure__ or ()
-    return {f"closure:{name}": cell.cell_contents for name, cell in zip(names, cells, strict=True)}
 
 
 @contextlib.contextmanager

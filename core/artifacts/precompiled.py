@@ -36,6 +36,7 @@ from torchkiln.artifacts.directory import (
     GroupArtifacts,
     KernelFile,
     Manifest,
+    closure_data,
     code_hash,
     environment_key,
     environment_mismatches,
@@ -269,7 +270,6 @@ class ArtifactLoader:
         compile_group: Callable[[], Callable[..., Any]],
     ) -> PrecompiledGroup:
         from torchkiln.artifacts.cache import current_cache_dir
-        from torchkiln.artifacts.precompile import closure_data
 
         assert self.manifest is not None
         # Every entry is checked before the kernels are copied or anything is unpickled.

@@ -14,6 +14,8 @@ from torchkiln.bench.presets import (
     GPU_PLOT,
     GPU_STRATEGIES,
     GPU_WORKLOADS,
+)
+from torchkiln.bench.quick import (
     QUICK_BATCHES,
     QUICK_DEEPEST_ONLY,
     QUICK_DEPTHS,

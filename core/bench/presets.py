@@ -13,31 +13,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-if TYPE_CHECKING:  # settings imports this module's quick constants
+if TYPE_CHECKING:
     from torchkiln.bench.settings import BenchSettings
 
-QUICK_DEPTHS = (4, 16)
-"""Two depths: regional's first call stays flat while full compile's grows."""
-QUICK_BATCHES = (1,)
-QUICK_EVERY_DEPTH = ("full", "regional", "tiered")
-"""Strategies run at every quick depth: the contrast the story is about. ``tiered`` (issue 21)
-costs one cell per depth, its first call plus the calls until the builder's whole-model form
-serves (about a full compile's time)."""
-QUICK_DEEPEST_ONLY = ("precompiled",)
-"""Strategies run at the deepest quick depth only, where they differ most from full compile:
-one cell each (about 20 s on a quiet 2-core machine, with its precompile run).
-``hierarchical`` and ``accelerate`` (about 30 s each there) are left to the default preset
-and ``--strategies``: with them and ``tiered``, the quick preset would not fit its 6 minutes."""
-QUICK_WARM = ("regional",)
-"""The compiled strategies whose warm start (a second process reusing the cache directory)
-is measured: regional's, the one the persistent-cache story is about. Each other warm run
-costs a process (about 10 s)."""
-QUICK_STEADY_DEEPEST_ONLY = True
-"""Time the steady state at the deepest quick depth only, where a block boundary's cost
-adds up most (one steady-state process instead of one per depth)."""
-QUICK_STEADY_ITERS = 10
-"""Timed rounds of the shared steady-state run (each round times every strategy once)."""
-QUICK_WARMUP_ITERS = 2
 
 GPU_MODEL = "llama-1b"
 GPU_DEPTHS = (32, 16)

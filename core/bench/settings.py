@@ -6,7 +6,7 @@ import importlib.util
 
 import attrs
 
-from torchkiln.bench.presets import (
+from torchkiln.bench.quick import (
     QUICK_BATCHES,
     QUICK_DEEPEST_ONLY,
     QUICK_DEPTHS,

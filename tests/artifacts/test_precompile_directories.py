@@ -165,7 +165,9 @@ def test_the_commit_replaces_an_artifact_directory_in_one_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
 ) -> None:
     """With the atomic exchange, and with the fallback where the system has none."""
-    module = importlib.import_module("torchkiln.artifacts.precompile")  # the module, not the function
+    module = importlib.import_module(
+        "torchkiln.artifacts.precompile"
+    )  # the module, not the function
 
     if not exchange:
         monkeypatch.setattr(module, "_exchange", lambda first, second: False)
