@@ -66,15 +66,22 @@ def _write_manifest(output: Path, request: dict[str, Any], whole: Any, skipped: 
     write_manifest(output, manifest)
 
 
-def replay_construction_state(model: Any) -> None:
+def replay_construction_state(model: Any, registry_items: list[Any] | None) -> None:
     """Global state a library records when a model is *constructed*, which unpickling skips.
 
     transformers registers each ``PreTrainedModel`` class's recordable outputs in
-    ``_CAN_RECORD_REGISTRY`` from ``__init__``; a trace guards on that entry.
+    ``_CAN_RECORD_REGISTRY`` from ``__init__``, and a trace guards on its entries *by
+    position*; so the registry is made exactly the user's process's (``registry_items``, in
+    its order), or, without that, filled from the model.
     """
     registry_module = sys.modules.get("transformers.utils.output_capturing")
     registry = getattr(registry_module, "_CAN_RECORD_REGISTRY", None)
     if registry is None:
+        return
+    if registry_items is not None:
+        dict.clear(registry)
+        for key, value in registry_items:
+            dict.__setitem__(registry, key, value)
         return
     for module in model.modules():
         outputs = getattr(module, "_can_record_outputs", None)
@@ -119,7 +126,9 @@ def build(workdir: Path) -> dict[str, Any]:
     _limit(request["nice"], request["intra_op_threads"])
     output = Path(request["output"])
     model = loads_hollow(request["model"])
-    replay_construction_state(model)
+    replay_construction_state(
+        model, loads_hollow(request["registry"]) if request.get("registry") else None
+    )
     families = []
     for family in request["families"]:
         warm_up(model, family)

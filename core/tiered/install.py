@@ -78,7 +78,7 @@ def _load_existing(
 
     try:
         tiered.switch(model, directory, loaded=True)
-    except ArtifactError as error:
+    except Exception as error:  # torch raising while it rebuilds saved guards, say
         message = f"torchkiln: whole-model artifacts in {str(directory)!r} not used: {error}"
         if config.artifacts_strict:
             raise ArtifactError(

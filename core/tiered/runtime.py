@@ -268,6 +268,7 @@ class TieredForward:
             "nice": self.config.tiered.nice,
             "threads": self.config.tiered.threads,
             "intra_op_threads": torch.get_num_threads(),
+            "registry": _output_registry(),
         }
 
     def _poll(self, model: nn.Module) -> None:
@@ -282,8 +283,10 @@ class TieredForward:
             return
         try:
             self.switch(model, Path(self.builder.workdir) if self._output is None else self._output)
-        except ArtifactError as error:
-            self._stop_with(f"the built whole-model form could not be loaded: {error}")
+        except Exception as error:  # a form that cannot load must never fail the user's call
+            self._stop_with(
+                f"the built whole-model form could not be loaded: {type(error).__name__}: {error}"
+            )
 
     # -- switching ------------------------------------------------------------------------------
 
@@ -342,6 +345,14 @@ class TieredForward:
             dropped_guards=dict(self.build_result.get("dropped_guards", {})),
             misses=self.misses,
         )
+
+
+def _output_registry() -> bytes | None:
+    """transformers' output-capturing registry as this process has it, in order (the builder
+    replays it: the saved guards index it by position)."""
+    module = sys.modules.get("transformers.utils.output_capturing")
+    registry = getattr(module, "_CAN_RECORD_REGISTRY", None)
+    return dumps_hollow(list(dict.items(registry))) if isinstance(registry, dict) else None
 
 
 def saved_functions_supported() -> bool:

@@ -18,6 +18,7 @@ from tiered_models import tiny_llama
 import torchkiln
 import torchkiln.tiered
 from torchkiln.errors import ConfigError, TorchkilnError
+from torchkiln.examples import gpt2
 
 BUILD_TIMEOUT = 600
 
@@ -86,6 +87,9 @@ def test_training_after_the_switch_matches_a_run_without_tiers():
 
 
 def test_generate_switches_between_decode_steps_with_tokens_equal_eager(tokens):
+    # Another transformers class constructed first: the builder must see transformers'
+    # output-capturing registry in this process's order (saved guards index it by position).
+    gpt2(depth=1, hidden_size=32, heads=2, vocab_size=64)
     reference = tiny_llama()
     model = _compiled()
     with torch.no_grad():
