@@ -289,23 +289,13 @@ graph built from an unsharded copy would not reproduce."""
 
 def _tiered_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[ConfigProblem]:
     tiered = config.tiered
-    problems = []
-    if not 1 <= tiered.threads <= 256:
-        problems.append(
-            ConfigProblem(
-                "$.tiered.threads",
-                f"{tiered.threads} is not between 1 and 256",
-                sources.get("tiered.threads", ""),
-            )
-        )
-    if not 0 <= tiered.nice <= 19:
-        problems.append(
-            ConfigProblem(
-                "$.tiered.nice",
-                f"{tiered.nice} is not between 0 and 19",
-                sources.get("tiered.nice", ""),
-            )
-        )
+    problems = [
+        ConfigProblem(f"$.tiered.{name}", f"{value} is not between {low} and {high}",
+                      sources.get(f"tiered.{name}", ""))
+        for name, value, low, high in (("threads", tiered.threads, 1, 256),
+                                       ("nice", tiered.nice, 0, 19))
+        if not low <= value <= high
+    ]  # fmt: skip
     strategy = config.distributed.strategy
     if tiered.enabled and strategy not in TIERED_STRATEGIES:
         problems.append(
