@@ -111,7 +111,7 @@ def test_peft_with_four_adapters_report_agrees_with_the_profiler() -> None:
     assert_report_agrees(torchkiln.report(model), layers, seen)
 
 
-@pytest.mark.slow
+@pytest.mark.zoo  # timm needs torchvision, kept out of CI's envs (docs/zoo.md)
 def test_efficientnet_b0_default_plan_compiles_at_most_four_graphs() -> None:
     timm = import_timm()
     torch.manual_seed(0)
