@@ -138,11 +138,7 @@ class TieredForward:
         copied.previous_forward = self.previous_forward
         if self.form is not None and copied_model is not None:
             copied.form = self.form
-            copied._regions = [
-                (module.__dict__, module.__dict__.get("forward"))
-                for path, module in copied_model.named_modules()
-                if path in set(self.region_paths)
-            ]
+            copied._regions = copied._region_forwards(copied_model)
             copied.state = self.state
             copied.reason = None
         else:
@@ -299,11 +295,7 @@ class TieredForward:
         if manifest.environment != environment_key(self.config, model):
             raise ArtifactError("the directory was built for another environment")
         self.form = load_whole(directory, manifest, model)
-        self._regions = [
-            (module.__dict__, module.__dict__.get("forward"))
-            for path, module in model.named_modules()
-            if path in set(self.region_paths)
-        ]
+        self._regions = self._region_forwards(model)
         self.state = "loaded" if loaded else "switched"
         self.reason = None
         self.switched_at_call = sum(self.calls.values()) + 1
@@ -316,6 +308,15 @@ class TieredForward:
         )
         if self.builder is not None:
             self.builder.stop()
+
+    def _region_forwards(self, model: nn.Module) -> list[tuple[dict[str, Any], Any]]:
+        """Each region's ``__dict__`` and the ``forward`` torchkiln installed there now."""
+        paths = set(self.region_paths)
+        return [
+            (module.__dict__, module.__dict__.get("forward"))
+            for path, module in model.named_modules()
+            if path in paths
+        ]
 
     def stop(self) -> None:
         """Stop the builder and remove a directory torchkiln made for it (decompile, exit)."""
