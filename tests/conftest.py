@@ -55,3 +55,20 @@ def launching() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(autouse=True)
+def no_setting_left_deleted() -> Iterator[None]:
+    """Fail the test that deletes a Dynamo or inductor setting (undoing ``monkeypatch.setattr``
+    on ``config.cpp`` does that), not the unrelated compile that next reads it."""
+    yield
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    deleted = []
+    for module in (dynamo_config, inductor_config):
+        for name, entry in module._config.items():
+            if entry.hide:
+                deleted.append(f"{module.__name__}.{name}")
+                entry.hide = False  # back to its default, so that later tests are unaffected
+    assert not deleted, f"this test left settings deleted: {deleted}"

@@ -394,7 +394,7 @@ def _load_in_new_process(
 
 @pytest.mark.slow  # two inductor compiles of a small block, then two new processes load it
 def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     # The same compiler in every process (it is part of inductor's kernel keys): a wrapper
     # that records every call, then runs the real one.
@@ -404,7 +404,12 @@ def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
     compiler.chmod(0o755)
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(compiler)))
+    # config.patch, not monkeypatch.setattr: undoing a monkeypatch on the ``cpp`` proxy
+    # deletes the setting, and every later inductor compile in the process then fails with
+    # "torch._inductor.config.cpp.cxx does not exist" (the CI run of stop 26).
+    patch = inductor_config.patch({"cpp.cxx": (None, str(compiler))})
+    patch.__enter__()
+    request.addfinalizer(lambda: patch.__exit__(None, None, None))
     # This process compiles the same blocks first: inductor has then probed the CPU and holds
     # the kernels in memory, and the precompile must still put everything into DIR/kernels.
     earlier = torchkiln.compile(stack(), progress="off")
