@@ -1,11 +1,14 @@
 """The tiered runtime: the root module's ``forward`` while a model is compiled with tiers.
 
 Calls go to the **regional** tier first (the class's ``forward``, whose blocks run their
-regionally compiled code). After a few calls (:class:`~torchkiln.tiered.calls.CallLog` says how
-many) a builder process compiles the whole model from a hollow copy. At the start of a later
-call, once the builder has finished, its artifact is loaded and the model switches to the
-**whole-model** tier in place: the same object, the regions' compiled code kept for any call the
-whole-model form does not fit. The switch happens only at the start of a root call, so never
+regionally compiled code). At the start of the first call a builder process starts compiling the
+whole model from a hollow copy, for that call's shapes: a training or serving loop repeats its
+first call, and the build then runs beside the regional compile instead of after it. If the
+next calls show more (a family of calls whose sizes change, as decode steps do, or another kind
+of call; :class:`~torchkiln.tiered.calls.CallLog` says when enough was seen), the builder is
+restarted once for everything seen. At the start of a later call, once a builder has finished,
+its artifact is loaded and the model switches to the **whole-model** tier in place: the same
+object, the regions' compiled code kept for any call the whole-model form does not fit. The switch happens only at the start of a root call, so never
 inside a forward, between a forward and its backward (whose graph belongs to its forward), or
 inside a decode step.
 """
@@ -47,8 +50,8 @@ class TierReport:
     serving: str
     """The tier the next call goes to (``regional`` or ``whole-model``)."""
     state: str
-    """``observing``, ``building``, ``switched``, ``loaded`` (from an artifact directory),
-    ``stopped`` (no whole-model form: see ``reason``)."""
+    """``observing`` (before the first call), ``building``, ``switched``, ``loaded`` (from an
+    artifact directory), ``stopped`` (no whole-model form: see ``reason``)."""
     calls: dict[str, int]
     """Calls served by each tier so far."""
     reason: str | None = None
@@ -62,6 +65,10 @@ class TierReport:
     dropped_guards: dict[str, int] = attrs.Factory(dict)
     misses: int = 0
     """Calls after the switch that no whole-model entry fitted (served regionally)."""
+    builds: int = 0
+    """Builders started: 1, or 2 when the calls after the first showed more than it."""
+    rebuild_reason: str | None = None
+    """Why a second builder was started (``None``: the first one covered every call seen)."""
 
     def lines(self) -> list[str]:
         out = [
@@ -78,6 +85,8 @@ class TierReport:
                 f"  builder: {self.build_seconds:.1f} s, peak memory "
                 f"{self.builder_peak_rss_mb} MiB; loading {self.load_seconds or 0:.2f} s"
             )
+        if self.rebuild_reason:
+            out.append(f"  rebuilt: {self.rebuild_reason}")
         if self.misses:
             out.append(f"  {self.misses} calls missed the whole-model form (served regionally)")
         if self.reason:
@@ -93,10 +102,16 @@ class TieredForward:
         self.config = config
         self.region_paths = region_paths
         self.log = CallLog()
+        self.log_open = True
+        """Whether calls are still being observed (until the log is ready, or its limit)."""
         self.builder: BuilderProcess | None = None
+        self.built_for: list[Any] = []
+        """The families (:meth:`CallLog.families`) the current builder compiles for."""
+        self.builds = 0
+        self.rebuild_reason: str | None = None
         self.form: WholeModelForm | None = None
         self.state = "observing"
-        self.reason: str | None = "observing the first calls before building"
+        self.reason: str | None = "no call yet: the builder starts at the first call"
         self.calls = {REGIONAL: 0, WHOLE: 0}
         self.misses = 0
         self.first_call_at: float | None = None
@@ -141,6 +156,7 @@ class TieredForward:
             copied._regions = copied._region_forwards(copied_model)
             copied.state = self.state
             copied.reason = None
+            copied.log_open = False
         else:
             copied.state, copied.reason = "stopped", "copied while observing or building"
         return copied
@@ -154,16 +170,16 @@ class TieredForward:
             return type(model).forward(model, *args, **kwargs)
         if self.first_call_at is None:
             self.first_call_at = time.perf_counter()
-        if self.builder is not None and self.form is None:
+        if self.builder is not None and self.builder.result is None:
             self._poll(model)
+        if self.log_open and self.state != "stopped":
+            self._observe(model, args, kwargs)
         if self.form is not None:
             fn = self.form.match(model, args, kwargs) if self._regions_intact() else None
             if fn is not None:
                 self.calls[WHOLE] += 1
                 return fn(model, *args, **kwargs)
             self._missed(model, args, kwargs)
-        elif self.state == "observing":
-            self._observe(model, args, kwargs)
         self.calls[REGIONAL] += 1
         self._depth += 1
         try:
@@ -188,9 +204,25 @@ class TieredForward:
         try:
             self.log.add(call_spec(model, args, kwargs), args, kwargs)
         except Exception as error:  # an input we cannot describe: stay regional, say why
-            self._stop_with(f"the call's inputs cannot be sent to a builder: {error}")
+            self.log_open = False
+            if self.builder is None:
+                self._stop_with(f"the call's inputs cannot be sent to a builder: {error}")
             return
-        if self.log.ready():
+        if self.builder is None:  # the first call: build for it, beside the regional compile
+            self._start_builder(model)
+            if self.log.ready():  # a log of one call (a limit of 1)
+                self.log_open = False
+            return
+        if not self.log.ready():
+            return
+        self.log_open = False
+        if self.log.families() != self.built_for:
+            self.rebuild_reason = (
+                f"calls 1-{len(self.log.specs)} showed "
+                f"{_describe_families(self.log.families())}; the first builder had call 1 only"
+            )
+            self._say(f"restarting the builder: {self.rebuild_reason}")
+            self.builder.stop()
             self._start_builder(model)
 
     def _stop_with(self, reason: str) -> None:
@@ -230,16 +262,21 @@ class TieredForward:
                 f"the model cannot be sent to a builder: {type(error).__name__}: {error}"
             )
             return
+        self.built_for = self.log.families()
         self.builder = BuilderProcess(request, self.config.tiered.threads)
-        self.state = "building"
-        self.reason = "the whole-model form is being built"
+        self.builds += 1
+        if self.form is None:
+            self.state = "building"
+            self.reason = "the whole-model form is being built"
         self._say(
             f"building the whole-model form in process {self.builder.process.pid} for "
-            f"{len(request['families'])} kind(s) of call, after {self.calls[REGIONAL] + 1} calls"
+            f"{_describe_families(self.built_for)} (call {sum(self.calls.values()) + 1})"
         )
 
     def _request(self, model: nn.Module) -> dict[str, Any]:
-        if self.config.artifacts is not None:
+        if self._output is not None:  # a restarted builder writes where the first one did
+            pass
+        elif self.config.artifacts is not None:
             self._output = Path(self.config.artifacts).expanduser()
             self._output.mkdir(parents=True, exist_ok=True)
         else:
@@ -252,7 +289,7 @@ class TieredForward:
                 "call": self.log.calls[index],
                 "dynamic": dims,
             }
-            for spec, index, dims in self.log.families()
+            for spec, index, dims in self.built_for
         ]
         return {
             "model": dumps_hollow(model),
@@ -275,7 +312,12 @@ class TieredForward:
         self.build_result = result
         if not result.get("ok"):
             skipped = "; ".join(s["reason"] for s in result.get("skipped", []))
-            self._stop_with(f"the builder failed: {result.get('error') or skipped}")
+            failure = f"the builder failed: {result.get('error') or skipped}"
+            if self.form is None:
+                self._stop_with(failure)
+            else:  # the first build's form still serves the calls it fits
+                self.reason = f"the rebuild did not finish, {failure}"
+                self._say(self.reason, logging.WARNING)
             return
         try:
             self.switch(model, Path(self.builder.workdir) if self._output is None else self._output)
@@ -298,9 +340,12 @@ class TieredForward:
         self._regions = self._region_forwards(model)
         self.state = "loaded" if loaded else "switched"
         self.reason = None
-        self.switched_at_call = sum(self.calls.values()) + 1
-        if self.first_call_at is not None:
-            self.seconds_to_switch = time.perf_counter() - self.first_call_at
+        if loaded:  # from an artifact directory before any call: nothing to build
+            self.log_open = False
+        if self.switched_at_call is None:  # the first switch (a rebuild's form replaces it)
+            self.switched_at_call = sum(self.calls.values()) + 1
+            if self.first_call_at is not None:
+                self.seconds_to_switch = time.perf_counter() - self.first_call_at
         built = f" (built in {self.build_result['seconds']:.1f} s)" if self.build_result else ""
         self._say(
             f"serving the whole-model form from call {self.switched_at_call}{built}, loaded in "
@@ -345,7 +390,18 @@ class TieredForward:
             load_seconds=self.form.load_seconds if self.form is not None else None,
             dropped_guards=dict(self.build_result.get("dropped_guards", {})),
             misses=self.misses,
+            builds=self.builds,
+            rebuild_reason=self.rebuild_reason,
         )
+
+
+def _describe_families(families: list[Any]) -> str:
+    """``2 kinds of call (inference, sizes fixed; inference, dynamic sizes)``."""
+    parts = [
+        f"{spec.kind}, {'dynamic sizes' if dims else 'sizes fixed'}" for spec, _, dims in families
+    ]
+    noun = "kind of call" if len(parts) == 1 else "kinds of call"
+    return f"{len(parts)} {noun} ({'; '.join(parts)})"
 
 
 def _output_registry() -> bytes | None:

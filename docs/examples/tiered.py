@@ -13,7 +13,7 @@ with torch.no_grad():
 
 model = torchkiln.compile(model, backend="aot_eager", tiered=True)
 with torch.no_grad():
-    for _ in range(2):  # regional: the first call compiles one block; the second starts a builder
+    for _ in range(2):  # regional: the first call compiles one block and starts a builder
         torch.testing.assert_close(model(inputs).logits, expected)
     print(torchkiln.tiered.tiers(model).state)  # building
     torchkiln.tiered.wait(model)  # a training loop would simply go on; this example waits

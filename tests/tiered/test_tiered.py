@@ -34,16 +34,16 @@ def test_forward_switches_in_place_and_stays_exact(tokens):
     keys_before = list(reference.state_dict())
     with torch.no_grad():
         expected = reference(tokens).logits
+        assert torchkiln.tiered.tiers(model).state == "observing"  # no call yet
         first = model(tokens).logits
-        assert torchkiln.tiered.tiers(model).state == "observing"
-        second = model(tokens).logits  # a repeated call: enough to build from
-        assert torchkiln.tiered.tiers(model).state == "building"
+        assert torchkiln.tiered.tiers(model).state == "building"  # from the first call
+        second = model(tokens).logits  # the same call: the first builder covers it
         assert torchkiln.tiered.wait(model, BUILD_TIMEOUT)
         after = [model(tokens).logits for _ in range(3)]
     tiers = torchkiln.tiered.tiers(model)
     assert tiers.state == "switched" and tiers.serving == "whole-model"
     assert tiers.calls == {"regional": 2, "whole-model": 3}
-    assert tiers.switched_at_call == 3
+    assert tiers.switched_at_call == 3 and tiers.builds == 1 and tiers.rebuild_reason is None
     assert tiers.builder_peak_rss_mb > 50 and tiers.build_seconds > 0
     assert tiers.dropped_guards["region forward"] >= 2  # one per region: torchkiln's own forward
     for logits in (first, second, *after):
@@ -78,7 +78,8 @@ def test_training_after_the_switch_matches_a_run_without_tiers():
             optimizer.step()
             optimizer.zero_grad()
             losses[index].append(loss.item())
-    assert torchkiln.tiered.tiers(tiered).calls == {"regional": 3, "whole-model": 3}
+    tiers = torchkiln.tiered.tiers(tiered)
+    assert tiers.calls == {"regional": 3, "whole-model": 3} and tiers.builds == 1
     assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
     for (name, p), q in zip(plain.named_parameters(), tiered.parameters()):
         torch.testing.assert_close(p, q, msg=name)
@@ -101,6 +102,13 @@ def test_generate_switches_between_decode_steps_with_tokens_equal_eager(tokens):
     tiers = torchkiln.tiered.tiers(model)
     # The prefill and every decode step of the second generate() ran the whole-model form.
     assert tiers.calls == {"regional": 10, "whole-model": 10}, tiers
+    # The first builder had the prefill only; the decode steps (one family, a growing cache)
+    # restarted it once, for both.
+    assert tiers.builds == 2
+    assert "2 kinds of call (inference, sizes fixed; inference, dynamic sizes)" in (
+        tiers.rebuild_reason or ""
+    )
+    assert "rebuilt: calls 1-4 showed" in str(torchkiln.report(model))
 
 
 def test_pickle_and_decompile_give_the_plain_model(tokens):
