@@ -84,8 +84,18 @@ def resolve(spec: LayerCacheSpec) -> ResolvedSpec | None:
     return _resolved(spec, found)
 
 
+_RESOLVED: list[ResolvedSpec] = []
+"""Every spec resolved in this process, in order: what :func:`__getattr__` builds views from."""
+
+
 @functools.cache
 def _resolved(spec: LayerCacheSpec, cache_type: type) -> ResolvedSpec:
+    resolved = _look_up(spec, cache_type)
+    _RESOLVED.append(resolved)
+    return resolved
+
+
+def _look_up(spec: LayerCacheSpec, cache_type: type) -> ResolvedSpec:
     names = spec.methods
     if names is None:
         names = tuple(
@@ -319,6 +329,41 @@ def _importable(view: type) -> type:
     view.__qualname__ = view.__name__
     globals()[view.__name__] = view
     return view
+
+
+def __getattr__(name: str) -> type:
+    """A view class this process has not built yet, asked for by name: what unpickling a
+    precompiled function's guards does in a new process, before any call has built a view. It
+    is built here, as a call would, from the specs resolved so far (the adapter resolves them
+    when it prepares a group, before artifacts are loaded)."""
+    view = _view_named(name)
+    if view is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return view
+
+
+def _view_named(name: str) -> type | None:
+    if not name.endswith("LayerView"):
+        return None
+    stem = name.removesuffix("LayerView")
+    candidates = [(stem, False)]
+    if stem.endswith("Outside"):
+        candidates.insert(0, (stem.removesuffix("Outside"), True))
+    for resolved in list(_RESOLVED):
+        for cache_class in _with_subclasses(resolved.cache_type):
+            for class_name, outside in candidates:
+                if cache_class.__name__ == class_name:
+                    view = view_class(cache_class, resolved, outside)
+                    if view.__name__ == name:
+                        return view
+    return None
+
+
+def _with_subclasses(cls: type) -> list[type]:
+    found = [cls]
+    for subclass in cls.__subclasses__():
+        found += _with_subclasses(subclass)
+    return found
 
 
 def overridden(cache_class: type, resolved: ResolvedSpec) -> list[str]:

@@ -62,7 +62,7 @@ def _row(result: CellResult, full: CellResult | None) -> tuple[str, ...]:
 
 
 def _format(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for row in rows:
         cells = [

@@ -411,3 +411,31 @@ def test_dispatch_reaches_the_torchkiln_strategies_workers(tmp_path: Path) -> No
     assert cell["cold"]["dispatch"] == "reduced"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--dispatch", "fast"])
+
+
+def test_a_tiered_cell_gets_its_own_table_with_its_four_figures() -> None:
+    # The quick preset's tiered table once failed to render (its rows are shorter than the
+    # main table's): the README's main job ended in an IndexError after its last cell.
+    from torchkiln.bench.table import render_all
+    from torchkiln.bench.tiered import TIERED_HEADER
+
+    tiered = _result(16, "tiered", 12.0, None, 0.0404)
+    assert tiered.cold is not None
+    tiered.cold["tiered"] = {
+        "seconds_to_whole_model": 44.0, "steady_before_switch_seconds": 0.05,
+        "builder_peak_rss_mb": 812.0,
+    }  # fmt: skip
+    grid = [*_grid(), tiered]
+    settings = {"model": "llama", "seq": 128, "backend": "inductor", "steady_iters": 10}
+    text = render_all(settings, {}, grid, check_targets(grid))
+    lines = text.splitlines()
+    header = next(
+        i for i, line in enumerate(lines) if line.split()[:3] == ["depth", "first", "call"]
+    )
+    assert re.split(r"\s{2,}", lines[header].strip()) == list(TIERED_HEADER)
+    assert re.split(r"\s{2,}", lines[header + 1].strip()) == [
+        "16", "12.00 s", "1.200", "44.00 s", "1.100", "50.00", "1.220", "40.40", "1.010", "812",
+    ]  # fmt: skip
+    verdicts = {t.name: t.met for t in check_targets(grid)}
+    assert verdicts["tiered time to whole-model speed vs full cold first call"] is True
+    assert verdicts["tiered first call vs regional cold"] is False  # 1.2x, over 1.1x
