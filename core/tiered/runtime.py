@@ -108,6 +108,8 @@ class TieredForward:
         self.built_for: list[Any] = []
         """The families (:meth:`CallLog.families`) the current builder compiles for."""
         self.builds = 0
+        self.pending = False
+        """Whether a builder was started whose result this runtime has not taken yet."""
         self.rebuild_reason: str | None = None
         self.form: WholeModelForm | None = None
         self.state = "observing"
@@ -170,7 +172,7 @@ class TieredForward:
             return type(model).forward(model, *args, **kwargs)
         if self.first_call_at is None:
             self.first_call_at = time.perf_counter()
-        if self.builder is not None and self.builder.result is None:
+        if self.pending:
             self._poll(model)
         if self.log_open and self.state != "stopped":
             self._observe(model, args, kwargs)
@@ -216,7 +218,7 @@ class TieredForward:
         if not self.log.ready():
             return
         self.log_open = False
-        if self.log.families() != self.built_for:
+        if _shapes(self.log.families()) != _shapes(self.built_for):
             self.rebuild_reason = (
                 f"calls 1-{len(self.log.specs)} showed "
                 f"{_describe_families(self.log.families())}; the first builder had call 1 only"
@@ -255,6 +257,7 @@ class TieredForward:
                 "process (defined in __main__ or a function): move them into a module"
             )
             return
+        self.built_for = self.log.families()
         try:
             request = self._request(model)
         except Exception as error:
@@ -262,9 +265,9 @@ class TieredForward:
                 f"the model cannot be sent to a builder: {type(error).__name__}: {error}"
             )
             return
-        self.built_for = self.log.families()
         self.builder = BuilderProcess(request, self.config.tiered.threads)
         self.builds += 1
+        self.pending = True
         if self.form is None:
             self.state = "building"
             self.reason = "the whole-model form is being built"
@@ -309,6 +312,7 @@ class TieredForward:
         result = self.builder.poll()
         if result is None:
             return
+        self.pending = False
         self.build_result = result
         if not result.get("ok"):
             skipped = "; ".join(s["reason"] for s in result.get("skipped", []))
@@ -393,6 +397,11 @@ class TieredForward:
             builds=self.builds,
             rebuild_reason=self.rebuild_reason,
         )
+
+
+def _shapes(families: list[Any]) -> list[Any]:
+    """What a build compiles for: each family's spec and dynamic dims (not which call)."""
+    return [(spec, dims) for spec, _, dims in families]
 
 
 def _describe_families(families: list[Any]) -> str:

@@ -101,7 +101,7 @@ def test_generate_switches_between_decode_steps_with_tokens_equal_eager(tokens):
     assert torch.equal(first, expected) and torch.equal(second, expected)
     tiers = torchkiln.tiered.tiers(model)
     # The prefill and every decode step of the second generate() ran the whole-model form.
-    assert tiers.calls == {"regional": 10, "whole-model": 10}, tiers
+    assert tiers.calls == {"regional": 10, "whole-model": 10}, tiers.lines()
     # The first builder had the prefill only; the decode steps (one family, a growing cache)
     # restarted it once, for both.
     assert tiers.builds == 2
