@@ -18,6 +18,13 @@ They are dropped, and each kind is replaced by a check made when the function is
 - the module tree: the **tree hash** over every submodule's path and class, and the structure
   hash over parameters' and buffers' names, shapes and dtypes.
 
+Guards on transformers' output-capturing registry (``_CAN_RECORD_REGISTRY``) are dropped too. A
+model's forward looks its own class's recordable outputs up in that process-wide dict, keyed by
+class name, and the trace guards on the *position* of every key: which depends on the model
+classes the process happened to construct first, so the function would not load in another
+process (nor in the same one after another model was built). The entry is what the class set
+at construction from its own ``_can_record_outputs``, which the code hash covers.
+
 One more guard is dropped on purpose: that a *region's* instance ``__dict__`` holds no
 ``forward``. torchkiln installs exactly that attribute on each region for the regional tier,
 and its function is the class's own ``forward``, compiled; the whole-model form traced the
@@ -41,6 +48,8 @@ IDENTITY_GUARDS = frozenset(
         "BUILTIN_MATCH",
     }
 )
+OUTPUT_REGISTRY = "._CAN_RECORD_REGISTRY"
+"""transformers' registry of recordable outputs, as it appears in a guard's source name."""
 _GLOBAL_MODULE = re.compile(r"G\['__import_([A-Za-z0-9_]+)'\]")
 _SUBMODULE = re.compile(r"_modules\['([^']+)'\]")
 
@@ -80,6 +89,9 @@ class GuardFilter:
         if kinds & IDENTITY_GUARDS:
             self._drop(entry.guard_type)
             self.modules.update(_imported_module(m) for m in _GLOBAL_MODULE.findall(entry.name))
+            return False
+        if OUTPUT_REGISTRY in entry.name:
+            self._drop("transformers output registry")
             return False
         if entry.guard_type == "NOT_PRESENT_IN_GENERIC_DICT" and self._region_forward(entry):
             self._drop("region forward")
