@@ -114,10 +114,14 @@ def worker_command(
     steady: tuple[str, ...] = (),
     artifacts: Path | None = None,
     precompile: bool = False,
+    tiered_artifacts: Path | None = None,
 ) -> list[str]:
     """``python -m torchkiln.bench.worker`` for one first-call run (``strategy``), for the
     shared steady-state run of several strategies (``steady``), or for writing the artifact
-    directory (``precompile``); ``artifacts`` is the directory the precompiled strategy uses."""
+    directory (``precompile``); ``artifacts`` is the directory the precompiled strategy uses,
+    ``tiered_artifacts`` the one the tiered strategy's builder writes (and the steady-state
+    run loads: the same whole-model form the first-call run switched to, without building it
+    a second time)."""
     command = [
         sys.executable, "-m", "torchkiln.bench.worker",
         "--model", settings.model,
@@ -141,6 +145,8 @@ def worker_command(
         command += ["--strategies", ",".join(steady)]
     if artifacts is not None:
         command += ["--artifacts", str(artifacts)]
+    if tiered_artifacts is not None:
+        command += ["--tiered-artifacts", str(tiered_artifacts)]
     if settings.mode is not None:
         command += ["--mode", settings.mode]
     if settings.dispatch is not None:
@@ -259,12 +265,14 @@ def run_cell(
     result = CellResult(cell)
 
     artifacts = artifacts_dir(scratch) if cell.strategy == "precompiled" else None
+    tiered = tiered_artifacts_dir(scratch) if cell.strategy == "tiered" else None
 
     def run(phase: str) -> tuple[dict[str, Any] | None, RunFailure | None]:
         notify(phase, None)
         command = worker_command(
-            settings, cell.depth, cell.batch, output, strategy=cell.strategy, artifacts=artifacts
-        )
+            settings, cell.depth, cell.batch, output, strategy=cell.strategy,
+            artifacts=artifacts, tiered_artifacts=tiered,
+        )  # fmt: skip
         said = lambda text: notify(phase, text)  # noqa: E731
         return run_worker(command, phase, cache_dir, output, settings.timeout, said)
 
@@ -296,6 +304,12 @@ def artifacts_dir(scratch: Path) -> Path:
     return scratch / "precompiled" / "artifacts"
 
 
+def tiered_artifacts_dir(scratch: Path) -> Path:
+    """Where the tiered strategy's builder writes the whole-model form of one depth and batch
+    (empty when its first-call run starts: that run is cold)."""
+    return scratch / "tiered" / "artifacts"
+
+
 def run_steady(
     settings: BenchSettings,
     results: list[CellResult],
@@ -314,7 +328,11 @@ def run_steady(
     strategies = tuple(r.cell.strategy for r in results)
     output = scratch / "steady.json"
     artifacts = artifacts_dir(scratch) if "precompiled" in strategies else None
-    command = worker_command(settings, depth, batch, output, steady=strategies, artifacts=artifacts)
+    tiered = tiered_artifacts_dir(scratch) if "tiered" in strategies else None
+    command = worker_command(
+        settings, depth, batch, output, steady=strategies, artifacts=artifacts,
+        tiered_artifacts=tiered,
+    )  # fmt: skip
     # Every strategy compiles once more in this process (warm caches), then the timed rounds.
     timeout = settings.timeout * max(1, len(strategies))
     data, failure = run_worker(command, "steady", cache, output, timeout, on_progress)

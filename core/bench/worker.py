@@ -69,6 +69,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--precompile", action="store_true", help="write the artifact directory (--artifacts)"
     )
     p.add_argument("--artifacts", help="artifact directory of the precompiled strategy")
+    p.add_argument(
+        "--tiered-artifacts",
+        help="the tiered strategy's artifact directory: its builder writes the whole-model form "
+        "there in the first-call run, and the steady-state run loads it from there",
+    )
     p.add_argument("--backend", default="inductor")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="the model's dtype (torch name)")
@@ -145,11 +150,16 @@ DISPATCH: list[str | None] = [None]
 
 
 def _config(
-    strategy: str, backend: str, artifacts: str | None = None, mode: str | None = None
+    strategy: str,
+    backend: str,
+    artifacts: str | None = None,
+    mode: str | None = None,
+    tiered_artifacts: str | None = None,
 ) -> Any:
     """A complete CompileConfig: no YAML file or TORCHKILN_* variable can change the cell.
     The precompiled strategy loads strictly: artifacts that do not fit fail the cell rather
-    than compile normally and pass for loaded."""
+    than compile normally and pass for loaded. The tiered strategy's builder writes into
+    ``tiered_artifacts``; a run that finds the whole-model form there starts from it."""
     from torchkiln.configuration.config import CompileConfig, RegionsConfig
 
     selector = "hierarchical" if strategy == "hierarchical" else "auto"
@@ -158,6 +168,8 @@ def _config(
     )
     if strategy == "tiered":
         extra["tiered"] = True
+        if tiered_artifacts:
+            extra["artifacts"] = tiered_artifacts
     if DISPATCH[0] is not None:
         extra["dispatch"] = DISPATCH[0]
     return CompileConfig(
@@ -175,6 +187,7 @@ def _apply_strategy(
     backend: str,
     artifacts: str | None = None,
     mode: str | None = None,
+    tiered_artifacts: str | None = None,
 ) -> Any:
     """Return the callable to measure; compilation itself stays lazy (first call).
     ``mode`` goes to every compiled strategy's ``torch.compile``."""
@@ -189,7 +202,8 @@ def _apply_strategy(
 
         if strategy == "precompiled" and not artifacts:
             raise SystemExit("the precompiled strategy needs --artifacts DIR")
-        return torchkiln.compile(model, _config(strategy, backend, artifacts, mode))
+        config = _config(strategy, backend, artifacts, mode, tiered_artifacts)
+        return torchkiln.compile(model, config)
     if strategy == "accelerate":
         from accelerate.utils import compile_regions
 
@@ -338,7 +352,9 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
 
     def first() -> Any:
         nonlocal call_target
-        call_target = _apply_strategy(args.strategy, model, args.backend, args.artifacts, args.mode)
+        call_target = _apply_strategy(
+            args.strategy, model, args.backend, args.artifacts, args.mode, args.tiered_artifacts
+        )
         return _step(call_target, model, inputs, args.train)()
 
     first_started = time.perf_counter()
@@ -380,7 +396,7 @@ def _applier(args: argparse.Namespace) -> Callable[[str, Any, str], Any]:
     """``_apply_strategy`` with this run's artifacts directory (the precompiled strategy) and
     compile mode."""
     return lambda strategy, model, backend: _apply_strategy(
-        strategy, model, backend, args.artifacts, args.mode
+        strategy, model, backend, args.artifacts, args.mode, args.tiered_artifacts
     )
 
 
@@ -410,7 +426,9 @@ def _steady_step(strategy: str, args: argparse.Namespace) -> Callable[[], Any]:
         target = generation_target(strategy, model, args.backend, _applier(args), args.mode)
         step = steady_decode(target, inputs, args.new_tokens)
     else:
-        target = _apply_strategy(strategy, model, args.backend, args.artifacts, args.mode)
+        target = _apply_strategy(
+            strategy, model, args.backend, args.artifacts, args.mode, args.tiered_artifacts
+        )
         step = _step(target, model, inputs, args.train)
     if strategy == "tiered":
         from torchkiln.bench.tiered import switched
