@@ -1,8 +1,12 @@
 """The builder process: ``python -m torchkiln.tiered.builder WORKDIR``.
 
-The user's process writes ``WORKDIR`` (a directory only its user can write): ``request.pkl``
-(the hollow model, the calls to compile for, the configuration, the output directory) and
-``sys_path.json``. This process lowers its priority and thread counts first, compiles the whole
+The user's process starts it when the model is compiled, before any call: it imports torch
+and the model's modules (``preload.json``, seconds that would otherwise delay the build) and
+waits for a line on standard input. At the first call the user's process writes ``WORKDIR`` (a
+directory only its user can write): ``request.pkl`` (the hollow model, the calls to compile
+for, the configuration, the output directory), then sends the line; standard input closed
+without one means no build is wanted, and the process exits. It then lowers its priority and
+thread counts, compiles the whole
 model into the output directory's ``whole`` entry and writes ``result.json``: what it built,
 how long it took, its peak resident memory, or the error. Dynamo runs only here, on this
 process's main thread (it is not thread-safe: pytorch issues 118260 and 136833).
@@ -21,7 +25,26 @@ from typing import Any
 
 REQUEST = "request.pkl"
 SYS_PATH = "sys_path.json"
+PRELOAD = "preload.json"
 RESULT = "result.json"
+GO = b"build\n"
+"""The line the user's process sends once the request is written."""
+
+
+def preload(workdir: Path) -> None:
+    """Import what the build will need while the user's process has not called the model
+    yet; a module that fails to import here fails the build later, with its error."""
+    import importlib
+
+    import torchkiln.artifacts.whole_build  # noqa: F401  (torch, Dynamo, the artifact code)
+
+    path = workdir / PRELOAD
+    names = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # unpickling the model imports it again and says why
+            continue
 
 
 def _limit(nice: int, intra_op_threads: int) -> None:
@@ -162,6 +185,9 @@ def main(argv: list[str]) -> int:
     workdir = Path(argv[0])
     sys.path[:] = json.loads((workdir / SYS_PATH).read_text(encoding="utf-8"))
     try:
+        preload(workdir)
+        if sys.stdin.buffer.readline() != GO:
+            return 0  # the model was never called, or was decompiled: nothing to build
         result = build(workdir)
     except BaseException as error:  # the parent reads the reason; nothing else sees it
         result = {

@@ -52,6 +52,8 @@ def install_tiers(model: nn.Module, state: CompileState, config: CompileConfig) 
         _load_existing(tiered, model, Path(config.artifacts).expanduser(), config)
     if not config.tiered.enabled and tiered.form is None:
         tiered.state = "stopped"
+    elif tiered.form is None:
+        tiered.prestart(model)
     previous = model.__dict__.get("forward", MISSING)
     tiered.previous_forward = previous
     model.__dict__["forward"] = tiered

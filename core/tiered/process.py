@@ -11,17 +11,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from torchkiln.tiered.builder import REQUEST, RESULT, SYS_PATH
+from torchkiln.tiered.builder import GO, PRELOAD, REQUEST, RESULT, SYS_PATH
 from torchkiln.tiered.hollow import dumps_hollow
 
 
 class BuilderProcess:
-    """One builder: its private work directory, the child process, its result."""
+    """One builder: its private work directory, the child process, its result.
 
-    def __init__(self, request: dict[str, Any], threads: int):
+    The child starts at once and imports what it will need (``preload``: module names), then
+    waits; :meth:`start` gives it the request.
+    """
+
+    def __init__(self, threads: int, preload: list[str] | None = None):
         self.workdir = Path(tempfile.mkdtemp(prefix="torchkiln-tiered-"))  # mode 0700
         (self.workdir / SYS_PATH).write_text(json.dumps(sys.path), encoding="utf-8")
-        (self.workdir / REQUEST).write_bytes(dumps_hollow(request))
+        (self.workdir / PRELOAD).write_text(json.dumps(preload or []), encoding="utf-8")
         env = dict(os.environ)
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
             env[name] = str(threads)
@@ -29,15 +33,27 @@ class BuilderProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "torchkiln.tiered.builder", str(self.workdir)],
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
         self.result: dict[str, Any] | None = None
+        self.started = False
+
+    def start(self, request: dict[str, Any]) -> None:
+        """Write the request and tell the waiting child to build it."""
+        (self.workdir / REQUEST).write_bytes(dumps_hollow(request))
+        self.started = True
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(GO)
+            self.process.stdin.close()
+        except BrokenPipeError:  # the child died while waiting: poll() reads its log
+            pass
 
     def poll(self) -> dict[str, Any] | None:
         """The builder's result once it has exited, else ``None`` (never blocks)."""
-        if self.result is not None:
+        if self.result is not None or not self.started:
             return self.result
         if self.process.poll() is None:
             return None
@@ -54,6 +70,8 @@ class BuilderProcess:
         return self.result
 
     def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
+        if not self.started:
+            return None
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -65,5 +83,7 @@ class BuilderProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
         self.log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -105,6 +105,8 @@ class TieredForward:
         self.log_open = True
         """Whether calls are still being observed (until the log is ready, or its limit)."""
         self.builder: BuilderProcess | None = None
+        self.spare: BuilderProcess | None = None
+        """A builder started at compile time, importing what it needs until the first call."""
         self.built_for: list[Any] = []
         """The families (:meth:`CallLog.families`) the current builder compiles for."""
         self.builds = 0
@@ -242,6 +244,12 @@ class TieredForward:
         if shown:
             print(f"torchkiln: tiered: {message}", file=sys.stderr, flush=True)
 
+    def prestart(self, model: nn.Module) -> None:
+        """Start the builder process now (compile time), so that it has imported torch and
+        the model's modules (seconds) by the time the first call asks for a build."""
+        if saved_functions_supported() and not unimportable_classes(model):
+            self.spare = BuilderProcess(self.config.tiered.threads, _preload(model))
+
     def _start_builder(self, model: nn.Module) -> None:
         if not saved_functions_supported():
             self._stop_with(
@@ -265,7 +273,13 @@ class TieredForward:
                 f"the model cannot be sent to a builder: {type(error).__name__}: {error}"
             )
             return
-        self.builder = BuilderProcess(request, self.config.tiered.threads)
+        spare, self.spare = self.spare, None
+        if spare is None or spare.process.poll() is not None:  # none started, or it died
+            if spare is not None:
+                spare.stop()
+            spare = BuilderProcess(self.config.tiered.threads, _preload(model))
+        spare.start(request)
+        self.builder = spare
         self.builds += 1
         self.pending = True
         if self.form is None:
@@ -369,8 +383,9 @@ class TieredForward:
 
     def stop(self) -> None:
         """Stop the builder and remove a directory torchkiln made for it (decompile, exit)."""
-        if self.builder is not None:
-            self.builder.stop()
+        for builder in (self.builder, self.spare):
+            if builder is not None:
+                builder.stop()
         if self._own_output and self._output is not None and self.form is None:
             shutil.rmtree(self._output, ignore_errors=True)
 
@@ -397,6 +412,12 @@ class TieredForward:
             builds=self.builds,
             rebuild_reason=self.rebuild_reason,
         )
+
+
+def _preload(model: nn.Module) -> list[str]:
+    """The modules of the model's classes, for a builder to import while it waits."""
+    names = {type(module).__module__ for module in model.modules()}
+    return sorted(name for name in names if name in sys.modules and name != "__main__")
 
 
 def _shapes(families: list[Any]) -> list[Any]:

@@ -168,3 +168,21 @@ def test_hollow_copies_have_no_weight_memory_and_keep_ties_and_small_values():
     assert copied[0].weight.shape == (300, 64) and copied[0].weight.requires_grad
     assert torch.equal(copied_ids, ids)
     assert len(pickle.dumps(model)) > 50 * len(dumps_hollow(model))
+
+
+def test_the_builder_process_starts_at_compile_time_and_ends_with_decompile(tokens):
+    # Started before any call, it has imported torch and the model's modules by the first.
+    model = _compiled()
+    runtime = model.__dict__["forward"]
+    spare = runtime.spare
+    assert spare is not None and spare.process.poll() is None and runtime.builder is None
+    with torch.no_grad():
+        model(tokens)
+    assert runtime.builder is spare and runtime.spare is None and spare.started
+    torchkiln.decompile(model)
+    assert spare.process.poll() is not None  # stopped with the model's compilation
+
+    never_called = _compiled()
+    waiting = never_called.__dict__["forward"].spare
+    torchkiln.decompile(never_called)
+    assert waiting.process.wait(timeout=60) is not None and waiting.result is None
