@@ -304,6 +304,15 @@ def make_settings(
                 "aot_eager"
             )
     workload = _check_workload(workload, train)
+    if workload == "generate" and "precompiled" in chosen:
+        if strategies:
+            raise BenchError(
+                "--strategies includes precompiled, which --workload generate cannot run: its "
+                "precompile run writes one prefill call's artifacts, and the decode steps "
+                "(other shapes) would not fit them; tiered compiles prefill and decode in its "
+                "builder"
+            )
+        chosen = tuple(s for s in chosen if s != "precompiled")
     if new_tokens < 2:
         raise BenchError(
             f"--new-tokens {new_tokens}: must be >= 2 (a first token and a decode step)"

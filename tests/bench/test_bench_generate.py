@@ -18,6 +18,9 @@ def test_workload_settings() -> None:
     generate = make_settings(workload="generate", new_tokens=8)
     assert (generate.workload, generate.new_tokens, generate.train) == ("generate", 8, False)
     assert make_settings(workload="train").train is True
+    # The default strategies leave precompiled out of generate (one prefill call's artifacts).
+    assert "precompiled" in make_settings().strategies
+    assert "precompiled" not in generate.strategies
 
 
 @pytest.mark.parametrize(
@@ -26,6 +29,10 @@ def test_workload_settings() -> None:
         ({"workload": "decode"}, "--workload 'decode': choose forward, train, generate"),
         ({"workload": "generate", "train": True}, "--train means --workload train"),
         ({"workload": "generate", "new_tokens": 1}, "--new-tokens 1: must be >= 2"),
+        (
+            {"workload": "generate", "strategies": "full,precompiled"},
+            "precompiled, which --workload generate cannot run",
+        ),
     ],
 )
 def test_bad_workload_options_are_named(options: dict[str, object], message: str) -> None:
