@@ -64,6 +64,35 @@ def walk(value: Any, path: str, depth: int) -> Iterator[tuple[str, Any]]:
                 yield from walk(item, f"{path}.{key}", depth + 1)
 
 
+def contiguous_state(value: Any, depth: int = 0) -> int:
+    """Make every non-contiguous tensor held in an object's attribute (a KV cache layer's
+    ``keys``) contiguous, in place; returns how many were replaced.
+
+    A cache's layout depends on who wrote it last: after the prefill a layer holds the key
+    projection's transposed view, after a decode step the contiguous result of ``torch.cat``
+    (and inductor-compiled code may choose either). A whole-model entry guards on strides, so
+    one layout would miss the entry compiled for the other. The values are unchanged, and the
+    copy costs what the next decode step's ``cat`` copies anyway. Tensors passed as arguments
+    themselves are left alone; so is every contiguous tensor (static caches' buffers)."""
+    replaced = 0
+    if depth >= MAX_DEPTH or isinstance(value, torch.Tensor | nn.Module):
+        return 0
+    if isinstance(value, list | tuple):
+        return sum(contiguous_state(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return sum(contiguous_state(item, depth + 1) for item in value.values())
+    fields = getattr(value, "__dict__", None)
+    if not isinstance(fields, dict):
+        return 0
+    for key, item in list(fields.items()):
+        if isinstance(item, torch.Tensor) and not item.is_contiguous():
+            fields[key] = item.contiguous()
+            replaced += 1
+        else:
+            replaced += contiguous_state(item, depth + 1)
+    return replaced
+
+
 def mark_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any], dims: dict[str, Any]) -> int:
     """Mark ``dims`` dynamic on the tensors of a call (the builder's hollow copy); returns how
     many tensors were marked."""

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from torchkiln.artifacts.directory import ArtifactError, environment_key, read_manifest
+from torchkiln.artifacts.whole_build import contiguous_state
 from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING
@@ -75,7 +76,9 @@ class TierReport:
             f"tiers: serving {self.serving} ({self.state}); calls regional "
             f"{self.calls[REGIONAL]}, whole-model {self.calls[WHOLE]}"
         ]
-        if self.switched_at_call is not None:
+        if self.state == "loaded":
+            out.append("  loaded from the artifact directory when compiled")
+        elif self.switched_at_call is not None and self.seconds_to_switch is not None:
             out.append(
                 f"  switched before call {self.switched_at_call}, "
                 f"{self.seconds_to_switch:.1f} s after the first call"
@@ -180,6 +183,8 @@ class TieredForward:
             self._observe(model, args, kwargs)
         if self.form is not None:
             fn = self.form.match(model, args, kwargs) if self._regions_intact() else None
+            if fn is None and self._regions_intact() and contiguous_state((args, kwargs)):
+                fn = self.form.match(model, args, kwargs)  # a cache in another layout
             if fn is not None:
                 self.calls[WHOLE] += 1
                 return fn(model, *args, **kwargs)

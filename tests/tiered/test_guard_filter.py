@@ -59,3 +59,25 @@ def test_guards_on_the_position_of_transformers_output_registry_keys_are_dropped
     )
     assert keep == [False, False, True]
     assert guard_filter.dropped == {"transformers output registry": 2}
+
+
+def test_a_cache_in_another_layout_is_made_contiguous_in_place_with_its_values():
+    # Inductor's compiled prefill leaves the cache in its own layout (the key projection's,
+    # transposed); the decode entry was compiled for the contiguous layout torch.cat leaves
+    # (inductor's depth-32 generate missed every decode step on "stride mismatch at index 2"
+    # before this).
+    import torch
+    from transformers import DynamicCache
+
+    from torchkiln.artifacts.whole_build import contiguous_state
+
+    cache = DynamicCache()
+    keys = torch.randn(1, 5, 4, 8).transpose(1, 2)  # [batch, heads, seq, dim], not contiguous
+    cache.update(keys, keys.clone(), 0)
+    cache.layers[0].keys, cache.layers[0].values = keys, keys.clone()  # as inductor left them
+    ids = torch.arange(6).view(2, 3).t()  # a non-contiguous argument: left as it is
+    assert not cache.layers[0].keys.is_contiguous()
+    assert contiguous_state(((ids,), {"past_key_values": cache})) == 2  # keys and values
+    assert cache.layers[0].keys.is_contiguous() and torch.equal(cache.layers[0].keys, keys)
+    assert not ids.is_contiguous()
+    assert contiguous_state(((ids,), {"past_key_values": cache})) == 0
