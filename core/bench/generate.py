@@ -95,7 +95,10 @@ def first_token(
         def again() -> Any:
             return generate_once(target, inputs, args.new_tokens)
 
-        tiered = until_whole_model(again, model, started, time.perf_counter)
+        def per_token(result: Any) -> float:
+            return statistics.median(result[0].decode_gaps())
+
+        tiered = until_whole_model(again, model, started, time.perf_counter, per_token)
     later = [generate_once(target, inputs, args.new_tokens)[0] for _ in range(args.warmup)]
     steady_calls = getattr(args, "steady_iters", 0) if getattr(args, "steady_here", False) else 0
     steady = [steady_decode(target, inputs, args.new_tokens)() for _ in range(steady_calls)]

@@ -23,9 +23,16 @@ TIMEOUT_SECONDS = 1800.0
 
 
 def until_whole_model(
-    step: Callable[[], Any], model: Any, started: float, clock: Callable[[], float]
+    step: Callable[[], Any],
+    model: Any,
+    started: float,
+    clock: Callable[[], float],
+    figure: Callable[[Any], float] | None = None,
 ) -> dict[str, Any]:
-    """Call ``step`` until the model serves from the whole-model tier (or it never will)."""
+    """Call ``step`` until the model serves from the whole-model tier (or it never will).
+    ``figure(result)`` is what a call measures for ``steady_before_switch_seconds`` (the
+    generate workload: the median time per decoded token, as its steady state is), else the
+    call's own time."""
     import torchkiln.tiered
 
     during: list[float] = []
@@ -33,7 +40,7 @@ def until_whole_model(
     while clock() - started < TIMEOUT_SECONDS:
         before = torchkiln.tiered.tiers(model)
         began = clock()
-        step()
+        result = step()
         ended = clock()
         after = torchkiln.tiered.tiers(model)
         if after.calls["whole-model"] > before.calls["whole-model"]:
@@ -42,7 +49,7 @@ def until_whole_model(
         if after.state == "stopped":
             break
         if before.state == "building":
-            during.append(ended - began)
+            during.append(figure(result) if figure is not None else ended - began)
     tiers = torchkiln.tiered.tiers(model)
     return {
         "seconds_to_whole_model": served_whole - started if served_whole else None,

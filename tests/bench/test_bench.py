@@ -439,3 +439,31 @@ def test_a_tiered_cell_gets_its_own_table_with_its_four_figures() -> None:
     verdicts = {t.name: t.met for t in check_targets(grid)}
     assert verdicts["tiered time to whole-model speed vs full cold first call"] is True
     assert verdicts["tiered first call vs regional cold"] is False  # 1.2x, over 1.1x
+
+
+def test_until_whole_model_records_each_calls_figure_while_the_builder_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The generate workload records the time per decoded token of each generate() call, as
+    # its steady state does, not the whole call (that ratio against regional was 59x).
+    import types
+
+    import torchkiln.tiered
+    from torchkiln.bench.tiered import until_whole_model
+
+    def report(state: str, whole: int) -> Any:
+        return types.SimpleNamespace(
+            state=state, serving="whole-model" if whole else "regional", reason=None,
+            calls={"regional": 3, "whole-model": whole}, build_seconds=5.0,
+            builder_peak_rss_mb=400.0, load_seconds=0.1,
+        )  # fmt: skip
+
+    reports = iter([report("building", 0), report("building", 0), report("building", 0),
+                    report("switched", 1), report("switched", 1)])  # fmt: skip
+    monkeypatch.setattr(torchkiln.tiered, "tiers", lambda model: next(reports))
+    ticks = iter(range(100))
+    figures = until_whole_model(
+        lambda: "one generate", None, 0.0, lambda: float(next(ticks)), lambda result: 0.25
+    )
+    assert figures["steady_before_switch_seconds"] == 0.25
+    assert figures["seconds_to_whole_model"] is not None and figures["state"] == "switched"
