@@ -361,6 +361,7 @@ def _view_named(name: str) -> type | None:
 
 def _with_subclasses(cls: type) -> list[type]:
     found = [cls]
+    subclass: type
     for subclass in cls.__subclasses__():
         found += _with_subclasses(subclass)
     return found
