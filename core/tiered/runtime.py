@@ -182,8 +182,9 @@ class TieredForward:
         if self.log_open and self.state != "stopped":
             self._observe(model, args, kwargs)
         if self.form is not None:
-            fn = self.form.match(model, args, kwargs) if self._regions_intact() else None
-            if fn is None and self._regions_intact() and contiguous_state((args, kwargs)):
+            intact = self._regions_intact()
+            fn = self.form.match(model, args, kwargs) if intact else None
+            if fn is None and intact and contiguous_state((args, kwargs)):
                 fn = self.form.match(model, args, kwargs)  # a cache in another layout
             if fn is not None:
                 self.calls[WHOLE] += 1
@@ -296,14 +297,13 @@ class TieredForward:
         )
 
     def _request(self, model: nn.Module) -> dict[str, Any]:
-        if self._output is not None:  # a restarted builder writes where the first one did
-            pass
-        elif self.config.artifacts is not None:
-            self._output = Path(self.config.artifacts).expanduser()
-            self._output.mkdir(parents=True, exist_ok=True)
-        else:
-            self._output = Path(tempfile.mkdtemp(prefix="torchkiln-whole-"))
-            self._own_output = True
+        if self._output is None:  # once: a restarted builder writes where the first one did
+            if self.config.artifacts is not None:
+                self._output = Path(self.config.artifacts).expanduser()
+                self._output.mkdir(parents=True, exist_ok=True)
+            else:
+                self._output = Path(tempfile.mkdtemp(prefix="torchkiln-whole-"))
+                self._own_output = True
         families = [
             {
                 "kind": spec.kind,
