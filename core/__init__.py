@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from torchkiln._internals.versions import warn_if_untested
 from torchkiln.errors import (
     ConfigError,
     DistributedError,
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from torchkiln.plugin_host.plugin_manager import PluginManager
 
 __version__ = "0.1.0"
+
+warn_if_untested()  # once per process: a torch outside the tested range (docs/torch-releases.md)
 
 _LAZY = {
     "CompileConfig": "torchkiln.configuration.config",

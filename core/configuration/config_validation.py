@@ -28,6 +28,7 @@ from torchkiln.configuration.config import (
 from torchkiln.configuration.config_sources import SECTION_SHORTHANDS, dollar, section_classes
 from torchkiln.configuration.config_values import describe
 from torchkiln.configuration.option_safety import option_problems
+from torchkiln.configuration.release_checks import release_problems
 from torchkiln.configuration.value_checks import value_problems
 from torchkiln.errors import ConfigError, ConfigProblem
 
@@ -341,6 +342,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
             f"{config.distributed.fsdp2.replicate_degree} must be at least 1",
         )
     problems.extend(_tiered_problems(config, sources))
+    problems.extend(release_problems(config, sources))
     missing_hint = plugins.missing_hint()
     add(
         "regions.strategy",
