@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchkiln._internals import dynamo
 from torchkiln.errors import DistributedError
 from torchkiln.plugin_host.distributed_result import DistributedResult as _DistributedResult
 from torchkiln.v1_compat import v1_names
@@ -95,10 +96,8 @@ def is_zero3(module: nn.Module) -> bool:
 
 def _inner(obj: Any) -> tuple[str, Any] | None:
     """One wrapper layer: its name and what it wraps, or ``None`` for a plain module."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    if isinstance(obj, OptimizedModule):
-        return "torch.compile (OptimizedModule)", obj._orig_mod
+    if isinstance(obj, dynamo.optimized_module_type()):
+        return "torch.compile (OptimizedModule)", dynamo.original_module(obj)
     return container_layer(obj)
 
 

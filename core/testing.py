@@ -215,9 +215,9 @@ def _prefixed(prefix: str, message: str) -> str:
 
 
 def _graphs_so_far() -> int:
-    from torch._dynamo.utils import counters
+    from torchkiln._internals import dynamo
 
-    return int(counters["stats"]["unique_graphs"])
+    return int(dynamo.counters()["stats"]["unique_graphs"])
 
 
 def assert_backend_matches_eager(

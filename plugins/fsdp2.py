@@ -22,6 +22,8 @@ import torch
 from torch import nn
 
 from torchkiln import is_compiled
+from torchkiln._internals import dynamo
+from torchkiln._internals.fsdp import checkpoint_activations
 from torchkiln.plugin import (
     CompileConfig,
     DistributedError,
@@ -74,8 +76,7 @@ def set_dynamo_flags(model: nn.Module) -> Callable[[], None]:
     """Turn the :data:`DYNAMO_FLAGS` on for as long as ``model`` holds them; return the
     (idempotent) undo, which also runs when ``model`` is garbage collected. Two sharded models
     hold the flags together: they go back to their start values when the last lets go."""
-    import torch._dynamo.config as dynamo_config
-
+    dynamo_config = dynamo.config()
     holds = [
         hold_setting(
             f"dynamo:{name}",
@@ -95,10 +96,8 @@ def _release(holds: list[Any]) -> None:
 
 
 def _checkpoint_regions(model: nn.Module, paths: list[str]) -> None:
-    from torch.distributed._composable import checkpoint
-
     for path in paths:
-        checkpoint(model.get_submodule(path))
+        checkpoint_activations(model.get_submodule(path))
 
 
 def _shard(model: nn.Module, paths: list[str], kwargs: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 import attrs
 from torch import nn
 
+from torchkiln._internals.diffusers import repeated_blocks
 from torchkiln.plugin import (
     CompileConfig,
     EagerPart,
@@ -270,7 +271,7 @@ class _LevelSearch:
         level when, checked against the structure, its classes are blocks of this model that
         occur ``min_repeats``+ times in all; every instance is compiled (one group per shape,
         a shape occurring once included, as diffusers' own ``compile_repeated_blocks`` does)."""
-        names = _names(getattr(self.model, "_repeated_blocks", None))
+        names = _names(repeated_blocks(self.model))
         if not names:
             return None
         found = _outermost(

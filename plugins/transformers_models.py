@@ -61,6 +61,7 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln._internals.transformers import active_collector
 from torchkiln.plugin import (
     CompileConfig,
     GroupPreparation,
@@ -450,9 +451,8 @@ def block_adapter(
     )
     if is_transformers_module(blocks[0]) and "transformers.cache_utils" in sys.modules:
         from transformers import cache_utils
-        from transformers.utils.output_capturing import _active_collector
 
-        adapter.collector = _active_collector
+        adapter.collector = active_collector()
         encoder_decoder = getattr(cache_utils, "EncoderDecoderCache", None)
         if encoder_decoder is not None:
             adapter.encoder_decoder_class = encoder_decoder

@@ -50,6 +50,7 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln._internals import dynamo
 from torchkiln.plugin import CompileConfig, GroupPreparation, RegionGroup, RegionPlan, hookimpl
 from torchkiln.plugins.transformers_models import cache_parameter, is_transformers_module
 
@@ -287,7 +288,7 @@ class NestedBlocks:
             "block runs with the real cache and Dynamo traces it at every call site "
             "(see docs/hierarchical.md)"
         )
-        torch._dynamo.comptime.comptime(_say_while_tracing, lambda: _say(message))
+        dynamo.comptime_function()(_say_while_tracing, lambda: _say(message))
 
 
 _SAID: set[str] = set()

@@ -36,22 +36,13 @@ from typing import Any
 
 import attrs
 
+from torchkiln._internals import inductor
 from torchkiln.engine import settings
 from torchkiln.errors import TorchkilnError
 
 CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 """The environment variable inductor (and AOTAutograd, and Dynamo's PGO) read for the cache
 location."""
-
-
-def _clear_inductor_memos() -> None:
-    # Paths derived from the cache dir are memoised in process; torch's own
-    # temporary_cache_dir() clears them the same way when it switches directories.
-    try:
-        from torch._inductor.utils import clear_caches
-    except ImportError:  # pragma: no cover - very old torch
-        return
-    clear_caches()
 
 
 def _read_cache_variable() -> str | None:
@@ -63,7 +54,7 @@ def _write_cache_variable(value: str | None) -> None:
         os.environ.pop(CACHE_DIR_ENV, None)
     else:
         os.environ[CACHE_DIR_ENV] = value
-    _clear_inductor_memos()
+    inductor.clear_caches()  # paths derived from the cache dir are memoised in process
 
 
 @attrs.define
@@ -145,9 +136,7 @@ def apply_cache_dir(path: str | os.PathLike[str]) -> CacheDirSetting:
 
 def current_cache_dir() -> str:
     """The directory inductor uses now (the environment variable, else torch's default)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    return os.path.abspath(os.environ.get(CACHE_DIR_ENV) or default_cache_dir())
+    return os.path.abspath(os.environ.get(CACHE_DIR_ENV) or inductor.default_cache_dir())
 
 
 def cache_dir_environment(path: str | os.PathLike[str]) -> dict[str, str]:

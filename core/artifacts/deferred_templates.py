@@ -26,6 +26,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from torchkiln._internals import inductor
+
 SELECT_ALGORITHM = "torch._inductor.select_algorithm"
 
 
@@ -60,10 +62,7 @@ def deferred_templates() -> Iterator[None]:
     if SELECT_ALGORITHM in sys.modules or importlib.util.find_spec("jinja2") is None:
         yield  # already built (nothing to save), or torch keeps its templates as None
         return
-    from torch._inductor.codegen import common
-
-    owner: Any = getattr(common, "KernelTemplate", None)
-    original = vars(owner).get("_template_from_string") if owner is not None else None
+    original = inductor.template_parser()
     if not isinstance(original, staticmethod):  # another torch: leave it alone
         yield
         return
@@ -72,8 +71,8 @@ def deferred_templates() -> Iterator[None]:
     def deferred(source: str) -> DeferredTemplate:
         return DeferredTemplate(parse, source)
 
-    owner._template_from_string = staticmethod(deferred)
+    inductor.set_template_parser(staticmethod(deferred))
     try:
         yield
     finally:
-        owner._template_from_string = original
+        inductor.set_template_parser(original)

@@ -38,6 +38,8 @@ import platform
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from torchkiln._internals import inductor
+
 logger = logging.getLogger("torchkiln")
 
 CAPABILITIES = ("avx2", "avx512", "avx512_bf16", "vnni", "amx_tile", "amx_fp16")
@@ -46,9 +48,8 @@ CAPABILITIES = ("avx2", "avx512", "avx512_bf16", "vnni", "amx_tile", "amx_fp16")
 
 def _isa_module() -> Any | None:
     """``torch._inductor.cpu_vec_isa`` when it has the probe this module knows, else None."""
-    try:
-        from torch._inductor import cpu_vec_isa
-    except ImportError:  # pragma: no cover - a torch without inductor
+    cpu_vec_isa = inductor.cpu_vec_isa()
+    if cpu_vec_isa is None:  # a torch without inductor
         return None
     probe = getattr(getattr(cpu_vec_isa, "VecISA", None), "check_build", None)
     listing = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
@@ -58,21 +59,16 @@ def _isa_module() -> Any | None:
 
 
 def cpu_capabilities() -> dict[str, Any]:
-    import torch
-
     found: dict[str, Any] = {"machine": platform.machine()}
     for name in CAPABILITIES:
-        check = getattr(torch.cpu, f"_is_{name}_supported", None)
-        found[name] = bool(check()) if callable(check) else None
+        found[name] = inductor.cpu_capability(name)
     return found
 
 
 def compiler_version() -> str:
     """Inductor's C++ compiler and its version text (one ``-v`` call, cached by torch)."""
-    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
-
-    compiler = get_cpp_compiler()
-    return f"{compiler}={get_compiler_version_info(compiler)}"
+    compiler, version = inductor.cpp_compiler_version()
+    return f"{compiler}={version}"
 
 
 def probe_key(isa: Any, code: str) -> str:
@@ -85,30 +81,6 @@ def already_probed() -> bool:
     """Whether this process has decided its ISA (then there is nothing to record or save)."""
     module = _isa_module()
     return module is None or module.valid_vec_isa_list.cache_info().currsize > 0
-
-
-def _forget_probe(module: Any) -> None:
-    """Drop torch's in-process probe answers so that the next use probes again (same
-    answers: same machine, same compiler), this time in the current cache directory."""
-    module.valid_vec_isa_list.cache_clear()
-    for cls in [module.VecISA, *_subclasses(module.VecISA)]:
-        for attribute in vars(cls).values():
-            if callable(getattr(attribute, "cache_clear", None)):
-                attribute.cache_clear()
-    for isa in getattr(module, "supported_vec_isa_list", ()):
-        # What an extension probe found (``_is_avx512_bf16_supported``) is kept on the
-        # instance and changes the flags, and so the keys, of the next probes: back to the
-        # class default, as in a new process.
-        for name in [n for n in vars(isa) if n.startswith("_is_") and n.endswith("_supported")]:
-            delattr(isa, name)
-
-
-def _subclasses(cls: type) -> list[type]:
-    found: list[type] = []
-    subclass: type
-    for subclass in cls.__subclasses__():
-        found += [subclass, *_subclasses(subclass)]
-    return found
 
 
 @contextlib.contextmanager
@@ -133,7 +105,9 @@ def recorded_probes(record: dict[str, Any]) -> Iterator[None]:
         yield
         return
     if already_probed():
-        _forget_probe(module)
+        # torch's in-process answers: the next use probes again (same answers: same machine,
+        # same compiler), this time in the current cache directory
+        inductor.forget_vec_isa_probe(module)
     probe = module.VecISA.check_build
     answers: dict[str, bool] = {}
 

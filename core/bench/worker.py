@@ -252,10 +252,10 @@ def _timed(call: Callable[[], Any], device: str) -> tuple[float, Any]:
 
 
 def _dynamo_counts() -> dict[str, Any]:
-    import torch._dynamo.utils as dynamo_utils
+    from torchkiln._internals import dynamo
 
-    counters = dynamo_utils.counters
-    metrics = list(dynamo_utils.get_compilation_metrics())
+    counters = dynamo.counters()
+    metrics = dynamo.compilation_metrics()
     inductor = counters["inductor"]
     aot = counters["aot_autograd"]
     return {

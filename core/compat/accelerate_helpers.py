@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import torch
 from torch import nn
 
+from torchkiln._internals import dynamo
 from torchkiln.compat.accelerate_settings import (
     BACKEND_MAP,
     ENV_BACKEND,
@@ -262,7 +262,7 @@ def is_compiled_module(module: nn.Module) -> bool:
     torchkiln compiled whole, or one region (a block, ``lm_head``) of a torchkiln-compiled
     model. A model compiled regionally is not (as in Accelerate): see
     :func:`has_compiled_regions`."""
-    if isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
+    if isinstance(module, dynamo.optimized_module_type()):
         return True
     if any(r.region.path == "" for r in live_regions(state_of(module))):
         return True
@@ -331,17 +331,17 @@ def extract_model_from_parallel(
             "recursive=True unwraps wrapped sub-layers (FSDP on XLA) by rewriting the model's "
             "children; torchkiln never wraps sub-layers and never modifies the prepared model"
         )
-    optimized = model if isinstance(model, torch._dynamo.eval_frame.OptimizedModule) else None
-    plain = unwrap_containers(model._orig_mod if optimized is not None else model)
+    optimized = model if isinstance(model, dynamo.optimized_module_type()) else None
+    plain = unwrap_containers(dynamo.original_module(model) if optimized is not None else model)
     if not keep_torch_compile and live_regions(state_of(plain)):
         plain = uncompiled_twin(plain, drop_fp32_wrapper=not keep_fp32_wrapper)
     elif not keep_fp32_wrapper:
         plain = _without_fp32_wrapper_keeping_compile(plain)
     if optimized is None or not keep_torch_compile:
         return plain
-    if optimized._orig_mod is plain:
+    if dynamo.original_module(optimized) is plain:
         return optimized
-    return torch._dynamo.eval_frame.OptimizedModule(plain, optimized.dynamo_ctx)
+    return dynamo.rewrapped(plain, optimized)
 
 
 def _without_fp32_wrapper_keeping_compile(plain: nn.Module) -> nn.Module:

@@ -42,6 +42,7 @@ from typing import Any
 import attrs
 from torch import nn
 
+from torchkiln._internals import dynamo
 from torchkiln.compat.accelerate_settings import ENV_DYNAMIC, parse_truth
 from torchkiln.compat.unwrap import ORIG_MOD, unwrap_containers
 from torchkiln.engine import double_compile
@@ -259,11 +260,9 @@ def is_compiled_module(module: nn.Module) -> bool:
     whole-model fallback; ``_orig_mod`` is the model itself). A model torchkiln compiled
     without ``compile_regions`` has no ``_orig_mod``: Accelerate then asks to compile it, and
     the double compile is reported."""
-    import torch
-
     from torchkiln.compat import accelerate_helpers as kiln
 
-    if isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
+    if isinstance(module, dynamo.optimized_module_type()):
         return True
     return ORIG_MOD in getattr(module, "__dict__", {}) and kiln.is_compiled_module(module)
 

@@ -164,9 +164,9 @@ def torchkiln_backend(member: DynamoBackend, path: str = "$.backend", source: st
 
 
 def _torch_backends() -> list[str]:
-    import torch._dynamo
+    import torch.compiler
 
-    return list(torch._dynamo.list_backends(exclude_tags=()))
+    return list(torch.compiler.list_backends(exclude_tags=()))
 
 
 def _known_backends_hint() -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from torchkiln._internals.nn_module import child_modules
 from torchkiln.distributed import container_layer
 from torchkiln.engine.compile_state import STATE_ATTR, CompileState, RegionState, state_of
 
@@ -142,10 +143,10 @@ def _copy_tree(
     if id(module) in memo:  # a submodule reachable twice stays one object in the twin
         return memo[id(module)]
     twin = memo[id(module)] = shallow_module_copy(module)
-    for name, child in module._modules.items():
+    for name, child in child_modules(module).items():
         child_path = f"{path}.{name}" if path else name
         if child is not None and child_path in paths:
-            twin._modules[name] = _copy_tree(
+            child_modules(twin)[name] = _copy_tree(
                 child, child_path, paths, previous, drop_fp32_wrapper, memo
             )
     forward = previous.get(id(module), module.__dict__.get("forward", _MISSING))

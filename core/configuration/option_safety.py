@@ -33,6 +33,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from torchkiln._internals import dynamo, inductor
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.config_values import describe, join_path
 from torchkiln.errors import ConfigProblem
@@ -50,8 +51,7 @@ _DOCS = "docs/configuration.md, 'Options that can run code'"
 @functools.cache
 def inductor_settings() -> dict[str, Any]:
     """Every ``torch._inductor.config`` setting name -> its declared type."""
-    from torch._inductor import config
-
+    config = inductor.config()
     current = config.get_config_copy()
     get_type = getattr(config, "get_type", None)  # declared types; older torch: the default's
     if get_type is None:
@@ -61,9 +61,7 @@ def inductor_settings() -> dict[str, Any]:
 
 @functools.cache
 def dynamo_settings() -> frozenset[str]:
-    from torch._dynamo import config
-
-    return frozenset(config.get_config_copy())
+    return frozenset(dynamo.config().get_config_copy())
 
 
 def is_untrusted(source: str) -> bool:

@@ -21,6 +21,7 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln._internals import dynamo
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine import compile_events
 from torchkiln.engine.dispatch import DirectDispatch
@@ -40,9 +41,6 @@ class Missing(enum.Enum):
 
 MISSING = Missing.MISSING
 """``RegionState.previous_forward`` when the module had no instance-level ``forward``."""
-DYNAMO_TENSOR_TAG = "_dynamo_static_input_type"
-"""Set by Dynamo on every parameter and buffer it traces; decompile removes the ones it set,
-or a whole-model pickle (``torch.save(model)``) would differ from the original's."""
 
 
 @attrs.define(eq=False)
@@ -128,11 +126,7 @@ def _eager_run(region_state: RegionState, frame_locals: dict[str, Any]) -> Eager
     cached = 0
     if code is not None:
         failed, cached = compile_events.failed_guards_and_count(code, frame_locals)
-    try:
-        stance = str(torch._dynamo.eval_frame._stance.stance)
-    except AttributeError:
-        stance = "default"
-    return EagerRun(next(_EAGER_ORDER), cached, tuple(failed), stance)
+    return EagerRun(next(_EAGER_ORDER), cached, tuple(failed), dynamo.stance_name())
 
 
 @attrs.define(eq=False)
@@ -348,7 +342,7 @@ def _untag(root: nn.Module, state: CompileState) -> None:
                 tensors[prefix + name] = tensor
     for name, tensor in tensors.items():
         if name not in state.tagged_before:
-            tensor.__dict__.pop(DYNAMO_TENSOR_TAG, None)
+            dynamo.drop_static_address_tag(tensor)
 
 
 def named_tensors(root: nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -7,7 +7,8 @@ import collections
 from typing import Any
 
 import attrs
-import torch._dynamo.utils as dynamo_utils
+
+from torchkiln._internals import dynamo
 
 RECOMPILE_LIMIT_MARKERS = ("recompile limit", "recompile_limit", "cache_size_limit")
 
@@ -58,9 +59,7 @@ def all_records(since: MetricsMark | None = None) -> list[CompileRecord]:
     """Every compilation Dynamo still remembers (it keeps the most recent ones only); with
     ``since``, only those recorded after that mark."""
     return [
-        _record(m)
-        for m in dynamo_utils.get_compilation_metrics()
-        if since is None or id(m) not in since.ids
+        _record(m) for m in dynamo.compilation_metrics() if since is None or id(m) not in since.ids
     ]
 
 
@@ -75,7 +74,7 @@ class MetricsMark:
 
     @classmethod
     def now(cls) -> MetricsMark:
-        held = tuple(dynamo_utils.get_compilation_metrics())
+        held = tuple(dynamo.compilation_metrics())
         return cls(held, frozenset(map(id, held)))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MetricsMark:
@@ -92,9 +91,9 @@ class Window:
 
     @classmethod
     def open(cls) -> Window:
-        counters = dynamo_utils.counters
+        counters = dynamo.counters()
         return cls(
-            list(dynamo_utils.get_compilation_metrics()),
+            dynamo.compilation_metrics(),
             int(counters["stats"]["unique_graphs"]),
             collections.Counter(counters["graph_break"]),
         )
@@ -110,10 +109,8 @@ class Window:
         break twice, so each break the wrapper frame restarted for is taken off once.
         """
         before_ids = {id(m) for m in self._metrics_before}
-        new = [
-            _record(m) for m in dynamo_utils.get_compilation_metrics() if id(m) not in before_ids
-        ]
-        counters = dynamo_utils.counters
+        new = [_record(m) for m in dynamo.compilation_metrics() if id(m) not in before_ids]
+        counters = dynamo.counters()
         graphs = int(counters["stats"]["unique_graphs"]) - self._graphs_before
         breaks = collections.Counter(counters["graph_break"]) - self._breaks_before
         echoes = collections.Counter(

@@ -11,15 +11,14 @@ from typing import Any
 
 from torch import nn
 
+from torchkiln._internals import dynamo
 from torchkiln.engine.compile_state import RegionState, restore_forward
 from torchkiln.engine.dynamo_metrics import Window
 from torchkiln.errors import RegionCompileError, TorchkilnError
 
 
 def _is_compile_failure(error: BaseException) -> bool:
-    import torch._dynamo.exc as dynamo_exc
-
-    return isinstance(error, dynamo_exc.TorchDynamoException | RegionCompileError)
+    return isinstance(error, dynamo.exception_type() | RegionCompileError)
 
 
 def settle(region_state: RegionState, status: str) -> None:

@@ -27,13 +27,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
+from torchkiln._internals import dynamo
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine import compile_events
 from torchkiln.engine.compile_state import (
-    DYNAMO_TENSOR_TAG,
     MISSING,
     REGION_ATTR,
     STATE_ATTR,
@@ -102,7 +101,7 @@ def traceable_int_patch() -> bool:
     (``torch._dynamo.patch_dynamo_config``): then the setting holds for every trace of a group's
     code, later recompiles included, and never changes process-wide state."""
     try:
-        torch._dynamo.patch_dynamo_config(allow_unspec_int_on_nn_module=True)
+        dynamo.traced_config_patcher()(allow_unspec_int_on_nn_module=True)
     except (AttributeError, ValueError):
         return False
     return True
@@ -124,17 +123,18 @@ def group_function(
     does not contain it): it reports another compile inlining this region, a double compile
     (:mod:`torchkiln.engine.double_compile`).
     """
-    from torch._dynamo.comptime import comptime  # imported with Dynamo, not with torchkiln
     from torch.compiler import is_compiling
 
+    comptime = dynamo.comptime_function()  # imported with Dynamo, not with torchkiln
     check = group_function_check(group.name)
     if len(group.regions) > 1 and traceable_int_patch():
+        patch_dynamo_config = dynamo.traced_config_patcher()
 
         def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             comptime(check)
             if not is_compiling():  # folded away by Dynamo: only eager runs get here
                 ran_eagerly(locals())
-            with torch._dynamo.patch_dynamo_config(allow_unspec_int_on_nn_module=True):
+            with patch_dynamo_config(allow_unspec_int_on_nn_module=True):
                 return forward(module, *args, **kwargs)
 
     else:
@@ -165,9 +165,9 @@ def instance_forward_function(
     def previous_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return previous(*args, **kwargs)
 
-    from torch._dynamo.comptime import comptime
     from torch.compiler import is_compiling
 
+    comptime = dynamo.comptime_function()
     traced = _wrap_traced(previous_forward, preparations or [])
     check = group_function_check(group_name)
 
@@ -190,7 +190,7 @@ def first_call_dynamo_settings(shared_by: int) -> Any:
     """
     if shared_by < 2 or traceable_int_patch():  # the group function sets it while tracing
         return contextlib.nullcontext()
-    return torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True)
+    return dynamo.config_patch(allow_unspec_int_on_nn_module=True)
 
 
 GroupHook = Callable[[RegionGroup, Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
@@ -248,7 +248,9 @@ class Compiler:
             [],
             {},
             tagged_before=frozenset(
-                name for name, tensor in named_tensors(root) if DYNAMO_TENSOR_TAG in tensor.__dict__
+                name
+                for name, tensor in named_tensors(root)
+                if dynamo.has_static_address_tag(tensor)
             ),
             pending=self.plan.region_count,
             records_before=MetricsMark.now(),
@@ -445,8 +447,7 @@ class Compiler:
         progress = self.progress
         policy = self.config.on_region_error
         shared_by = len(self.plan.groups[group_index].regions)
-        from torch._dynamo.comptime import comptime
-
+        comptime = dynamo.comptime_function()
         check = first_call_check(self.plan.groups[group_index].name)
         plugin = self._backend_plugin()
 

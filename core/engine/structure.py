@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchkiln._internals.nn_module import own_buffers, own_parameters
 from torchkiln.errors import PluginError
 from torchkiln.plugin_host.region_plan import Region, RegionGroup, RegionPlan
 
@@ -97,9 +98,9 @@ def own_facts(module: nn.Module) -> tuple[Hashable, ...]:
 def _own_facts(module: nn.Module) -> Iterator[tuple[str, Any]]:
     yield "class", type(module)
     yield "forward", _forward_identity(module)
-    for name, param in sorted(module._parameters.items()):
+    for name, param in sorted(own_parameters(module).items()):
         yield f"parameter {name}", _tensor_facts(param)
-    for name, buffer in sorted(module._buffers.items()):
+    for name, buffer in sorted(own_buffers(module).items()):
         yield f"buffer {name}", _tensor_facts(buffer)
     for name, value in sorted(vars(module).items()):
         if name == "forward" or (name in _MODULE_INTERNALS and name != "training"):

@@ -28,6 +28,9 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln._internals import dynamo
+from torchkiln._internals.autograd import version_counter
+
 SAMPLE = 64
 """Elements of each parameter and buffer kept to detect in-place writes (evenly spaced)."""
 
@@ -72,12 +75,6 @@ def _changed(now: dict[Any, Any], saved: dict[Any, Any]) -> bool:
     return now.keys() != saved.keys() or any(now[k] is not v for k, v in saved.items())
 
 
-def _dynamo_config() -> Any:
-    import torch._dynamo.config as dynamo_config
-
-    return dynamo_config
-
-
 def _sample(tensor: torch.Tensor) -> torch.Tensor | None:
     """Up to :data:`SAMPLE` evenly spaced elements, as bytes; ``None`` where they cannot be
     read cheaply (meta, tensor subclasses such as DTensor, non-contiguous)."""
@@ -104,7 +101,12 @@ class _TensorSnapshot:
     @classmethod
     def take(cls, name: str, tensor: torch.Tensor) -> _TensorSnapshot:
         return cls(
-            name, tensor, tensor.data, tensor.requires_grad, tensor._version, _sample(tensor)
+            name,
+            tensor,
+            tensor.data,
+            tensor.requires_grad,
+            version_counter(tensor),
+            _sample(tensor),
         )
 
     def restore(self) -> None:
@@ -118,7 +120,7 @@ class _TensorSnapshot:
         """The sample differs; without a sample, the version counter moved. (A moved counter
         with the same sample is DDP broadcasting the values every rank already holds.)"""
         if self.sample is None:
-            return self.tensor._version != self.version
+            return version_counter(self.tensor) != self.version
         now = _sample(self.tensor)
         return now is None or not torch.equal(now, self.sample)
 
@@ -142,7 +144,7 @@ class Snapshot:
         return cls(
             [_ModuleSnapshot.take(module) for module in model.modules()],
             dict(os.environ),
-            _dynamo_config().get_config_copy(),
+            dynamo.config().get_config_copy(),
             _tensors(model),
         )
 
@@ -168,7 +170,7 @@ class Snapshot:
                 os.environ[key] = value
 
     def _restore_dynamo(self) -> None:
-        config = _dynamo_config()
+        config = dynamo.config()
         now = config.get_config_copy()
         for key, value in self.dynamo.items():
             if now.get(key, value) is not value and now.get(key) != value:

@@ -63,9 +63,9 @@ def probe_import(module: str, install_hint: str) -> Availability:
 
 def torch_backend_names() -> list[str]:
     """Every backend ``torch._dynamo`` knows (debug and entry-point ones included), lower case."""
-    import torch._dynamo
+    import torch.compiler
 
-    return sorted(name.lower() for name in torch._dynamo.list_backends(exclude_tags=()))
+    return sorted(name.lower() for name in torch.compiler.list_backends(exclude_tags=()))
 
 
 def torch_backend(name: str) -> DynamoBackend:
@@ -78,13 +78,13 @@ def torch_backend(name: str) -> DynamoBackend:
 
     :raises ValueError: naming the names torch knows, when it knows no ``name``.
     """
-    import torch._dynamo
+    from torchkiln._internals import dynamo
 
     if not torch_knows(name):
         raise ValueError(
             f"torch knows no backend {name!r}; known: {', '.join(torch_backend_names())}"
         )
-    found: DynamoBackend = torch._dynamo.lookup_backend(name.lower())
+    found: DynamoBackend = dynamo.lookup_backend(name.lower())
     return found
 
 

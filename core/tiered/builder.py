@@ -23,6 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from torchkiln._internals.transformers import can_record_outputs, can_record_registry
+
 REQUEST = "request.pkl"
 SYS_PATH = "sys_path.json"
 PRELOAD = "preload.json"
@@ -97,8 +99,7 @@ def replay_construction_state(model: Any, registry_items: list[Any] | None) -> N
     position*; so the registry is made exactly the user's process's (``registry_items``, in
     its order), or, without that, filled from the model.
     """
-    registry_module = sys.modules.get("transformers.utils.output_capturing")
-    registry = getattr(registry_module, "_CAN_RECORD_REGISTRY", None)
+    registry = can_record_registry()
     if registry is None:
         return
     if registry_items is not None:
@@ -107,7 +108,7 @@ def replay_construction_state(model: Any, registry_items: list[Any] | None) -> N
             dict.__setitem__(registry, key, value)
         return
     for module in model.modules():
-        outputs = getattr(module, "_can_record_outputs", None)
+        outputs = can_record_outputs(module)
         if outputs is not None and hasattr(module, "config"):
             registry[module] = outputs
 
@@ -121,8 +122,8 @@ def warm_up(model: Any, family: dict[str, Any]) -> None:
     has it. Fake tensors carry metadata only: nothing reads the hollow weights.
     """
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from torchkiln._internals.fake_tensor import fake_tensor_mode
     from torchkiln.tiered.hollow import loads_hollow
 
     args, kwargs = loads_hollow(family["call"])
@@ -130,7 +131,7 @@ def warm_up(model: Any, family: dict[str, Any]) -> None:
     model.train(family["training"])
     try:
         with (
-            FakeTensorMode(allow_non_fake_inputs=True),
+            fake_tensor_mode(allow_non_fake_inputs=True),
             torch.set_grad_enabled(family["kind"] == "training"),
         ):
             model(*args, **kwargs)

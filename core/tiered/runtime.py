@@ -29,6 +29,7 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln._internals.transformers import can_record_registry
 from torchkiln.artifacts.directory import ArtifactError, environment_key, read_manifest
 from torchkiln.artifacts.whole_build import contiguous_state
 from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
@@ -442,8 +443,7 @@ def _describe_families(families: list[Any]) -> str:
 def _output_registry() -> bytes | None:
     """transformers' output-capturing registry as this process has it, in order (the builder
     replays it: the saved guards index it by position)."""
-    module = sys.modules.get("transformers.utils.output_capturing")
-    registry = getattr(module, "_CAN_RECORD_REGISTRY", None)
+    registry = can_record_registry()
     return dumps_hollow(list(dict.items(registry))) if isinstance(registry, dict) else None
 
 

@@ -1,0 +1,20 @@
+"""diffusers' private declarations that torchkiln reads (``ModelMixin._repeated_blocks``).
+
+Each function names what it touches, why no public API serves, and the torch releases it was
+verified on; ``tests/internals/test_diffusers_contracts.py`` checks each on every supported
+torch. Nothing here imports diffusers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def repeated_blocks(model: Any) -> Any:
+    """The class names a diffusers model declares as its repeated blocks (``None`` where it
+    declares none, or is not a diffusers model).
+
+    Reads ``model._repeated_blocks``, the list ``ModelMixin.compile_repeated_blocks`` compiles;
+    diffusers has no public accessor. Verified: torch 2.11, 2.13, 2.14, 2.15 (diffusers 0.42).
+    """
+    return getattr(model, "_repeated_blocks", None)

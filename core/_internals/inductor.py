@@ -1,0 +1,143 @@
+"""Inductor's private parts that torchkiln reads or sets (``torch._inductor``, ``torch.cpu``'s
+CPU-feature checks).
+
+Each function names what it touches, why no public API serves, and the torch releases it was
+verified on; ``tests/internals/test_inductor_contracts.py`` checks each on every supported torch.
+Every function imports ``torch._inductor`` in its body: importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def config() -> Any:
+    """Inductor's settings module, ``torch._inductor.config`` (``get_config_copy()``,
+    ``get_type(name)`` where this torch has it, the settings as attributes).
+
+    ``torch.compile(options=...)`` takes these names, and only this module lists them and their
+    types. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    from torch._inductor import config as inductor_config
+
+    return inductor_config
+
+
+def clear_caches() -> None:
+    """Drop inductor's in-process memos of paths derived from its cache directory.
+
+    Calls ``torch._inductor.utils.clear_caches``, as torch's own ``temporary_cache_dir()`` does
+    when it switches directories; no public API does it. A torch without it (an
+    ``ImportError``) has nothing to clear: nothing happens. Verified: torch 2.11, 2.13, 2.14,
+    2.15.
+    """
+    try:
+        from torch._inductor.utils import clear_caches as clear
+    except ImportError:  # pragma: no cover - very old torch
+        return
+    clear()
+
+
+def default_cache_dir() -> str:
+    """The cache directory inductor uses when ``TORCHINDUCTOR_CACHE_DIR`` is unset.
+
+    Calls ``torch._inductor.runtime.cache_dir_utils.default_cache_dir``: the default (per user,
+    under the temporary directory) is computed only there. Verified: torch 2.11, 2.13, 2.14,
+    2.15.
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir as default
+
+    return str(default())
+
+
+def template_parser() -> Any:
+    """``KernelTemplate._template_from_string`` as the class holds it (a ``staticmethod``), or
+    ``None`` where this torch has no ``KernelTemplate`` or keeps the parser otherwise.
+
+    Reads ``torch._inductor.codegen.common.KernelTemplate.__dict__["_template_from_string"]``,
+    the Jinja parser every kernel template calls when it is built; there is no public hook to
+    defer that parse. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    from torch._inductor.codegen import common
+
+    owner: Any = getattr(common, "KernelTemplate", None)
+    return vars(owner).get("_template_from_string") if owner is not None else None
+
+
+def set_template_parser(parser: Any) -> None:
+    """Make ``parser`` (a ``staticmethod``) the Jinja parser of inductor's kernel templates,
+    ``KernelTemplate._template_from_string``; see :func:`template_parser`, whose value puts
+    torch's back. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    from torch._inductor.codegen import common
+
+    common.KernelTemplate._template_from_string = parser
+
+
+def cpu_vec_isa() -> Any | None:
+    """``torch._inductor.cpu_vec_isa``: inductor's CPU vector-ISA probe (``VecISA.check_build``,
+    ``valid_vec_isa_list``, ``supported_vec_isa_list``); ``None`` for a torch without inductor
+    (an ``ImportError``).
+
+    torch decides the ISA there, once per process, with no public way to read, record or
+    answer the probe. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    try:
+        from torch._inductor import cpu_vec_isa as module
+    except ImportError:  # pragma: no cover - a torch without inductor
+        return None
+    return module
+
+
+def cpu_capability(name: str) -> bool | None:
+    """Whether this CPU has the feature ``name`` (``"avx2"``, ``"avx512_bf16"``, ``"amx_tile"``,
+    ...), as inductor's ISA probe asks it; ``None`` where this torch has no check for it.
+
+    Calls ``torch.cpu._is_<name>_supported()``: torch exposes the checks only under these
+    private names. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    import torch
+
+    check = getattr(torch.cpu, f"_is_{name}_supported", None)
+    return bool(check()) if callable(check) else None
+
+
+def forget_vec_isa_probe(module: Any) -> None:
+    """Drop the answers of the ISA probe in ``module`` (:func:`cpu_vec_isa`), so that the next
+    use probes again, as in a new process.
+
+    Clears ``valid_vec_isa_list``'s cache and every cached method of ``VecISA`` and its
+    subclasses, and deletes the ``_is_<extension>_supported`` attributes an extension probe
+    sets on the instances of ``supported_vec_isa_list`` (they change the flags, and so the keys,
+    of the next probes). torch has no public reset for the probe. Verified: torch 2.11, 2.13,
+    2.14, 2.15.
+    """
+    module.valid_vec_isa_list.cache_clear()
+    for cls in [module.VecISA, *_subclasses(module.VecISA)]:
+        for attribute in vars(cls).values():
+            if callable(getattr(attribute, "cache_clear", None)):
+                attribute.cache_clear()
+    for isa in getattr(module, "supported_vec_isa_list", ()):
+        for name in [n for n in vars(isa) if n.startswith("_is_") and n.endswith("_supported")]:
+            delattr(isa, name)
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    subclass: type
+    for subclass in cls.__subclasses__():
+        found += [subclass, *_subclasses(subclass)]
+    return found
+
+
+def cpp_compiler_version() -> tuple[str, str]:
+    """Inductor's C++ compiler and its version text (one ``-v`` call, cached by torch).
+
+    Calls ``torch._inductor.cpp_builder.get_cpp_compiler`` and ``get_compiler_version_info``:
+    the compiler inductor picks (``CXX``, its configuration, the defaults) is only decided
+    there. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
+
+    compiler = get_cpp_compiler()
+    return str(compiler), str(get_compiler_version_info(compiler))
