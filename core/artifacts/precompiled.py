@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.artifacts.directory import (
     KERNELS_DIR,
     MANIFEST,
@@ -106,7 +107,8 @@ class PrecompiledGroup:
     """A group's forward ``fn(module, *args, **kwargs)`` served by loaded functions.
 
     Each call builds the frame locals torch's guards read (``module``, ``args``, ``kwargs``
-    and the closure), checks each entry's guards and calls the first that passes.
+    and the closure) and calls the first loaded function whose guards pass
+    (:class:`~torchkiln._internals.cache_entries.GuardTable`).
     """
 
     def __init__(
@@ -119,8 +121,7 @@ class PrecompiledGroup:
     ):
         self.group = group
         self.kinds = [kind for kind, _ in entries]
-        self._entries = [(fn._artifacts.guard_manager.check, fn.fn) for _, fn in entries]
-        self._loaded = [fn for _, fn in entries]
+        self._table = loaded_guard_table(fn for _, fn in entries)
         self._closure = closure
         self._compile_group = compile_group
         self._fallback: Callable[..., Any] | None = None
@@ -132,10 +133,10 @@ class PrecompiledGroup:
 
     def __call__(self, module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
         f_locals = {**self._closure, "module": module, "args": args, "kwargs": kwargs}
-        for check, fn in self._entries:
-            if check(f_locals):
-                self.hits += 1
-                return fn(module, *args, **kwargs)
+        fn = self._table.find(f_locals)
+        if fn is not None:
+            self.hits += 1
+            return fn(module, *args, **kwargs)
         return self._miss(f_locals, module, args, kwargs)
 
     def _miss(
@@ -143,9 +144,10 @@ class PrecompiledGroup:
     ) -> Any:
         self.misses += 1
         if self.miss_reason is None:
+            failures = self._table.first_failures(f_locals)
             self.miss_reason = "; ".join(
-                f"{kind}: {_failed_guard(fn, f_locals)}"
-                for kind, fn in zip(self.kinds, self._loaded, strict=True)
+                f"{kind}: {(failed or 'guards pass')[:300]}"
+                for kind, failed in zip(self.kinds, failures, strict=True)
             )
             message = (
                 f"torchkiln: precompiled group {self.group!r} does not fit this call "
@@ -159,15 +161,6 @@ class PrecompiledGroup:
         if self._fallback is None:
             self._fallback = self._compile_group()
         return self._fallback(module, *args, **kwargs)
-
-
-def _failed_guard(fn: Any, f_locals: dict[str, Any]) -> str:
-    try:
-        info = fn._artifacts.guard_manager.check_verbose(f_locals)
-        parts = getattr(info, "verbose_code_parts", None) or [str(info)]
-        return str(parts[0])[:300]
-    except Exception as error:  # the explanation must never break the call
-        return f"guards failed ({type(error).__name__})"
 
 
 class ArtifactLoader:

@@ -19,8 +19,10 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln._internals import cache_entries
+from torchkiln._internals.aot_artifacts import installed_module_globals
 from torchkiln.artifacts.directory import input_spec, structure_hash
-from torchkiln.artifacts.whole_guards import GuardFilter, module_refs, referenced_files
+from torchkiln.artifacts.whole_guards import GuardFilter, referenced_files
 from torchkiln.artifacts.whole_model import (
     WHOLE_DIR,
     WholeArtifacts,
@@ -99,7 +101,7 @@ def mark_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any], dims: dict[str, 
     marked = 0
     for path, leaf in walk((args, kwargs), "", 0):
         if isinstance(leaf, torch.Tensor) and dims.get(path):
-            torch._dynamo.mark_dynamic(leaf, list(dims[path]))
+            cache_entries.mark_dynamic(leaf, list(dims[path]))
             marked += 1
     return marked
 
@@ -167,8 +169,7 @@ def build_whole(
                 continue
             seconds = time.perf_counter() - started
             relative = f"{WHOLE_DIR}/{family.kind}-{index}.bin"
-            env = aot._artifacts.runtime_env
-            refs = module_refs(whole_model_forward.__globals__, env.external_refs)
+            refs = installed_module_globals(aot, whole_model_forward.__globals__)
             aot.save_compiled_function(str(directory / relative))
             data = (directory / relative).read_bytes()
             entries.append(

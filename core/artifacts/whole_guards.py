@@ -34,9 +34,14 @@ each region's ``forward`` is still torchkiln's (:mod:`torchkiln.tiered.runtime`)
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from torchkiln._internals.cache_entries import (
+    guard_checked_attribute,
+    guard_imported_modules,
+    guard_submodule_path,
+)
 
 IDENTITY_GUARDS = frozenset(
     {
@@ -50,25 +55,12 @@ IDENTITY_GUARDS = frozenset(
 )
 OUTPUT_REGISTRY = "._CAN_RECORD_REGISTRY"
 """transformers' registry of recordable outputs, as it appears in a guard's source name."""
-_GLOBAL_MODULE = re.compile(r"G\['__import_([A-Za-z0-9_]+)'\]")
-_SUBMODULE = re.compile(r"_modules\['([^']+)'\]")
 
 
 def module_path(guard_name: str) -> str | None:
     """``module._modules['model']._modules['layers']._modules['0']`` -> ``model.layers.0``;
     ``None`` when the name is not a plain chain of submodules of the traced module."""
-    if not guard_name.startswith("module"):
-        return None
-    rest = guard_name.removeprefix("module")
-    parts = _SUBMODULE.findall(rest)
-    if rest != "".join(f"._modules['{p}']" for p in parts):
-        return None
-    return ".".join(parts)
-
-
-def _imported_module(name: str) -> str:
-    """Dynamo's global alias ``transformers_dot_masking_utils`` -> ``transformers.masking_utils``."""
-    return name.replace("_dot_", ".")
+    return guard_submodule_path(guard_name, "module")
 
 
 class GuardFilter:
@@ -88,7 +80,7 @@ class GuardFilter:
         kinds = {entry.guard_type, *(entry.derived_guard_types or ())}
         if kinds & IDENTITY_GUARDS:
             self._drop(entry.guard_type)
-            self.modules.update(_imported_module(m) for m in _GLOBAL_MODULE.findall(entry.name))
+            self.modules.update(guard_imported_modules(entry.name))
             return False
         if OUTPUT_REGISTRY in entry.name:
             self._drop("transformers output registry")
@@ -99,23 +91,13 @@ class GuardFilter:
         return True
 
     def _region_forward(self, entry: Any) -> bool:
-        keywords = getattr(getattr(entry.orig_guard, "create_fn", None), "keywords", None) or {}
-        return keywords.get("attr") == "forward" and module_path(entry.name) in self.region_paths
+        return (
+            guard_checked_attribute(entry) == "forward"
+            and module_path(entry.name) in self.region_paths
+        )
 
     def _drop(self, kind: str) -> None:
         self.dropped[kind] = self.dropped.get(kind, 0) + 1
-
-
-def module_refs(runtime_globals: dict[str, Any], external_refs: Iterable[str]) -> dict[str, str]:
-    """Global names Dynamo installed for modules its code loads (``___module_collections_..``),
-    with the module each one names: the loading process supplies them (torch records the
-    modules it imports by alias, but not these)."""
-    found = {}
-    for ref in external_refs:
-        name = getattr(runtime_globals.get(ref), "__name__", None)
-        if ref.startswith("___module_") and isinstance(name, str):
-            found[ref] = name
-    return found
 
 
 def referenced_files(modules: Iterable[str]) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.artifacts.directory import ArtifactError, Manifest, read_entry
 from torchkiln.artifacts.whole_build import whole_model_forward
 from torchkiln.artifacts.whole_guards import referenced_files
@@ -25,34 +26,25 @@ from torchkiln.artifacts.whole_model import WHOLE_DIR, WholeArtifacts, WholeEntr
 
 class WholeModelForm:
     """The whole model's loaded functions: ``match(args, kwargs)`` gives the first whose saved
-    guards pass for this call, or ``None``."""
+    guards pass for this call, or ``None``
+    (:class:`~torchkiln._internals.cache_entries.GuardTable`)."""
 
     def __init__(self, entries: list[tuple[WholeEntry, Any]], directory: Path, seconds: float):
         self.entries = [entry for entry, _ in entries]
-        self._checks = [(fn._artifacts.guard_manager.check, fn.fn) for _, fn in entries]
-        self._loaded = [fn for _, fn in entries]
+        self._table = loaded_guard_table(fn for _, fn in entries)
         self.directory = directory
         self.load_seconds = seconds
 
     def match(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        f_locals = {"module": model, "args": args, "kwargs": kwargs}
-        for check, fn in self._checks:
-            if check(f_locals):
-                return fn
-        return None
+        return self._table.find({"module": model, "args": args, "kwargs": kwargs})
 
     def why_not(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The first failing guard of each entry, for the report."""
-        f_locals = {"module": model, "args": args, "kwargs": kwargs}
-        parts = []
-        for entry, fn in zip(self.entries, self._loaded, strict=True):
-            try:
-                info = fn._artifacts.guard_manager.check_verbose(f_locals)
-                text = str((getattr(info, "verbose_code_parts", None) or [info])[0])
-            except Exception as error:  # the explanation must never break the call
-                text = f"guards failed ({type(error).__name__})"
-            parts.append(f"{entry.kind}: {text[:200]}")
-        return "; ".join(parts)
+        failures = self._table.first_failures({"module": model, "args": args, "kwargs": kwargs})
+        return "; ".join(
+            f"{entry.kind}: {(failed or 'guards pass')[:200]}"
+            for entry, failed in zip(self.entries, failures, strict=True)
+        )
 
 
 def entry_bytes(directory: Path, entry: WholeEntry) -> bytes:

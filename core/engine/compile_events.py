@@ -16,16 +16,16 @@ compile), and costs nothing on calls that hit Dynamo's cache. It never raises in
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
-from types import CodeType, FrameType
+from types import CodeType
 from typing import Any
 
 import attrs
 
+from torchkiln._internals import cache_entries
+
 GROUP_CODE_PREFIX = "torchkiln_"
-RESUME_PREFIX = "torch_dynamo_resume_in_"
 
 
 @attrs.define(eq=False)
@@ -46,26 +46,12 @@ group code names never repeat in a process."""
 
 def group_code_of(co_name: str) -> str | None:
     """The group function a code name belongs to (itself, or a resume function in it)."""
-    if co_name.startswith(RESUME_PREFIX):
-        co_name = co_name[len(RESUME_PREFIX) :].rsplit("_at_", 1)[0]
+    co_name = cache_entries.resumed_function_name(co_name)
     return co_name if co_name.startswith(GROUP_CODE_PREFIX) else None
 
 
-def _compiling() -> tuple[CodeType, dict[str, Any]] | None:
-    """The code and locals of the frame Dynamo is compiling now (from ``_compile``'s args)."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_name == "_compile":
-            f_locals = frame.f_locals
-            code, frame_locals = f_locals.get("code"), f_locals.get("locals")
-            if isinstance(code, CodeType) and isinstance(frame_locals, dict):
-                return code, frame_locals
-        frame = frame.f_back
-    return None
-
-
 def _event(compile_id: str) -> CompileEvent | None:
-    found = _compiling()
+    found = cache_entries.frame_being_compiled()
     if found is None:
         return None
     code, frame_locals = found
@@ -80,9 +66,9 @@ def _event(compile_id: str) -> CompileEvent | None:
     return CompileEvent(compile_id, group, ref)
 
 
-def _on_compile_start(args: Any) -> None:
+def _on_compile_start(compile_id: str) -> None:
     try:
-        event = _event(str(getattr(args, "compile_id", "") or ""))
+        event = _event(compile_id)
         if event is not None:
             with _lock:
                 _by_compile_id[(event.group_code, event.compile_id)] = event
@@ -93,12 +79,8 @@ def _on_compile_start(args: Any) -> None:
 def install() -> None:
     """Install the observer (again whenever ``torch._dynamo.reset()``, which clears Dynamo's
     callbacks, dropped it)."""
-    import torch._dynamo
-
     with _lock:
-        handler = torch._dynamo.callback_handler
-        if _on_compile_start not in handler.start_callbacks:
-            handler.register_start_callback(_on_compile_start)
+        cache_entries.on_compile_start(_on_compile_start)
 
 
 def event_for(group_code: str, compile_id: str) -> CompileEvent | None:
@@ -118,17 +100,8 @@ def failed_guards_and_count(code: CodeType, frame_locals: dict[str, Any]) -> tup
     locals fails (Dynamo's own "last reason" names only one entry's), and how many cached
     entries ``code`` has."""
     try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        entries = _debug_get_cache_entry_list(code)
+        entries = cache_entries.dynamo_guard_table(code, lambda entry_code: entry_code)
     except Exception:
         return [], 0
-    failed = []
-    for entry in entries:
-        try:
-            info = entry.guard_manager.check_verbose(frame_locals)
-        except Exception:
-            continue
-        if not info.result and info.verbose_code_parts:
-            failed.append(str(info.verbose_code_parts[0]).strip())
-    return failed, len(entries)
+    failures = entries.first_failures(frame_locals, unexplained=None)
+    return [failed.strip() for failed in failures if failed is not None], len(entries)

@@ -1,0 +1,427 @@
+"""Dynamo's cache entries and guards: what torchkiln reads to run, explain or attribute compiled code.
+
+Dynamo keeps, per code object, a list of cache entries: each a guard manager (torch's C++ check
+of everything the trace assumed: shapes, dtypes, grad mode, attribute values) and the compiled
+bytecode to run when it passes. Saved functions (``torch.compiler.load_compiled_function``,
+:mod:`torchkiln._internals.aot_artifacts`) carry the same pair. :class:`GuardTable` is the one
+implementation torchkiln has of "find the first compiled function whose guards pass for these
+frame locals, or say which guard failed"; the rest of this module reads Dynamo's state around it
+(cache entries, the eval-frame callback, the stance, compile-start callbacks, guard names).
+
+Each function names what it reads, why no public API serves, and the torch releases it was
+verified on; ``tests/internals/test_cache_entries_contracts.py`` checks each on every supported
+torch. Nothing here imports ``torch._dynamo`` until a function is called.
+"""
+
+from __future__ import annotations
+
+import dis
+import re
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
+
+Check = Callable[[dict[str, Any]], bool]
+"""A guard check: ``check(frame_locals)`` is true when every guard passes."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+UNEXPLAINED = "guards failed ({error})"
+""":meth:`GuardTable.first_failures`' text for a row whose explanation itself raised."""
+
+
+class GuardTable(Generic[F]):
+    """Compiled functions, each behind the guards it was compiled under, tried in order.
+
+    Built from ``(guards, function)`` pairs where ``guards`` is one of torch's guard managers
+    (``torch._dynamo.guards.GuardManagerWrapper`` or a ``RootGuardManager``: ``check(f_locals)``
+    and ``check_verbose(f_locals)``). Iterating gives ``(check, function)`` rows.
+
+    Reads the guard managers' ``check``, ``check_verbose`` (a ``GuardDebugInfo`` with ``result``
+    and ``verbose_code_parts``) and ``diff_guard_root``: torch runs guards only inside its frame
+    evaluation and ``AOTCompiledFunction.__call__``, neither of which can be asked "which of these
+    functions fits" or "why not" without running or raising. Verified: torch 2.11, 2.13, 2.14,
+    2.15.
+    """
+
+    __slots__ = ("_guards", "_rows")
+
+    def __init__(self, pairs: Iterable[tuple[Any, F]] = ()):
+        self._guards: list[Any] = []
+        self._rows: list[tuple[Check, F]] = []
+        for guards, function in pairs:
+            self._guards.append(guards)
+            self._rows.append((guards.check, function))
+
+    def find(self, frame_locals: dict[str, Any]) -> F | None:
+        """The first function whose guards pass for ``frame_locals``; ``None`` on a miss."""
+        for check, function in self._rows:
+            if check(frame_locals):
+                return function
+        return None
+
+    def first_failures(
+        self, frame_locals: dict[str, Any], unexplained: str | None = UNEXPLAINED
+    ) -> list[str | None]:
+        """Per row: ``None`` when its guards pass, else the first guard that fails, in torch's
+        words. When torch's explanation raises, :data:`UNEXPLAINED` with the error's type
+        (``unexplained=None``: ``None``, the row left out of the explanation)."""
+        failures: list[str | None] = []
+        for guards in self._guards:
+            try:
+                info = guards.check_verbose(frame_locals)
+            except Exception as error:  # an explanation must never break the call
+                failures.append(
+                    None if unexplained is None else unexplained.format(error=type(error).__name__)
+                )
+                continue
+            if info.result:
+                failures.append(None)
+            else:
+                parts = getattr(info, "verbose_code_parts", None) or [info]
+                failures.append(str(parts[0]))
+        return failures
+
+    def reduced(self) -> GuardTable[F]:
+        """The same functions behind torch's reduced guard sets (``diff_guard_root``: only the
+        guards that tell this code's entries apart, kept by Dynamo for
+        ``skip_guard_eval_unsafe``). Valid only together, so empty unless every row has one."""
+        roots = [getattr(guards, "diff_guard_root", None) for guards in self._guards]
+        if any(root is None for root in roots):
+            return GuardTable()
+        return GuardTable(zip(roots, self.functions(), strict=True))
+
+    def functions(self) -> list[F]:
+        return [function for _, function in self._rows]
+
+    def __iter__(self) -> Iterator[tuple[Check, F]]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+def dynamo_guard_table(
+    code: types.CodeType, as_function: Callable[[types.CodeType], F]
+) -> GuardTable[F]:
+    """Dynamo's cache entries for ``code`` now, as a :class:`GuardTable` whose rows run
+    ``as_function(entry's compiled bytecode)``. The table keeps each entry's guard manager and
+    code, never the entry itself (Dynamo frees entries on reset and recompile).
+
+    Reads ``torch._C._dynamo.eval_frame._debug_get_cache_entry_list`` and each entry's ``code``
+    and ``guard_manager``: torch exposes a code object's compiled entries only through this
+    debugging function. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return GuardTable(
+        (entry.guard_manager, as_function(entry.code))
+        for entry in _debug_get_cache_entry_list(code)
+    )
+
+
+def cache_entry_counter() -> Callable[[types.CodeType], int] | None:
+    """``count(code)``: how many cache entries Dynamo holds for ``code`` (changes on every
+    recompile and ``torch._dynamo.reset()``); cheap enough for every call. ``None`` on a torch
+    without it (2.11).
+
+    Reads ``torch._C._dynamo.eval_frame._get_total_cache_entry_count``: no public API counts a
+    code object's entries, and listing them (:func:`dynamo_guard_table`) per call costs too
+    much. Verified: torch 2.13, 2.14, 2.15 (absent in 2.11).
+    """
+    try:
+        from torch._C._dynamo.eval_frame import _get_total_cache_entry_count
+    except ImportError:
+        return None
+    return _get_total_cache_entry_count  # type: ignore[no-any-return]
+
+
+def eval_frame_callback_getter() -> Callable[[], Any] | None:
+    """``callback()``: the eval-frame callback Dynamo has set on this thread now (``None`` when
+    no compiled code is running: torch's "do not trace" wrappers then have nothing to swap
+    out). ``None`` on a torch without it.
+
+    Reads ``torch._C._dynamo.eval_frame.get_eval_frame_callback``: torch has no public way to
+    ask whether Dynamo's frame callback is set. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:
+        return None
+    return get_eval_frame_callback  # type: ignore[no-any-return]
+
+
+def dict_version_getter() -> Callable[[dict[Any, Any]], int] | None:
+    """``version(d)``: a number that changes whenever dict ``d`` is written (the one Dynamo's
+    dict guards compare). ``None`` on a torch without it.
+
+    Reads ``torch._C._dynamo.guards.dict_version``: CPython keeps a dict's version private and
+    torch exposes it only here. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    try:
+        from torch._C._dynamo.guards import dict_version
+    except ImportError:
+        return None
+    return dict_version  # type: ignore[no-any-return]
+
+
+def plain_call_check() -> Callable[[], bool] | None:
+    """``plain()``: whether a call now may skip ``torch.compile``'s wrapper and run a cache
+    entry itself: the stance is ``default`` with guards evaluated, and no outer compile is
+    tracing. ``None`` on a torch whose stance lacks those fields.
+
+    Reads ``torch._dynamo.eval_frame._stance`` (``stance``, ``skip_guard_eval_unsafe``) on each
+    call, as :func:`torchkiln._internals.dynamo.eval_frame_stance` does, with the module bound
+    once for the per-call path: ``torch.compiler.set_stance`` rebinds it and torch has no
+    public getter. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    try:
+        import torch
+        import torch._dynamo.eval_frame as eval_frame
+
+        stance = eval_frame._stance
+        stance.stance, stance.skip_guard_eval_unsafe  # noqa: B018
+    except (ImportError, AttributeError):
+        return None
+    is_compiling = torch.compiler.is_compiling
+
+    def plain() -> bool:
+        stance = eval_frame._stance  # rebound by torch.compiler.set_stance: read it each call
+        return (
+            stance.stance == "default" and not stance.skip_guard_eval_unsafe and not is_compiling()
+        )
+
+    return plain
+
+
+def compiled_autograd_enabled() -> bool:
+    """Whether ``torch._dynamo.config.compiled_autograd`` is on (``torch.compile`` reads it when
+    it builds its wrapper, which then turns compiled autograd on around every call). ``False``
+    on a torch without the setting.
+
+    Reads ``torch._dynamo.config.compiled_autograd``: Dynamo's config has no public reader.
+    Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    import torch._dynamo.config as dynamo_config
+
+    return bool(getattr(dynamo_config, "compiled_autograd", False))
+
+
+def torch_compile_original(compiled: Any) -> Any:
+    """The function a ``torch.compile`` wrapper compiles (``None`` for anything else).
+
+    Reads ``_torchdynamo_orig_callable``, set by ``torch.compile`` on its wrapper: the wrapper
+    has no public attribute naming what it wraps. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    return getattr(compiled, "_torchdynamo_orig_callable", None)
+
+
+_RESUME_AT = "__resume_at_"
+"""How Dynamo names, in compiled bytecode, the function that continues a frame after a graph
+break (``symbolic_convert``)."""
+_RESUME_IN = "torch_dynamo_resume_in_"
+"""How the ``co_name`` of such a function starts (``TORCH_DYNAMO_RESUME_IN_PREFIX``), followed by
+the continued function's name and ``_at_<line>``."""
+
+
+def continues_after_graph_break(code: types.CodeType) -> bool:
+    """Whether compiled bytecode ``code`` hands the rest of its frame to a resume function (a
+    graph break: the continuation is Dynamo's to run).
+
+    Reads the names Dynamo gives resume functions in compiled bytecode (``__resume_at_<n>``):
+    no public API says whether an entry has a graph break. Verified: torch 2.11, 2.13, 2.14,
+    2.15.
+    """
+    return any(name.startswith(_RESUME_AT) for name in code.co_names)
+
+
+def resumed_function_name(co_name: str) -> str:
+    """The name of the function a resume function continues (``forward`` for
+    ``torch_dynamo_resume_in_forward_at_12``); any other name unchanged.
+
+    Reads Dynamo's naming of resume functions (``TORCH_DYNAMO_RESUME_IN_PREFIX``): no public API
+    maps a resume function to its origin. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    if co_name.startswith(_RESUME_IN):
+        return co_name[len(_RESUME_IN) :].rsplit("_at_", 1)[0]
+    return co_name
+
+
+_LEAN_HELPERS = (
+    "record_pregraph_bytecode_enter",
+    "record_pregraph_bytecode_exit",
+    "call_size",
+    "call_stride",
+    "call_storage_offset",
+)
+"""Helpers in ``torch._dynamo.utils`` that compiled bytecode calls (profiler range, tensor
+sizes and strides), each wrapped by torch so that Dynamo never traces it (where it is)."""
+
+
+class _LeanHelpers:
+    """A stand-in for ``torch._dynamo.utils`` in a lean function's globals: the helpers above
+    without their wrapper, anything else the module's own."""
+
+    def __init__(self, module: Any):
+        self._module = module
+        for name in _LEAN_HELPERS:
+            helper = getattr(module, name, None)
+            if helper is not None:
+                setattr(self, name, getattr(helper, "__wrapped__", helper))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_module":  # missing only while unpickling: no recursion
+            raise AttributeError(name)
+        return getattr(self._module, name)
+
+
+def lean_function(compiled: types.FunctionType) -> types.FunctionType | None:
+    """``compiled`` (a cache entry's bytecode as a function) with torch's "do not trace"
+    wrappers taken off what it calls: the graph's function (``__compiled_fn_*``, wrapped by
+    ``torch._dynamo.disable``) and the helpers of ``torch._dynamo.utils``. Each wrapper swaps
+    the eval-frame callback out and back in (about 1-2 us, 3 to 9 times a block call); with no
+    callback set (:func:`eval_frame_callback_getter`) it does nothing else, so only then may
+    the lean function run. Its globals hold only the names the bytecode loads, taken now from
+    ``compiled``'s globals (Dynamo installs them there, uniquely named); ``None`` when the
+    bytecode defines nested functions, loads a name that is missing, or calls no wrapper.
+
+    Reads ``_torchdynamo_disable`` and ``__wrapped__`` of the functions compiled bytecode
+    loads, and the ``torch._dynamo.utils`` helpers above: torch offers no way to run compiled
+    bytecode without them. Where a release drops a wrapper (2.15's
+    ``record_pregraph_bytecode_*``) the helper is used as it is. Verified: torch 2.11, 2.13,
+    2.14, 2.15.
+    """
+    code = compiled.__code__
+    if any(isinstance(const, types.CodeType) for const in code.co_consts):
+        return None
+    source = compiled.__globals__
+    lean: dict[str, Any] = {"__builtins__": source.get("__builtins__", __builtins__)}
+    changed = False
+    for instruction in dis.get_instructions(code):
+        if instruction.opname != "LOAD_GLOBAL" or instruction.argval in lean:
+            continue
+        name = instruction.argval
+        if name not in source:
+            return None
+        value = source[name]
+        if name.startswith("__compiled_fn") and getattr(value, "_torchdynamo_disable", False):
+            value, changed = getattr(value, "__wrapped__", value), True
+        elif getattr(value, "__name__", None) == "torch._dynamo.utils":
+            value, changed = _LeanHelpers(value), True
+        lean[name] = value
+    if not changed:
+        return None
+    return types.FunctionType(
+        code, lean, compiled.__name__, compiled.__defaults__, compiled.__closure__
+    )
+
+
+def frame_being_compiled() -> tuple[types.CodeType, dict[str, Any]] | None:
+    """The code and locals of the frame Dynamo is compiling now on this thread (called from a
+    compile-start callback, :func:`on_compile_start`), or ``None``.
+
+    Reads ``sys._getframe`` and the ``code`` and ``locals`` arguments of Dynamo's
+    ``torch._dynamo.convert_frame._compile`` on the stack: a compile-start callback is given
+    the compile id only, not the frame. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_compile":
+            f_locals = frame.f_locals
+            code, frame_locals = f_locals.get("code"), f_locals.get("locals")
+            if isinstance(code, types.CodeType) and isinstance(frame_locals, dict):
+                return code, frame_locals
+        frame = frame.f_back
+    return None
+
+
+_start_lock = threading.Lock()
+_start_wrappers: dict[Callable[[str], None], Callable[[Any], None]] = {}
+
+
+def on_compile_start(callback: Callable[[str], None]) -> None:
+    """Have Dynamo call ``callback(compile_id)`` whenever it starts a compile. Idempotent;
+    call it again after ``torch._dynamo.reset()``, which drops Dynamo's callbacks.
+
+    Reads ``torch._dynamo.callback_handler`` (``start_callbacks``,
+    ``register_start_callback``) and the ``compile_id`` of the arguments it passes: torch has no
+    public compile-start hook. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    import torch._dynamo
+
+    with _start_lock:
+        wrapper = _start_wrappers.get(callback)
+        if wrapper is None:
+
+            def wrapper(args: Any) -> None:
+                try:
+                    compile_id = str(getattr(args, "compile_id", "") or "")
+                except Exception:  # an observer never breaks a compile
+                    return
+                callback(compile_id)
+
+            _start_wrappers[callback] = wrapper
+        handler = torch._dynamo.callback_handler
+        if wrapper not in handler.start_callbacks:
+            handler.register_start_callback(wrapper)
+
+
+def mark_dynamic(tensor: Any, dims: list[int]) -> None:
+    """Mark ``dims`` of ``tensor`` dynamic for the next trace that sees it.
+
+    Calls ``torch._dynamo.mark_dynamic``: the documented API, which torch keeps under
+    ``torch._dynamo`` (``torch.compiler`` has no counterpart). Verified: torch 2.11, 2.13,
+    2.14, 2.15.
+    """
+    import torch._dynamo
+
+    torch._dynamo.mark_dynamic(tensor, dims)
+
+
+_GUARD_SUBMODULE = re.compile(r"_modules\['([^']+)'\]")
+_GUARD_IMPORT = re.compile(r"G\['__import_([A-Za-z0-9_]+)'\]")
+
+
+def guard_submodule_path(guard_name: str, root: str = "module") -> str | None:
+    """``module._modules['model']._modules['layers']._modules['0']`` -> ``model.layers.0``
+    (``""`` for ``root`` itself); ``None`` when a guard's source name is not a plain chain of
+    submodules of ``root``.
+
+    Reads Dynamo's source names of guards (``GuardFilterEntry.name``), which spell submodule
+    access through ``nn.Module._modules``: the guard filter gets names, not sources. Verified:
+    torch 2.11, 2.13, 2.14, 2.15.
+    """
+    if not guard_name.startswith(root):
+        return None
+    rest = guard_name.removeprefix(root)
+    parts = _GUARD_SUBMODULE.findall(rest)
+    if rest != "".join(f"._modules['{p}']" for p in parts):
+        return None
+    return ".".join(parts)
+
+
+def guard_imported_modules(guard_name: str) -> list[str]:
+    """The Python modules a guard's source name reaches through Dynamo's import aliases
+    (``G['__import_transformers_dot_masking_utils']`` -> ``transformers.masking_utils``).
+
+    Reads Dynamo's alias naming (``InstructionTranslator.import_source``: ``__import_`` and
+    ``.`` spelled ``_dot_``): the guard filter gets names, not sources. Verified: torch 2.11,
+    2.13, 2.14, 2.15.
+    """
+    return [alias.replace("_dot_", ".") for alias in _GUARD_IMPORT.findall(guard_name)]
+
+
+def guard_checked_attribute(entry: Any) -> str | None:
+    """The attribute name an attribute guard checks (``forward`` for a
+    ``NOT_PRESENT_IN_GENERIC_DICT`` guard that the instance holds no ``forward``), or ``None``.
+
+    Reads ``entry.orig_guard.create_fn.keywords`` (the guard builder method's bound arguments):
+    a ``guard_filter_fn`` entry names the guarded object, not the attribute. Verified: torch
+    2.11, 2.13, 2.14, 2.15.
+    """
+    create_fn = getattr(getattr(entry, "orig_guard", None), "create_fn", None)
+    keywords = getattr(create_fn, "keywords", None) or {}
+    attribute = keywords.get("attr")
+    return attribute if isinstance(attribute, str) else None
