@@ -154,8 +154,9 @@ def eval_frame_callback_getter() -> Callable[[], Any] | None:
 
 
 def dict_version_getter() -> Callable[[dict[Any, Any]], int] | None:
-    """``version(d)``: a number that changes whenever dict ``d`` is written (the one Dynamo's
-    dict guards compare). ``None`` on a torch without it.
+    """``version(d)``: a number that changes whenever a key of dict ``d`` is added, removed or
+    set to another object (the one Dynamo's dict guards compare). ``None`` on a torch without
+    it.
 
     Reads ``torch._C._dynamo.guards.dict_version``: CPython keeps a dict's version private and
     torch exposes it only here. Verified: torch 2.11, 2.13, 2.14, 2.15.

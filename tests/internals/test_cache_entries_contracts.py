@@ -1,0 +1,309 @@
+"""Contracts of :mod:`torchkiln._internals.cache_entries`: one test per function or class, each
+failing with the private name it reads when a torch release changes it.
+
+Compiles only tiny functions with the ``eager`` backend (a few seconds in all).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from torchkiln._internals import cache_entries, versions
+from torchkiln._internals.cache_entries import GuardTable
+
+
+def _as_function(function: types.FunctionType):
+    """Rows run an entry's compiled bytecode as a function of ``function``'s globals."""
+
+    def as_function(code: types.CodeType) -> types.FunctionType:
+        return types.FunctionType(code, function.__globals__, function.__name__)
+
+    return as_function
+
+
+def _sine(x: torch.Tensor) -> torch.Tensor:
+    return x.sin() + 1
+
+
+def _compiled_table(function: types.FunctionType, *args) -> GuardTable[types.FunctionType]:
+    torch._dynamo.reset()
+    torch.compile(function, backend="eager", dynamic=False)(*args)
+    return cache_entries.dynamo_guard_table(function.__code__, _as_function(function))
+
+
+def test_dynamo_guard_table_finds_the_entry_a_call_fits_and_misses_another_shape() -> None:
+    """``_debug_get_cache_entry_list``, each entry's ``code`` and ``guard_manager`` (``check``,
+    ``check_verbose``)."""
+    x = torch.randn(3)
+    table = _compiled_table(_sine, x)
+    assert len(table) == 1, "_debug_get_cache_entry_list did not list the compiled entry"
+    ((check, compiled),) = table
+    assert check({"x": x}) is True, "guard_manager.check rejected the call it was compiled for"
+    found = table.find({"x": torch.randn(3)})
+    assert found is compiled
+    torch.testing.assert_close(found(x), _sine(x))
+    assert table.find({"x": torch.randn(4)}) is None, "guard_manager.check passed another shape"
+    assert table.first_failures({"x": x}) == [None]
+    (failed,) = table.first_failures({"x": torch.randn(4)})
+    assert isinstance(failed, str) and "x" in failed, (
+        f"guard_manager.check_verbose(...).verbose_code_parts: {failed!r}"
+    )
+
+
+def test_guard_table_reduced_keeps_each_entrys_diff_guard_root() -> None:
+    """``guard_manager.diff_guard_root``: the reduced guard set Dynamo keeps per entry."""
+    x = torch.randn(3)
+    table = _compiled_table(_sine, x)
+    reduced = table.reduced()
+    assert len(reduced) == len(table) == 1, "an entry's guard manager has no diff_guard_root"
+    assert reduced.find({"x": x}) is table.functions()[0]
+
+
+def test_first_failures_say_when_torch_cannot_explain() -> None:
+    class Unexplained:
+        def check(self, frame_locals: dict) -> bool:
+            return False
+
+        def check_verbose(self, frame_locals: dict) -> None:
+            raise KeyError("x")
+
+    table = GuardTable([(Unexplained(), _sine)])
+    assert table.find({}) is None
+    assert table.first_failures({}) == ["guards failed (KeyError)"]
+    assert table.first_failures({}, unexplained=None) == [None]
+
+
+def test_cache_entry_counter_counts_a_recompile() -> None:
+    """``torch._C._dynamo.eval_frame._get_total_cache_entry_count`` (absent in 2.11)."""
+    count = cache_entries.cache_entry_counter()
+    if versions.release_tuple(torch.__version__) < (2, 13):
+        assert count is None
+        return
+    assert count is not None, "torch lacks _get_total_cache_entry_count"
+    _compiled_table(_sine, torch.randn(3))
+    assert count(_sine.__code__) == 1
+    torch.compile(_sine, backend="eager", dynamic=False)(torch.randn(5))
+    assert count(_sine.__code__) == 2
+    torch._dynamo.reset()
+    assert count(_sine.__code__) == 0
+
+
+_callbacks_seen: list[object] = []
+
+
+def _record_callback() -> None:
+    _callbacks_seen.append(cache_entries.eval_frame_callback_getter()())  # type: ignore[misc]
+
+
+def _calls_back(x: torch.Tensor) -> torch.Tensor:
+    x = x + 1
+    _record_callback()  # not traceable: runs between graphs, under Dynamo's callback
+    return x * 2
+
+
+def test_eval_frame_callback_getter_sees_dynamos_callback_only_while_compiled_code_runs() -> None:
+    """``torch._C._dynamo.eval_frame.get_eval_frame_callback``."""
+    callback = cache_entries.eval_frame_callback_getter()
+    assert callback is not None, "torch lacks get_eval_frame_callback"
+    assert callback() is None
+    torch._dynamo.reset()
+    _callbacks_seen.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(_calls_back, backend="eager")(torch.randn(2))
+    assert _callbacks_seen and _callbacks_seen[-1] is not None
+
+
+def test_dict_version_getter_changes_when_a_value_is_replaced_only() -> None:
+    """``torch._C._dynamo.guards.dict_version``."""
+    version = cache_entries.dict_version_getter()
+    assert version is not None, "torch lacks torch._C._dynamo.guards.dict_version"
+    attributes: dict[str, float] = {"a": 1.0}
+    before = version(attributes)
+    assert attributes["a"] == 1.0 and version(attributes) == before
+    attributes["a"] = float("1")  # an equal value, but another object
+    assert version(attributes) != before
+
+
+def test_plain_call_check_follows_the_stance() -> None:
+    """``torch._dynamo.eval_frame._stance`` (``stance``, ``skip_guard_eval_unsafe``)."""
+    plain = cache_entries.plain_call_check()
+    assert plain is not None, "eval_frame._stance lacks stance or skip_guard_eval_unsafe"
+    assert plain() is True
+    with torch.compiler.set_stance("force_eager"):
+        assert plain() is False
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+        assert plain() is False
+    assert plain() is True
+
+
+def test_compiled_autograd_enabled_reads_dynamos_config() -> None:
+    """``torch._dynamo.config.compiled_autograd``."""
+    assert cache_entries.compiled_autograd_enabled() is False
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        assert cache_entries.compiled_autograd_enabled() is True
+
+
+def test_torch_compile_original_is_the_compiled_function() -> None:
+    """``_torchdynamo_orig_callable`` on ``torch.compile``'s wrapper."""
+    assert cache_entries.torch_compile_original(torch.compile(_sine, backend="eager")) is _sine
+    assert cache_entries.torch_compile_original(_sine) is None
+
+
+def _breaks(x: torch.Tensor) -> torch.Tensor:
+    x = x + 1
+    torch._dynamo.graph_break()
+    return x * 2
+
+
+def test_continues_after_graph_break_reads_resume_names() -> None:
+    """Dynamo's ``__resume_at_<n>`` names in compiled bytecode."""
+    x = torch.randn(2)
+    (breaking,) = _compiled_table(_breaks, x).functions()
+    assert cache_entries.continues_after_graph_break(breaking.__code__), breaking.__code__.co_names
+    (plain,) = _compiled_table(_sine, x).functions()
+    assert not cache_entries.continues_after_graph_break(plain.__code__)
+
+
+@pytest.fixture
+def compile_starts() -> Iterator[list[tuple[str, str | None]]]:
+    """``(compile id, name of the code being compiled)`` per compile start."""
+    seen: list[tuple[str, str | None]] = []
+
+    def record(compile_id: str) -> None:
+        found = cache_entries.frame_being_compiled()
+        seen.append((compile_id, found[0].co_name if found is not None else None))
+
+    torch._dynamo.reset()
+    cache_entries.on_compile_start(record)
+    cache_entries.on_compile_start(record)  # idempotent
+    yield seen
+    torch._dynamo.reset()  # drops the callback
+
+
+def test_on_compile_start_passes_each_compile_id_once(compile_starts) -> None:
+    """``torch._dynamo.callback_handler`` and its arguments' ``compile_id``."""
+    torch.compile(_sine, backend="eager")(torch.randn(3))
+    assert [compile_id for compile_id, _ in compile_starts] == ["0/0"]
+
+
+def test_frame_being_compiled_is_found_from_a_compile_start(compile_starts) -> None:
+    """``sys._getframe`` and the ``code``/``locals`` arguments of ``convert_frame._compile``."""
+    torch.compile(_sine, backend="eager")(torch.randn(3))
+    assert [name for _, name in compile_starts] == ["_sine"]
+
+
+def test_resumed_function_name_maps_a_resume_function_to_its_origin(compile_starts) -> None:
+    """Dynamo's ``torch_dynamo_resume_in_<name>_at_<line>`` names."""
+    torch.compile(_breaks, backend="eager")(torch.randn(2))
+    names = [name for _, name in compile_starts]
+    assert len(names) == 2 and names[0] == "_breaks", names
+    assert names[1] != "_breaks" and cache_entries.resumed_function_name(names[1]) == "_breaks"
+    assert cache_entries.resumed_function_name("_sine") == "_sine"
+
+
+def test_lean_function_unwraps_the_graph_functions_disable_wrapper() -> None:
+    """``_torchdynamo_disable``/``__wrapped__`` of ``__compiled_fn_*``; ``torch._dynamo.utils``."""
+    x = torch.randn(3)
+    (compiled,) = _compiled_table(_sine, x).functions()
+    lean = cache_entries.lean_function(compiled)
+    assert lean is not None, f"nothing to unwrap in {compiled.__code__.co_names}"
+    graph_fns = [name for name in lean.__globals__ if name.startswith("__compiled_fn")]
+    assert graph_fns
+    for name in graph_fns:
+        assert getattr(compiled.__globals__[name], "_torchdynamo_disable", False), (
+            f"{name} lost torch._dynamo.disable's _torchdynamo_disable mark"
+        )
+        assert not getattr(lean.__globals__[name], "_torchdynamo_disable", False)
+    torch.testing.assert_close(lean(x), _sine(x))
+
+
+def test_mark_dynamic_compiles_one_entry_for_both_sizes() -> None:
+    """``torch._dynamo.mark_dynamic``."""
+    torch._dynamo.reset()
+    first = torch.randn(3, 2)
+    cache_entries.mark_dynamic(first, [0])
+    compiled = torch.compile(_sine, backend="eager")
+    compiled(first)
+    compiled(torch.randn(5, 2))
+    table = cache_entries.dynamo_guard_table(_sine.__code__, _as_function(_sine))
+    assert len(table) == 1
+
+
+_PROBE_MODULE = "torchkiln_guard_probe"
+_PROBE_SOURCE = """
+SCALE = 2.0
+
+def helper(x):
+    return x * SCALE
+"""
+
+
+class _Probed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sys.modules[_PROBE_MODULE].helper(self.linear(x))
+
+
+def _whole(module: nn.Module, /, *args, **kwargs):
+    return type(module).forward(module, *args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def guard_names() -> list[tuple[str, str, str | None]]:
+    """``(guard type, name, checked attribute)`` of every guard of a whole-module trace that
+    calls a function of another (non-torch) module."""
+    probe = types.ModuleType(_PROBE_MODULE)
+    exec(_PROBE_SOURCE, probe.__dict__)
+    sys.modules[_PROBE_MODULE] = probe
+    seen: list[tuple[str, str, str | None]] = []
+
+    def record(entries: list) -> list[bool]:
+        for entry in entries:
+            attribute = cache_entries.guard_checked_attribute(entry)
+            seen.append((entry.guard_type, entry.name, attribute))
+        return [True] * len(entries)
+
+    try:
+        torch._dynamo.reset()
+        options = {"guard_filter_fn": record}
+        compiled = torch.compile(_whole, backend="eager", fullgraph=True, options=options)
+        compiled(_Probed(), torch.randn(2, 3))
+    finally:
+        del sys.modules[_PROBE_MODULE]
+        torch._dynamo.reset()
+    return seen
+
+
+def test_guard_checked_attribute_names_the_instance_forward_guard(guard_names) -> None:
+    """``GuardFilterEntry.orig_guard.create_fn.keywords['attr']``."""
+    forward = [name for kind, name, attr in guard_names if attr == "forward"]
+    assert forward, f"no guard with create_fn.keywords attr='forward' in {guard_names}"
+    kinds = {kind for kind, _, attr in guard_names if attr == "forward"}
+    assert kinds == {"NOT_PRESENT_IN_GENERIC_DICT"}
+
+
+def test_guard_submodule_path_reads_dynamos_submodule_names(guard_names) -> None:
+    """Guard source names spell submodules ``module._modules['<name>']``."""
+    paths = {cache_entries.guard_submodule_path(name) for _, name, attr in guard_names if attr}
+    assert "linear" in paths, guard_names
+    assert cache_entries.guard_submodule_path("module") == ""
+    assert cache_entries.guard_submodule_path("module._modules['a'].config") is None
+    assert cache_entries.guard_submodule_path("G['x']") is None
+
+
+def test_guard_imported_modules_reads_dynamos_import_aliases(guard_names) -> None:
+    """Guard source names reach modules through ``G['__import_<a>_dot_<b>']``."""
+    modules = {m for _, name, _ in guard_names for m in cache_entries.guard_imported_modules(name)}
+    assert _PROBE_MODULE in modules, guard_names
+    assert "torch.nn.modules.module" in modules, guard_names
