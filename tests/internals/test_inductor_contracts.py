@@ -1,0 +1,97 @@
+"""Contracts of ``torchkiln._internals.inductor``: each adapter function works on this torch.
+
+One test per function; a torch release that renames or changes what one reads fails here, with
+the function's name. Nothing here compiles a kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import pytest
+
+from torchkiln._internals import inductor
+from torchkiln.artifacts.isa_probe import CAPABILITIES
+
+
+def test_config() -> None:
+    config = inductor.config()
+    settings = config.get_config_copy()
+    assert isinstance(settings, dict) and "max_autotune" in settings
+    assert config.get_type("max_autotune") is bool  # the declared types option checks read
+
+
+def test_clear_caches() -> None:
+    import torch._inductor.utils
+
+    assert callable(torch._inductor.utils.clear_caches)  # not the no-op for a torch without it
+    assert inductor.clear_caches() is None
+
+
+def test_default_cache_dir() -> None:
+    found = inductor.default_cache_dir()
+    assert isinstance(found, str) and os.path.isabs(found)
+    assert "torchinductor" in os.path.basename(found)
+
+
+def test_template_parser() -> None:
+    from torch._inductor.codegen.common import KernelTemplate
+
+    parser = inductor.template_parser()
+    assert isinstance(parser, staticmethod)  # else deferred templates leave torch alone
+    assert parser.__func__ is KernelTemplate._template_from_string
+
+
+def test_set_template_parser() -> None:
+    from torch._inductor.codegen.common import KernelTemplate
+
+    original = inductor.template_parser()
+    replacement = staticmethod(lambda source: source)
+    inductor.set_template_parser(replacement)
+    try:
+        assert inductor.template_parser() is replacement
+        assert KernelTemplate._template_from_string("text") == "text"
+    finally:
+        inductor.set_template_parser(original)
+    assert inductor.template_parser() is original
+
+
+def test_cpu_vec_isa() -> None:
+    module = inductor.cpu_vec_isa()
+    assert module is not None
+    assert callable(module.VecISA.check_build)
+    assert hasattr(module.valid_vec_isa_list, "cache_info")  # a functools cache
+    assert all(isinstance(isa, module.VecISA) for isa in module.supported_vec_isa_list)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 CPU features")
+def test_cpu_capability() -> None:
+    found = {name: inductor.cpu_capability(name) for name in CAPABILITIES}
+    assert all(isinstance(value, bool) for value in found.values()), found
+    assert inductor.cpu_capability("no_such_feature") is None
+
+
+def test_forget_vec_isa_probe() -> None:
+    """An extension probe's answer (kept on the instance) goes back to the class default."""
+    module = inductor.cpu_vec_isa()
+    assert module is not None
+    extended = [
+        (isa, name)
+        for isa in module.supported_vec_isa_list
+        for name in vars(type(isa))
+        if name.startswith("_is_") and name.endswith("_supported")
+    ]
+    assert extended, "no VecISA keeps an extension probe's answer as _is_<name>_supported"
+    isa, name = extended[0]
+    default = getattr(type(isa), name)
+    setattr(isa, name, not default)
+    inductor.forget_vec_isa_probe(module)
+    assert name not in vars(isa) and getattr(isa, name) == default
+    assert module.valid_vec_isa_list.cache_info().currsize == 0
+
+
+def test_cpp_compiler_version() -> None:
+    compiler, version = inductor.cpp_compiler_version()
+    assert compiler and isinstance(compiler, str)
+    assert version and isinstance(version, str)
