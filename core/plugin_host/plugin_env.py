@@ -72,3 +72,19 @@ def warn_unknown_names(
                 RuntimeWarning,
                 stacklevel=4,  # the caller of PluginManager.ensure_loaded
             )
+
+
+def call_traced(hook_name: str, impl: Any, kwargs: Mapping[str, Any]) -> Any:
+    """Call one implementation (a pluggy ``HookImpl``) with the ``kwargs`` it takes, printing
+    the call and its result (or what it raised) as :func:`trace_before` / :func:`trace_after`
+    print a ``pm.hook`` call."""
+    args = ", ".join(f"{k}={short(v)}" for k, v in kwargs.items())
+    where = f"{hook_name} [{impl.plugin_name}]"
+    print(f"torchkiln: hook {hook_name}({args}) -> plugin {impl.plugin_name}", file=sys.stderr)
+    try:
+        result = impl.function(**{name: kwargs[name] for name in impl.argnames})
+    except Exception as error:
+        print(f"torchkiln: hook {where} raised {error!r}", file=sys.stderr)
+        raise
+    print(f"torchkiln: hook {where} returned {short(result)}", file=sys.stderr)
+    return result

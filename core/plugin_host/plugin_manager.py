@@ -1,5 +1,9 @@
 """The plugin manager: built-in plugins, entry-point plugins, environment controls.
 
+The manager holds the state (registered, installed and failed plugins, cached declarations);
+the steps it takes are in :mod:`.entry_point_loading`, :mod:`.plugin_checks`,
+:mod:`.declaration_collection`, :mod:`.name_serving` and :mod:`.plugin_listing`.
+
 Environment variables (read when a manager is created):
 
 ``TORCHKILN_DISABLE_PLUGIN_AUTOLOAD=1``
@@ -39,12 +43,11 @@ using it is refused when the configuration is validated, like an unknown name.
 
 from __future__ import annotations
 
-import difflib
+import contextlib
 import importlib
 import os
-import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib import metadata
 from typing import Any
 
@@ -52,40 +55,47 @@ import pluggy
 from pluggy import HookImpl
 
 from torchkiln.errors import PluginError
-from torchkiln.plugin_host import hooks
+from torchkiln.plugin_host import hooks, name_serving, plugin_listing
+from torchkiln.plugin_host.declaration_collection import collect_declarations, quarantine_record
 from torchkiln.plugin_host.declarations import (
     BackendSpec,
     DistributedSpec,
     LayerCacheSpec,
     SelectorSpec,
 )
+from torchkiln.plugin_host.entry_point_loading import (
+    ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,  # re-exported: its home before entry_point_loading
+)
+from torchkiln.plugin_host.entry_point_loading import (
+    entry_points_to_load,
+    installed_plugin_names,
+    load_failure,
+    loaded_plugin_info,
+    strict_load_error,
+)
+from torchkiln.plugin_host.name_serving import serve, unserved_reason
+from torchkiln.plugin_host.plugin_checks import check_plugin, implemented_hooks, specified_hooks
 from torchkiln.plugin_host.plugin_env import (
+    call_traced,
     env_flag,
     env_names,
-    short,
     trace_after,
     trace_before,
     warn_unknown_names,
 )
 from torchkiln.plugin_host.plugin_info import (
-    DECLARATION_KINDS,
-    DECLARING_HOOK,
-    IMPLEMENTING_HOOK,
-    SERVING_HOOK,
     DeclarationFailed,
     Declared,
     FailedPlugin,
     PluginInfo,
     builtin_name,
-    check_specs,
     readable_name,
 )
-from torchkiln.plugin_host.torch_backends import compile_with_torch, torch_backend_names
+from torchkiln.plugin_host.plugin_listing import registered_plugins, with_torch_backends
+from torchkiln.plugin_host.torch_backends import compile_with_torch
 from torchkiln.plugins import BUILTIN_PLUGINS
 
-ENTRY_POINT_GROUP = "torchkiln"
-
-_BUILTIN_NAMES = frozenset("torchkiln." + m.rsplit(".", 1)[-1] for m in BUILTIN_PLUGINS)
+_BUILTIN_NAMES = frozenset(builtin_name(m) for m in BUILTIN_PLUGINS)
 
 
 class PluginManager(pluggy.PluginManager):
@@ -137,12 +147,16 @@ class PluginManager(pluggy.PluginManager):
             if name.lower() in self.disabled:
                 self.set_blocked(name)
                 continue
-            self._register_internally(importlib.import_module(module_name), name)
+            with self._registering_itself():
+                self.register(importlib.import_module(module_name), name=name)
 
-    def _register_internally(self, plugin: object, name: str) -> None:
+    @contextlib.contextmanager
+    def _registering_itself(self) -> Iterator[None]:
+        """The manager registering built-ins or entry points: :meth:`register` must not load
+        the entry points first (they are not due yet, or are what is being loaded)."""
         self._registering_internally = True
         try:
-            self.register(plugin, name=name)
+            yield
         finally:
             self._registering_internally = False
 
@@ -160,7 +174,7 @@ class PluginManager(pluggy.PluginManager):
             self.ensure_loaded()  # entry points always come before explicit registrations
         if name is None:
             name = self._free_name(readable_name(plugin))
-        self._check_plugin(name, plugin)
+        check_plugin(self, name, plugin, strict=self.strict)
         self._declared_cache.clear()
         return super().register(plugin, name)
 
@@ -185,40 +199,17 @@ class PluginManager(pluggy.PluginManager):
 
     def load_external(self) -> None:
         """Load every allowed plugin of the ``torchkiln`` entry-point group, each isolated."""
-        only = {n.lower() for n in env_names(self._env, "TORCHKILN_PLUGINS") or ()} or None
-        seen: set[str] = set()
-        for entry_point in self._load_order(metadata.entry_points(group=ENTRY_POINT_GROUP)):
-            if entry_point.name in seen:
-                continue
-            seen.add(entry_point.name)
-            if entry_point.name.lower() in self.disabled:
-                self.set_blocked(entry_point.name)
-                continue
-            if only is not None and entry_point.name.lower() not in only:
-                continue
+        allowed, blocked = entry_points_to_load(self._env, self.disabled)
+        for name in blocked:
+            self.set_blocked(name)
+        for entry_point in allowed:
             if self.get_plugin(entry_point.name) is not None:
                 continue
             if any(f.name == entry_point.name and f.hook for f in self.failed):
                 continue  # quarantined: stays out when the entry points are loaded again
-            self._registering_internally = True
-            try:
+            with self._registering_itself():
                 self._load_entry_point(entry_point)
-            finally:
-                self._registering_internally = False
         self._declared_cache.clear()
-
-    def _load_order(self, entry_points: Iterable[metadata.EntryPoint]) -> list[metadata.EntryPoint]:
-        """Registration order: the plugin registered last is called first and wins a name, so
-        the one that must win (first in ``TORCHKILN_PLUGINS``, else the first by name) is
-        registered last. The order Python finds distributions in never matters."""
-        listed = [n.strip().lower() for n in self._env.get("TORCHKILN_PLUGINS", "").split(",")]
-        rank = {name: index for index, name in reversed(list(enumerate(listed))) if name}
-
-        def precedence(entry_point: metadata.EntryPoint) -> tuple[int, str, str]:
-            name = entry_point.name.lower()
-            return (rank.get(name, len(rank)), name, entry_point.value)
-
-        return sorted(entry_points, key=precedence, reverse=True)
 
     def check_plugin_controls(self) -> None:
         """Warn (once) about names in ``TORCHKILN_PLUGINS`` / ``TORCHKILN_DISABLED_PLUGINS``
@@ -226,161 +217,46 @@ class PluginManager(pluggy.PluginManager):
         if self._names_checked:
             return
         self._names_checked = True
-        external = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
         builtins = [builtin_name(m) for m in BUILTIN_PLUGINS]
-        warn_unknown_names(self._env, external, builtins)
+        warn_unknown_names(self._env, installed_plugin_names(), builtins)
 
     def _load_entry_point(self, entry_point: metadata.EntryPoint) -> None:
-        dist = getattr(entry_point, "dist", None)
-        dist_name = dist.metadata["Name"] if dist is not None else None
-        version = dist.version if dist is not None else None
         try:
             plugin = entry_point.load()
-            self.register(plugin, name=entry_point.name)  # checks it (_check_plugin), once
+            self.register(plugin, name=entry_point.name)  # checks it (check_plugin), once
         except Exception as error:  # isolate: one broken plugin never stops the others
             if self.get_plugin(entry_point.name) is not None:
                 self.unregister(name=entry_point.name)
-            failure = FailedPlugin(
-                entry_point.name,
-                entry_point.value,
-                dist_name,
-                version,
-                f"{type(error).__name__}: {error}",
-            )
+            failure = load_failure(entry_point, error)
             self.failed.append(failure)
             if self.strict:
-                raise PluginError(
-                    failure.describe().replace("was skipped", "was not loaded")
-                    + " (TORCHKILN_STRICT_PLUGINS=1)",
-                    plugin=entry_point.name,
-                    hook=getattr(error, "hook", None),
-                ) from error
+                raise strict_load_error(failure, error) from error
             warnings.warn(failure.describe(), RuntimeWarning, stacklevel=3)
             return
-        self.external[entry_point.name] = PluginInfo(
-            entry_point.name,
-            "entry-point",
-            self._hook_names(plugin),
-            dist_name,
-            version,
-            entry_point.value,
-        )
-
-    def _check_plugin(self, name: str, plugin: object) -> None:
-        """Reject hook implementations for hooks torchkiln does not define (typos), and
-        declarations without the hook that serves them."""
-        known = self.hook_names()
-        implemented = self._hook_names(plugin)
-        for hook_name in implemented:
-            if hook_name not in known:
-                close = difflib.get_close_matches(hook_name, known, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise PluginError(
-                    f"plugin {name!r} implements unknown hook {hook_name!r}{hint}; torchkiln "
-                    "hooks: " + ", ".join(known),
-                    plugin=name,
-                    hook=hook_name,
-                )
-        for declaration, serving in IMPLEMENTING_HOOK.items():
-            if declaration in implemented and serving not in implemented:
-                message = (
-                    f"plugin {name!r} implements {declaration} but not {serving}: the names it "
-                    f"declares are refused when a configuration uses them; add a @hookimpl "
-                    f"{serving}"
-                )
-                if self.strict:
-                    raise PluginError(
-                        message + " (TORCHKILN_STRICT_PLUGINS=1)", plugin=name, hook=serving
-                    )
-                warnings.warn(message, RuntimeWarning, stacklevel=4)
+        hooks_implemented = implemented_hooks(self, plugin)
+        self.external[entry_point.name] = loaded_plugin_info(entry_point, hooks_implemented)
 
     def hook_names(self) -> list[str]:
         """The hooks torchkiln specifies (not names a plugin implemented without a spec)."""
-        return sorted(
-            name
-            for name, caller in vars(self.hook).items()
-            if not name.startswith("_") and getattr(caller, "spec", None) is not None
-        )
-
-    def _hook_names(self, plugin: object) -> tuple[str, ...]:
-        names = []
-        for attr in dir(plugin):
-            try:
-                if self.parse_hookimpl_opts(plugin, attr) is not None:
-                    names.append(attr)
-            except Exception:
-                continue
-        return tuple(sorted(names))
+        return specified_hooks(self)
 
     def plugin_infos(self) -> list[PluginInfo]:
         """Every registered plugin, built-ins first."""
         self.ensure_loaded()
-        infos = []
-        for name, plugin in self.list_name_plugin():
-            if plugin is None:  # blocked (TORCHKILN_DISABLED_PLUGINS): pluggy keeps the name
-                continue
-            if name in self.external:
-                infos.append(self.external[name])
-            else:
-                kind = "builtin" if name in _BUILTIN_NAMES else "registered"
-                infos.append(PluginInfo(name, kind, self._hook_names(plugin)))
-        order = {"builtin": 0, "entry-point": 1, "registered": 2}
-        return sorted(infos, key=lambda info: (order[info.kind], info.name))
+        return registered_plugins(self, self.external, _BUILTIN_NAMES)
 
     def call_impl(self, hook_name: str, impl: Any, **kwargs: Any) -> Any:
         """Call one implementation directly (hooks whose results torchkiln combines per
         plugin), traced like ``pm.hook`` calls under ``TORCHKILN_TRACE_PLUGINS=1``."""
         if self.tracing:
-            args = ", ".join(f"{k}={short(v)}" for k, v in kwargs.items())
-            print(
-                f"torchkiln: hook {hook_name}({args}) -> plugin {impl.plugin_name}", file=sys.stderr
-            )
-        try:
-            result = impl.function(**{name: kwargs[name] for name in impl.argnames})
-        except Exception as error:
-            if self.tracing:
-                print(
-                    f"torchkiln: hook {hook_name} [{impl.plugin_name}] raised {error!r}",
-                    file=sys.stderr,
-                )
-            raise
-        if self.tracing:
-            print(
-                f"torchkiln: hook {hook_name} [{impl.plugin_name}] returned {short(result)}",
-                file=sys.stderr,
-            )
-        return result
+            return call_traced(hook_name, impl, kwargs)
+        return impl.function(**{name: kwargs[name] for name in impl.argnames})
 
     # --- dispatch: only the declaring plugin serves a name -----------------------------------
 
     def implementation(self, hook_name: str, plugin_name: str) -> HookImpl | None:
         """``plugin_name``'s implementation of ``hook_name``, if it has one."""
-        hook = getattr(self.hook, hook_name)
-        return next((i for i in hook.get_hookimpls() if i.plugin_name == plugin_name), None)
-
-    def _serve(self, hook_name: str, declared: Declared[Any], kind: str, **kwargs: Any) -> Any:
-        impl = self.implementation(hook_name, declared.plugin)
-        if impl is None:  # unregistered since it declared (declarations are cached)
-            raise PluginError(
-                f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but does "
-                f"not implement {hook_name}",
-                plugin=declared.plugin,
-                hook=hook_name,
-            )
-        # A pluggy subset caller, so pluggy's tracing and TORCHKILN_TRACE_PLUGINS see the call.
-        others = [
-            p for name, p in self.list_name_plugin() if p is not None and name != impl.plugin_name
-        ]
-        results = self.subset_hook_caller(hook_name, remove_plugins=others)(**kwargs)
-        result = results[0] if results else None
-        if result is None:
-            raise PluginError(
-                f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but its "
-                f"{hook_name} returned None for it",
-                plugin=declared.plugin,
-                hook=hook_name,
-            )
-        return result
+        return name_serving.implementation(self, hook_name, plugin_name)
 
     def select_regions(self, model: Any, config: Any, selector: str) -> Any:
         """The plan the plugin that declared ``selector`` makes (its ``select_regions`` only)."""
@@ -390,8 +266,14 @@ class PluginManager(pluggy.PluginManager):
                 f"no plugin declares the selector {selector!r}{self.missing_hint()}",
                 hook="select_regions",
             )
-        return self._serve(
-            "select_regions", declared, "selector", model=model, config=config, selector=selector
+        return serve(
+            self,
+            "select_regions",
+            declared,
+            "selector",
+            model=model,
+            config=config,
+            selector=selector,
         )
 
     def wrap_distributed(
@@ -409,7 +291,8 @@ class PluginManager(pluggy.PluginManager):
                 f"no plugin declares the distributed strategy {strategy!r}{self.missing_hint()}",
                 hook="wrap_distributed",
             )
-        return self._serve(
+        return serve(
+            self,
             "wrap_distributed",
             declared,
             "distributed strategy",
@@ -431,7 +314,8 @@ class PluginManager(pluggy.PluginManager):
             )
         if declared.spec.origin == "torch":
             return compile_with_torch(fn, config, backend)
-        return self._serve(
+        return serve(
+            self,
             "compile_region",
             declared,
             "backend",
@@ -443,19 +327,7 @@ class PluginManager(pluggy.PluginManager):
 
     def missing_hint(self) -> str:
         """``" (disabled ...; failed to load ...)"``: why a name might be missing, or ``""``."""
-        parts = []
-        blocked = sorted(name for name, plugin in self.list_name_plugin() if plugin is None)
-        if blocked:
-            parts.append("plugins disabled by TORCHKILN_DISABLED_PLUGINS: " + ", ".join(blocked))
-        not_loaded = sorted(f.name for f in self.failed if f.hook is None)
-        if not_loaded:
-            parts.append("plugins that failed to load: " + ", ".join(not_loaded))
-        quarantined = sorted(
-            f"plugin {f.name!r} (its {f.reason})" for f in self.failed if f.hook is not None
-        )
-        if quarantined:
-            parts.append("plugins quarantined, their names unavailable: " + ", ".join(quarantined))
-        return f" ({'; '.join(parts)})" if parts else ""
+        return plugin_listing.missing_hint(self, self.failed)
 
     # --- declarations ----------------------------------------------------------------------
 
@@ -465,7 +337,7 @@ class PluginManager(pluggy.PluginManager):
             return self._declared_cache[hook_name]
         while True:
             try:
-                result, twice = self._collect(hook_name, kind)
+                result, twice = collect_declarations(self, hook_name, kind, self.call_impl)
             except DeclarationFailed as error:
                 self._quarantine(error)  # raises under TORCHKILN_STRICT_PLUGINS=1
                 continue  # the culprit is gone: ask the others again
@@ -475,45 +347,10 @@ class PluginManager(pluggy.PluginManager):
         self._declared_cache[hook_name] = result
         return result
 
-    def _collect(self, hook_name: str, kind: str) -> tuple[dict[str, Declared[Any]], list[str]]:
-        """Every plugin's declarations, the first called winning a name; and the warnings
-        about names declared twice. :raises PluginError: naming the plugin whose hook failed."""
-        result: dict[str, Declared[Any]] = {}
-        twice: list[str] = []
-        hook = getattr(self.hook, hook_name)
-        # pluggy calls the last registered (or tryfirst) implementation first: that one wins.
-        for impl in reversed(hook.get_hookimpls()):
-            try:
-                specs = self.call_impl(hook_name, impl) or ()
-            except Exception as error:
-                detail = f"raised {type(error).__name__}: {error}"
-                raise DeclarationFailed(impl.plugin_name, hook_name, detail) from error
-            check_specs(hook_name, impl.plugin_name, specs)
-            for spec in specs:
-                if spec.name in result:
-                    twice.append(
-                        f"{kind} {spec.name!r} is declared by both plugin "
-                        f"{result[spec.name].plugin!r} and plugin {impl.plugin_name!r}; using "
-                        f"{result[spec.name].plugin!r} (the first in precedence order: "
-                        "registered last, or tryfirst; docs/plugins/packaging.md)"
-                    )
-                else:
-                    result[spec.name] = Declared(spec, impl.plugin_name)
-        return result, twice
-
     def unserved(self, declared: Declared[Any]) -> str | None:
         """Why ``declared`` cannot be used although it is declared: its plugin does not
         implement the hook that serves it; ``None`` when it does."""
-        if getattr(declared.spec, "origin", "plugin") == "torch":
-            return None
-        hook_name = SERVING_HOOK[type(declared.spec)]
-        if self.implementation(hook_name, declared.plugin) is not None:
-            return None
-        kind = DECLARATION_KINDS[DECLARING_HOOK[type(declared.spec)]]
-        return (
-            f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but does not "
-            f"implement {hook_name}, so the name cannot be used"
-        )
+        return unserved_reason(self, declared)
 
     def _quarantine(self, error: DeclarationFailed) -> None:
         """Unregister the plugin a declaration hook failed in, and record why; under
@@ -524,32 +361,15 @@ class PluginManager(pluggy.PluginManager):
             raise PluginError(
                 f"{error} (TORCHKILN_STRICT_PLUGINS=1)", plugin=name, hook=hook_name
             ) from error
-        info = self.external.pop(name, None)
-        failure = FailedPlugin(
-            name,
-            info.target if info else None,
-            info.distribution if info else None,
-            info.version if info else None,
-            error.detail,
-            hook=hook_name,
-        )
+        failure = quarantine_record(name, hook_name, error, self.external.pop(name, None))
         self.unregister(name=name)
         self.failed.append(failure)
         warnings.warn(failure.describe(), RuntimeWarning, stacklevel=4)
 
     def backends(self, *, include_torch: bool = True) -> dict[str, Declared[BackendSpec]]:
         """Backends declared by plugins, then every other name torch's registry knows."""
-        declared = dict(self._declared("declare_backends", "backend"))
-        if include_torch:
-            for name in torch_backend_names():
-                if name not in declared:
-                    declared[name] = Declared(
-                        BackendSpec(
-                            name, description="registered with torch._dynamo", origin="torch"
-                        ),
-                        "torch",
-                    )
-        return declared
+        declared = self._declared("declare_backends", "backend")
+        return with_torch_backends(declared) if include_torch else dict(declared)
 
     def backend(self, name: str) -> Declared[BackendSpec] | None:
         """The backend ``name`` as :meth:`backends` gives it, without listing torch's
