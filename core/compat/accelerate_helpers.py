@@ -19,6 +19,12 @@ import attrs
 from torch import nn
 
 from torchkiln._internals import dynamo
+from torchkiln._internals.accelerate import (
+    drop_orig_mod,
+    has_fp32_wrapper,
+    has_orig_mod,
+    set_orig_mod,
+)
 from torchkiln.compat.accelerate_settings import (
     BACKEND_MAP,
     ENV_BACKEND,
@@ -33,7 +39,6 @@ from torchkiln.compat.accelerate_settings import (
 )
 from torchkiln.compat.unwrap import (
     LIVE_STATUSES,
-    ORIG_MOD,
     live_regions,
     root_copy_without_fp32_wrapper,
     uncompiled_twin,
@@ -185,9 +190,9 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
         ``_orig_mod`` keeps working, and ``state_dict()`` keys are unchanged.
     """
     state = _compile_in_place(module, compile_kwargs)
-    module.__dict__[ORIG_MOD] = module  # not a submodule: never in state_dict() or children()
+    set_orig_mod(module, module)  # not a submodule: never in state_dict() or children()
     if state is not None:  # torchkiln.decompile takes it away again
-        state.restore.append(lambda: module.__dict__.pop(ORIG_MOD, None))
+        state.restore.append(lambda: drop_orig_mod(module))
     return module
 
 
@@ -345,7 +350,7 @@ def extract_model_from_parallel(
 
 
 def _without_fp32_wrapper_keeping_compile(plain: nn.Module) -> nn.Module:
-    if "_original_forward" not in plain.__dict__:
+    if not has_fp32_wrapper(plain):
         return plain
     if any(r.region.path == "" for r in live_regions(state_of(plain))):
         # The wrapper is inside the root's compiled code: it cannot be taken out of it.
@@ -357,6 +362,6 @@ def _without_fp32_wrapper_keeping_compile(plain: nn.Module) -> nn.Module:
         )
         return uncompiled_twin(plain, drop_fp32_wrapper=True)
     twin = root_copy_without_fp32_wrapper(plain)
-    if ORIG_MOD in plain.__dict__:
-        twin.__dict__[ORIG_MOD] = twin
+    if has_orig_mod(plain):
+        set_orig_mod(twin, twin)
     return twin

@@ -43,8 +43,9 @@ import attrs
 from torch import nn
 
 from torchkiln._internals import dynamo
+from torchkiln._internals.accelerate import has_orig_mod
 from torchkiln.compat.accelerate_settings import ENV_DYNAMIC, parse_truth
-from torchkiln.compat.unwrap import ORIG_MOD, unwrap_containers
+from torchkiln.compat.unwrap import unwrap_containers
 from torchkiln.engine import double_compile
 
 REPLACED = (
@@ -264,7 +265,7 @@ def is_compiled_module(module: nn.Module) -> bool:
 
     if isinstance(module, dynamo.optimized_module_type()):
         return True
-    return ORIG_MOD in getattr(module, "__dict__", {}) and kiln.is_compiled_module(module)
+    return has_orig_mod(module) and kiln.is_compiled_module(module)
 
 
 def _extracting(original: Callable[..., nn.Module]) -> Callable[..., nn.Module]:

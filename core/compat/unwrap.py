@@ -19,13 +19,15 @@ from typing import Any
 
 from torch import nn
 
+from torchkiln._internals.accelerate import (
+    drop_fp32_wrapper_record,
+    drop_orig_mod,
+    fp32_wrapped_forward,
+)
 from torchkiln._internals.nn_module import child_modules
 from torchkiln.distributed import container_layer
 from torchkiln.engine.compile_state import STATE_ATTR, CompileState, RegionState, state_of
 
-ORIG_MOD = "_orig_mod"
-ORIGINAL_FORWARD = "_original_forward"
-"""Where ``Accelerator.prepare`` keeps the forward it wrapped in autocast."""
 _MISSING: Any = object()
 LIVE_STATUSES = ("pending", "compiled")
 """Region statuses whose ``forward`` is a compiled path (``eager``/``failed`` fell back)."""
@@ -59,7 +61,7 @@ def shallow_module_copy(module: nn.Module) -> nn.Module:
     for key, value in module.__dict__.items():
         twin.__dict__[key] = copy.copy(value) if isinstance(value, dict | set) else value
     twin.__dict__.pop(STATE_ATTR, None)
-    twin.__dict__.pop(ORIG_MOD, None)
+    drop_orig_mod(twin)
     return twin
 
 
@@ -97,9 +99,7 @@ def _closes_over(function: Any, module: nn.Module) -> bool:
 
 def without_fp32_wrapper(original: nn.Module, forward: Any) -> Any:
     """The forward ``Accelerator.prepare`` wrapped, if it did; else ``forward`` unchanged."""
-    if ORIGINAL_FORWARD not in original.__dict__:
-        return forward
-    return original.__dict__[ORIGINAL_FORWARD]
+    return fp32_wrapped_forward(original, forward)
 
 
 def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
@@ -123,7 +123,7 @@ def root_copy_without_fp32_wrapper(root: nn.Module) -> nn.Module:
     """A copy of ``root`` alone (children shared, still compiled) minus the autocast wrapper."""
     twin = shallow_module_copy(root)
     _set_forward(twin, carry_forward(without_fp32_wrapper(root, _MISSING), root, twin, ""))
-    twin.__dict__.pop(ORIGINAL_FORWARD, None)
+    drop_fp32_wrapper_record(twin)
     return twin
 
 
@@ -152,7 +152,7 @@ def _copy_tree(
     forward = previous.get(id(module), module.__dict__.get("forward", _MISSING))
     if drop_fp32_wrapper and not path:
         forward = without_fp32_wrapper(module, forward)
-        twin.__dict__.pop(ORIGINAL_FORWARD, None)
+        drop_fp32_wrapper_record(twin)
     _set_forward(twin, carry_forward(forward, module, twin, path))
     return twin
 

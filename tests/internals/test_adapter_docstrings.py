@@ -9,6 +9,7 @@ import inspect
 import pytest
 
 MODULES = [
+    "accelerate",
     "autograd",
     "diffusers",
     "dynamo",

@@ -1,0 +1,67 @@
+"""Accelerate's private conventions that torchkiln reads or writes on a model (``_orig_mod``
+in a module's ``__dict__``, ``_original_forward``).
+
+Each function names what it touches, why no public API serves, and the torch releases it was
+verified on; ``tests/internals/test_accelerate_contracts.py`` checks each on every supported
+torch. Nothing here imports Accelerate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ORIG_MOD = "_orig_mod"
+_ORIGINAL_FORWARD = "_original_forward"
+
+
+def set_orig_mod(module: Any, original: Any) -> None:
+    """Record ``original`` as the module ``module`` compiles, as Accelerate's
+    ``compile_regions`` does (in ``module.__dict__``: not a submodule, never in ``state_dict()``
+    or ``children()``).
+
+    Writes ``module.__dict__["_orig_mod"]``, which Accelerate's ``extract_model_from_parallel``
+    reads to unwrap a regionally compiled model; Accelerate has no public way to declare it.
+    Verified: torch 2.11, 2.13, 2.14, 2.15 (Accelerate 1.15).
+    """
+    module.__dict__[_ORIG_MOD] = original
+
+
+def has_orig_mod(module: Any) -> bool:
+    """Whether ``module`` carries Accelerate's ``_orig_mod`` record in its ``__dict__`` (see
+    :func:`set_orig_mod`; a ``torch.compile`` wrapper's attribute of that name does not count).
+    Verified: torch 2.11, 2.13, 2.14, 2.15 (Accelerate 1.15).
+    """
+    return _ORIG_MOD in getattr(module, "__dict__", {})
+
+
+def drop_orig_mod(module: Any) -> None:
+    """Remove ``module``'s ``_orig_mod`` record (see :func:`set_orig_mod`); none, no change.
+    Verified: torch 2.11, 2.13, 2.14, 2.15 (Accelerate 1.15).
+    """
+    module.__dict__.pop(_ORIG_MOD, None)
+
+
+def has_fp32_wrapper(module: Any) -> bool:
+    """Whether ``Accelerator.prepare`` wrapped ``module``'s forward in autocast (mixed
+    precision) and kept the forward it wrapped.
+
+    Reads ``module.__dict__["_original_forward"]``, set by ``prepare`` and read by
+    ``extract_model_from_parallel(keep_fp32_wrapper=False)``; Accelerate has no public query.
+    Verified: torch 2.11, 2.13, 2.14, 2.15 (Accelerate 1.15).
+    """
+    return _ORIGINAL_FORWARD in module.__dict__
+
+
+def fp32_wrapped_forward(module: Any, default: Any) -> Any:
+    """The forward ``Accelerator.prepare`` wrapped in autocast on ``module``, else ``default``
+    (see :func:`has_fp32_wrapper`). Verified: torch 2.11, 2.13, 2.14, 2.15 (Accelerate 1.15).
+    """
+    return module.__dict__.get(_ORIGINAL_FORWARD, default)
+
+
+def drop_fp32_wrapper_record(module: Any) -> None:
+    """Remove ``module``'s record of the forward ``Accelerator.prepare`` wrapped (see
+    :func:`has_fp32_wrapper`), as ``extract_model_from_parallel`` does when it takes the
+    wrapper off; none, no change. Verified: torch 2.11, 2.13, 2.14, 2.15 (Accelerate 1.15).
+    """
+    module.__dict__.pop(_ORIGINAL_FORWARD, None)
