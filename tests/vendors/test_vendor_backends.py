@@ -17,6 +17,8 @@ from torch._dynamo.backends import registry
 
 import torchkiln
 from torchkiln import ConfigError
+from torchkiln._internals import tvm_backend
+from torchkiln._internals.versions import torch_release
 from torchkiln.plugin import hookimpl
 from torchkiln.plugins import hpu, neuron, tensorrt, tvm, xla
 from torchkiln.testing import (
@@ -274,33 +276,84 @@ def test_tensorrt_uses_the_older_torch_tensorrt_name_when_that_is_all_there_is(s
 
 
 # --- tvm ---------------------------------------------------------------------------------------
+# torch's tvm backend compiles through TVM Relay up to torch 2.14 and through Relax from 2.15 on;
+# the plugin asks torch's backend which (torchkiln._internals.tvm_backend), and so do these tests.
 
 
 def test_tvm_runs_torch_tvm_backend_with_its_options(standins):
-    check = assert_backend_matches_eager(
-        "tvm", plugins=isolated_plugin_manager(), options={"opt_level": 2}
-    )
+    frontend = tvm_backend.torch_tvm_frontend()
+    pipeline = object()  # stands for a TVM pass, tvm.relax.get_pipeline(...)
+    options = {"opt_level": 2} if frontend == "relay" else {"pipeline": pipeline}
+    check = assert_backend_matches_eager("tvm", plugins=isolated_plugin_manager(), options=options)
     tvm_module = importlib.import_module("tvm")
     assert check.gradients_checked == 0
-    assert tvm_module.CALLS["builds"] >= 1
-    assert tvm_module.CALLS["opt_levels"][0] == 2
+    if frontend == "relay":
+        assert tvm_module.CALLS["builds"] >= 1
+        assert tvm_module.CALLS["opt_levels"][0] == 2
+        assert tvm_module.CALLS["pipelines"] == []
+    else:
+        assert frontend == "relax"
+        assert tvm_module.CALLS["pipelines"]
+        assert all(seen is pipeline for seen in tvm_module.CALLS["pipelines"])
+        assert tvm_module.CALLS["builds"] == 0
     assert tvm_module.CALLS["runs"] >= 1
 
 
-def test_tvm_without_relay_is_refused(tmp_path, monkeypatch, no_vendors):
-    (tmp_path / "tvm").mkdir()
-    (tmp_path / "tvm" / "__init__.py").write_text("__version__ = '0.21.0'\n")
+@pytest.mark.parametrize(
+    ("frontend", "packages", "missing"),
+    [
+        ("relay", [], "tvm.relay"),
+        ("relax", [], "tvm.relax"),
+        ("relax", ["relax"], "tvm.relax.frontend"),
+    ],
+    ids=["relay", "relax", "relax-without-torch-frontend"],
+)
+def test_tvm_without_the_frontend_torch_uses_is_refused(
+    tmp_path, monkeypatch, no_vendors, frontend, packages, missing
+):
+    if tvm_backend.torch_tvm_frontend() != frontend:
+        pytest.skip(f"torch {torch.__version__}'s tvm backend does not use {frontend}")
+    for package in ["tvm", *(f"tvm/{name}" for name in packages)]:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("__version__ = '0.21.0'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         availability = tvm.probe()
     finally:
-        sys.modules.pop("tvm", None)
+        for name in [n for n in sys.modules if n.split(".", 1)[0] == "tvm"]:
+            del sys.modules[name]
     assert availability.available is False
-    assert "the installed tvm has no tvm.relay" in availability.reason
+    reason = availability.reason
+    assert (
+        f"torch {torch_release()}'s tvm backend compiles through TVM {frontend.capitalize()}:"
+        in reason
+    )
+    assert f"the installed tvm has no {missing}" in reason
+    assert tvm.INSTALL_HINTS[frontend] in reason
+
+
+@pytest.mark.parametrize(
+    ("frontend", "other_option", "allowed"),
+    [("relax", "opt_level", "pipeline"), ("relay", "pipeline", "scheduler, trials, opt_level")],
+)
+def test_tvm_refuses_the_other_frontends_options(standins, frontend, other_option, allowed):
+    if tvm_backend.torch_tvm_frontend() != frontend:
+        pytest.skip(f"torch {torch.__version__}'s tvm backend does not use {frontend}")
+    model = small_model()
+    with pytest.raises(ConfigError) as raised:
+        torchkiln.compile(
+            model, backend="tvm", options={other_option: 2}, plugins=isolated_plugin_manager()
+        )
+    message = str(raised.value)
+    assert f"$.options.{other_option}" in message
+    assert f"does not accept option '{other_option}'" in message
+    assert f"allowed: {allowed}" in message
+    assert not torchkiln.is_compiled(model)
 
 
 def test_tvm_where_torch_no_longer_ships_it(standins):
     registry._BACKENDS.pop("tvm")
+    assert tvm_backend.torch_tvm_frontend() is None
     availability = tvm.probe()
     assert availability.available is False
     assert "no longer ships the tvm backend" in availability.reason

@@ -1,13 +1,16 @@
-"""Stand-in for Apache TVM with Relay (tests only): the calls torch's ``tvm`` backend makes.
+"""Stand-in for Apache TVM (tests only): the calls torch's ``tvm`` backend makes, through Relay
+(torch up to 2.14) or Relax (torch 2.15 on).
 
-``relay.frontend.from_pytorch`` keeps the TorchScript module it is given, ``relay.build``
+Relay: ``relay.frontend.from_pytorch`` keeps the TorchScript module it is given, ``relay.build``
 records its options, and ``graph_executor.GraphModule`` runs the TorchScript module eagerly.
+Relax: ``relax.frontend.torch.relax_dynamo(pipeline)`` records the pipeline and runs the graph
+module eagerly; ``tvm.relax`` is imported only when asked for.
 """
 
 from tvm import contrib, nd, relay, target, transform
 
 __version__ = "0.0.0+standin"
-CALLS = {"builds": 0, "runs": 0, "opt_levels": []}
+CALLS = {"builds": 0, "runs": 0, "opt_levels": [], "pipelines": []}
 
 
 class Device:

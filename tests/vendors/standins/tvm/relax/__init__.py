@@ -1,0 +1,1 @@
+"""Stand-in for ``tvm.relax``: only the PyTorch frontend (``relax.frontend.torch``)."""
