@@ -26,7 +26,8 @@ from typing import Any, Generic, TypeVar
 Check = Callable[[dict[str, Any]], bool]
 """A guard check: ``check(frame_locals)`` is true when every guard passes."""
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F")
+"""What a row of a :class:`GuardTable` holds: the function to run when its guards pass."""
 
 UNEXPLAINED = "guards failed ({error})"
 """:meth:`GuardTable.first_failures`' text for a row whose explanation itself raised."""
@@ -135,7 +136,7 @@ def cache_entry_counter() -> Callable[[types.CodeType], int] | None:
         from torch._C._dynamo.eval_frame import _get_total_cache_entry_count
     except ImportError:
         return None
-    return _get_total_cache_entry_count  # type: ignore[no-any-return]
+    return _get_total_cache_entry_count
 
 
 def eval_frame_callback_getter() -> Callable[[], Any] | None:
@@ -150,7 +151,7 @@ def eval_frame_callback_getter() -> Callable[[], Any] | None:
         from torch._C._dynamo.eval_frame import get_eval_frame_callback
     except ImportError:
         return None
-    return get_eval_frame_callback  # type: ignore[no-any-return]
+    return get_eval_frame_callback
 
 
 def dict_version_getter() -> Callable[[dict[Any, Any]], int] | None:
@@ -165,7 +166,7 @@ def dict_version_getter() -> Callable[[dict[Any, Any]], int] | None:
         from torch._C._dynamo.guards import dict_version
     except ImportError:
         return None
-    return dict_version  # type: ignore[no-any-return]
+    return dict_version
 
 
 def plain_call_check() -> Callable[[], bool] | None:
