@@ -232,14 +232,9 @@ def _rank() -> int:
     return torch.distributed.get_rank() if process_group_ready() else 0
 
 
-def _clean_key(key: str) -> str:
-    """Drop ``_orig_mod.`` segments a ``torch.compile``'d submodule adds to its keys."""
-    return ".".join(part for part in key.split(".") if part != "_orig_mod")
-
-
 def _snapshot(state: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        _clean_key(key): value.detach().to("cpu", copy=True)
+        dynamo.without_wrapper_keys(key): value.detach().to("cpu", copy=True)
         if isinstance(value, torch.Tensor)
         else value
         for key, value in state.items()

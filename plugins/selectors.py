@@ -29,6 +29,7 @@ import attrs
 from torch import nn
 
 from torchkiln._internals.diffusers import repeated_blocks
+from torchkiln._internals.transformers import no_split_modules
 from torchkiln.plugin import (
     CompileConfig,
     EagerPart,
@@ -448,8 +449,8 @@ def model_block_hints(model: nn.Module) -> set[str]:
     They are hints: the plan uses the level that really repeats, and its reason says how the
     hints compare."""
     hints: set[str] = set()
-    for attribute in ("_no_split_modules", "_repeated_blocks"):
-        hints |= _names(getattr(model, attribute, None))
+    for declared in (no_split_modules(model), repeated_blocks(model)):
+        hints |= _names(declared)
     return hints
 
 

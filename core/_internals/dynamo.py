@@ -73,6 +73,16 @@ def rewrapped(plain: Any, optimized: Any) -> Any:
     return optimized_module_type()(plain, optimized.dynamo_ctx)
 
 
+def without_wrapper_keys(key: str) -> str:
+    """``key`` of a ``state_dict()`` without the ``_orig_mod.`` segments a ``torch.compile``
+    wrapper (an :func:`optimized_module_type`) adds to the keys of what it wraps.
+
+    The segment is the name of ``OptimizedModule._orig_mod`` (see :func:`original_module`);
+    torch offers no public way to strip it. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    return ".".join(part for part in key.split(".") if part != "_orig_mod")
+
+
 def lookup_backend(name: str) -> Callable[..., Any]:
     """The backend function torch registered as ``name`` (entry-point backends included).
 

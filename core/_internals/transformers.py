@@ -39,6 +39,17 @@ def can_record_outputs(module: Any) -> Any:
     return getattr(module, "_can_record_outputs", None)
 
 
+def no_split_modules(model: Any) -> Any:
+    """The block class names a transformers model declares it must not be split inside (one
+    name or a list; ``None`` where it declares none, or is not a transformers model).
+
+    Reads ``model._no_split_modules``, the class attribute ``device_map="auto"`` and FSDP
+    wrapping policies read; transformers has no public accessor. Verified: torch 2.11, 2.13,
+    2.14, 2.15 (transformers 5.24).
+    """
+    return getattr(model, "_no_split_modules", None)
+
+
 def active_collector() -> Any:
     """transformers' output collector (a ``CompileableContextVar``: ``context_var``,
     ``global_var``, ``compiling``), through which blocks hand outputs to ``output_hidden_states``

@@ -52,6 +52,16 @@ def test_rewrapped() -> None:
     assert dynamo.counters()["stats"]["unique_graphs"] == 1
 
 
+def test_without_wrapper_keys() -> None:
+    plain = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
+    wrapped = nn.Sequential(
+        torch.compile(plain[0], backend="eager"), nn.Sequential(torch.compile(plain[1][0]))
+    )
+    keys = list(wrapped.state_dict())
+    assert any("_orig_mod" in key for key in keys)  # what the wrapper adds
+    assert [dynamo.without_wrapper_keys(key) for key in keys] == list(plain.state_dict())
+
+
 def test_lookup_backend() -> None:
     backend = dynamo.lookup_backend("eager")
     assert callable(backend)

@@ -42,3 +42,8 @@ def test_active_collector() -> None:
     for attribute in ("context_var", "global_var", "compiling"):  # what the block adapter sets
         assert hasattr(collector, attribute), attribute
     assert collector.context_var.get() is None  # no output collected outside a model's call
+
+
+def test_no_split_modules(model) -> None:  # type: ignore[no-untyped-def]
+    assert list(hf.no_split_modules(model)) == ["LlamaDecoderLayer"]
+    assert hf.no_split_modules(object()) is None
