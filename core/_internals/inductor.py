@@ -71,7 +71,8 @@ def set_template_parser(parser: Any) -> None:
     """
     from torch._inductor.codegen import common
 
-    common.KernelTemplate._template_from_string = parser
+    owner: Any = common.KernelTemplate
+    owner._template_from_string = parser
 
 
 def cpu_vec_isa() -> Any | None:
