@@ -74,9 +74,17 @@ def used_private_names(tree: ast.AST) -> Iterator[tuple[int, str]]:
             owner = node.value.id if isinstance(node.value, ast.Name) else None
             if (owner, node.attr) not in ALLOWED:
                 yield node.lineno, node.attr
-        elif isinstance(node, ast.Call) and _call_name(node) in ATTRIBUTE_CALLS and len(node.args) > 1:
+        elif (
+            isinstance(node, ast.Call)
+            and _call_name(node) in ATTRIBUTE_CALLS
+            and len(node.args) > 1
+        ):
             name = node.args[1]
-            if isinstance(name, ast.Constant) and isinstance(name.value, str) and is_private(name.value):
+            if (
+                isinstance(name, ast.Constant)
+                and isinstance(name.value, str)
+                and is_private(name.value)
+            ):
                 yield node.lineno, name.value
         elif isinstance(node, ast.Import):
             for alias in node.names:
