@@ -13,4 +13,15 @@ Modules, one per library or torch subsystem:
 
 - :mod:`torchkiln._internals.versions`: which torch this is, the supported range, and the features
   each release has (``refuse`` raises the ``ConfigError`` that names feature and version).
+- :mod:`torchkiln._internals.dynamo`: Dynamo's stance, counters, compilation metrics, settings,
+  ``comptime``, the ``torch.compile`` wrapper class, backends, the static-address tag.
+- :mod:`torchkiln._internals.inductor`: inductor's settings, cache directory, kernel-template
+  parser, CPU ISA probe and C++ compiler.
+- :mod:`torchkiln._internals.nn_module`, :mod:`~torchkiln._internals.autograd`,
+  :mod:`~torchkiln._internals.fake_tensor`, :mod:`~torchkiln._internals.fsdp`: ``nn.Module``'s
+  own dicts, a tensor's version counter, fake tensors, composable activation checkpointing.
+- :mod:`torchkiln._internals.transformers`, :mod:`~torchkiln._internals.accelerate`,
+  :mod:`~torchkiln._internals.diffusers`: those libraries' private attributes and registries.
+
+docs/internals.md has the table of every function.
 """
