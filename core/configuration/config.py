@@ -15,9 +15,9 @@ REGION_ERROR_POLICIES = ("raise", "eager")
 REST_POLICIES = ("eager", "leaves")
 PROGRESS_CHOICES = ("auto", "on", "off")
 DISPATCH_CHOICES = ("direct", "dynamo", "reduced")
-"""``direct``: torchkiln dispatches steady-state region calls (guards checked, the
-``torch.compile`` wrapper skipped; :mod:`torchkiln.engine.dispatch`); ``dynamo``: every call through
-the wrapper; ``reduced`` (unsafe, opt-in): as ``direct``, with torch's reduced guard set on
+"""``dynamo`` (the default): every call through ``torch.compile``'s wrapper; ``direct``:
+torchkiln dispatches steady-state region calls (guards checked, the ``torch.compile`` wrapper
+skipped; :mod:`torchkiln.engine.dispatch`); ``reduced`` (unsafe, opt-in): as ``direct``, with torch's reduced guard set on
 regions whose module tree has not changed."""
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
@@ -170,11 +170,12 @@ class CompileConfig:
     artifacts_strict: bool = False
     """Artifacts that do not fit (torch, backend, options, device, dtype, code, inputs) raise
     ``ArtifactError`` instead of a warning and a normal compile."""
-    dispatch: str = attrs.field(default="direct", converter=_lower)
-    """How a compiled region's steady-state calls reach its compiled code. ``direct``:
-    torchkiln checks Dynamo's guards itself and runs the compiled code, skipping
-    ``torch.compile``'s per-call wrapper; any miss goes through Dynamo. ``dynamo``: every call
-    through ``torch.compile``'s wrapper. ``reduced`` (unsafe, opt-in): as ``direct``, but a
+    dispatch: str = attrs.field(default="dynamo", converter=_lower)
+    """How a compiled region's steady-state calls reach its compiled code. ``dynamo`` (the
+    default): every call through ``torch.compile``'s wrapper, torch's public path. ``direct``
+    (opt-in; torch 2.13 and later): torchkiln checks Dynamo's guards itself and runs the
+    compiled code, skipping ``torch.compile``'s per-call wrapper; any miss goes through Dynamo
+    (it saved under 2% of a step: docs/guide.md, "Steady state"). ``reduced`` (unsafe, opt-in): as ``direct``, but a
     region whose module tree is unchanged since its last fully checked call is checked with
     torch's reduced guard set, as under ``skip_guard_eval_unsafe``."""
     progress: str = attrs.field(default="auto", converter=_lower)

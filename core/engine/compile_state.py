@@ -102,8 +102,12 @@ class EagerRun:
 _EAGER_ORDER = itertools.count()
 
 
+@torch.compiler.disable(recursive=True)
 def ran_eagerly(frame_locals: dict[str, Any]) -> None:
     """Count one eager run of the region ``frame_locals["module"]``.
+
+    Never traced: where Dynamo falls back to running a group's frame eagerly, it would otherwise
+    compile this bookkeeping (and what it calls) as frames of their own (seen on torch 2.15).
 
     Called by a group's function only when ``torch.compiler.is_compiling()`` is false: Dynamo
     folds that test to a constant while tracing, so compiled code never contains the call and

@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from torchkiln._internals import dynamo
+from torchkiln._internals import frame_strategy
 from torchkiln.engine.compile_state import RegionState, restore_forward
 from torchkiln.engine.dynamo_metrics import Window
 from torchkiln.errors import RegionCompileError, TorchkilnError
@@ -19,6 +20,15 @@ from torchkiln.errors import RegionCompileError, TorchkilnError
 
 def _is_compile_failure(error: BaseException) -> bool:
     return isinstance(error, dynamo.exception_type() | RegionCompileError)
+
+
+def _resume_compiling(region_state: RegionState) -> None:
+    """The user's error must not stop Dynamo compiling the group's code: torch 2.14+ marks it
+    "skip" for good when the error unwound through the group function's ``with`` block."""
+    owner = region_state.owner
+    code = owner.codes.get(region_state.region.group) if owner is not None else None
+    if code is not None:
+        frame_strategy.resume_compiling(code)
 
 
 def settle(region_state: RegionState, status: str) -> None:
@@ -64,6 +74,7 @@ def handle_failure(
         output = module.forward(*args, **kwargs)
     except Exception as eager_error:
         module.__dict__["forward"] = shim  # the user's error: the next call starts over
+        _resume_compiling(region_state)
         if eager_error is error or not _is_compile_failure(error):
             raise error from error.__cause__  # the call failed the same way eagerly
         raise eager_error from None  # eager fails too: the input is wrong, not the compile

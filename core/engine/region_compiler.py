@@ -11,7 +11,7 @@ object per group, hence one Dynamo cache per group shared by all of its regions)
 
 The first call of each region goes through a shim that times it, reads Dynamo's records,
 applies the region error policy and reports progress; it then installs the compiled function:
-``torch.compile``'s, or (``dispatch="direct"``, the default) torchkiln's dispatcher in place of
+``torch.compile``'s (the default), or (``dispatch="direct"``) torchkiln's dispatcher in place of
 ``torch.compile``'s per-call wrapper (:mod:`torchkiln.engine.dispatch`).
 """
 

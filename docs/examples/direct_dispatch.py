@@ -1,5 +1,5 @@
-"""Steady-state calls of a region skip torch.compile's per-call wrapper (dispatch="direct",
-the default), yet every input Dynamo's guards reject still recompiles, as without torchkiln."""
+"""With dispatch="direct" (opt-in), steady-state calls of a region skip torch.compile's per-call
+wrapper, yet every input Dynamo's guards reject still recompiles, as without torchkiln."""
 
 import copy
 
@@ -21,7 +21,7 @@ class Block(nn.Module):
 
 torch.manual_seed(0)
 eager = nn.Sequential(*(Block() for _ in range(4)))
-model = torchkiln.compile(copy.deepcopy(eager), backend="eager", progress="off")
+model = torchkiln.compile(copy.deepcopy(eager), backend="eager", progress="off", dispatch="direct")
 x = torch.randn(2, 16)
 with torch.no_grad():
     for _ in range(3):  # the first call compiles; the later block calls are dispatched directly
@@ -36,7 +36,7 @@ report = torchkiln.report(model)
 print(report)  # later calls: region 2 recompiled for module.scale, region 0 for the shape
 assert sum(region.later_graphs for region in report.regions) == 2  # one per change above
 
-# dispatch="dynamo": every call goes through torch.compile's wrapper, as plain torch.compile.
-plain = torchkiln.compile(copy.deepcopy(eager), backend="eager", dispatch="dynamo")
+# dispatch="dynamo", the default: every call goes through torch.compile's wrapper.
+plain = torchkiln.compile(copy.deepcopy(eager), backend="eager")
 with torch.no_grad():
     torch.testing.assert_close(plain(x), eager(x))

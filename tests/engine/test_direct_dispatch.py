@@ -1,4 +1,4 @@
-"""Direct dispatch (``dispatch="direct"``, the default): steady-state region calls skip
+"""Direct dispatch (``dispatch="direct"``, opt-in; torch 2.13 and later): steady-state region calls skip
 ``torch.compile``'s wrapper, and every input that needs a recompile still gets one.
 
 Each safety test changes one thing Dynamo guards on (shape, dtype, grad mode, input
@@ -17,8 +17,14 @@ from torch import nn
 
 import torchkiln
 import torchkiln.engine.dispatch
+from torchkiln._internals.versions import feature_problem
 from torchkiln.engine.compile_state import state_of
 from torchkiln.errors import ConfigError
+
+pytestmark = pytest.mark.skipif(
+    feature_problem("dispatch 'direct'") is not None,
+    reason=str(feature_problem("dispatch 'direct'")),
+)
 
 
 class ScaledBlock(nn.Module):
@@ -39,6 +45,7 @@ def blocks() -> nn.Sequential:
 
 
 def compiled_pair(**config):
+    config.setdefault("dispatch", "direct")
     eager = blocks()
     model = torchkiln.compile(copy.deepcopy(eager), backend="eager", progress="off", **config)
     return eager, model
@@ -204,7 +211,9 @@ def test_a_group_with_a_graph_break_stays_on_torch_compile():
 
     torch.manual_seed(0)
     eager = nn.Sequential(Breaking(), Breaking())
-    model = torchkiln.compile(copy.deepcopy(eager), backend="eager", progress="off")
+    model = torchkiln.compile(
+        copy.deepcopy(eager), backend="eager", progress="off", dispatch="direct"
+    )
     x = torch.randn(2, 8)
     with torch.no_grad():
         for _ in range(3):
