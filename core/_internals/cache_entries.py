@@ -125,15 +125,19 @@ def dynamo_guard_table(
 
 def cache_entry_counter() -> Callable[[types.CodeType], int] | None:
     """``count(code)``: how many cache entries Dynamo holds for ``code`` (changes on every
-    recompile and ``torch._dynamo.reset()``); cheap enough for every call. ``None`` on a torch
-    without it (2.11).
+    recompile and ``torch._dynamo.reset()``); cheap enough for every call, to know when a
+    :func:`dynamo_guard_table` is out of date. ``None`` on a torch without it (2.11) or without
+    :func:`dynamo_guard_table`'s function: the two are used together.
 
     Reads ``torch._C._dynamo.eval_frame._get_total_cache_entry_count``: no public API counts a
     code object's entries, and listing them (:func:`dynamo_guard_table`) per call costs too
     much. Verified: torch 2.13, 2.14, 2.15 (absent in 2.11).
     """
     try:
-        from torch._C._dynamo.eval_frame import _get_total_cache_entry_count
+        from torch._C._dynamo.eval_frame import (
+            _debug_get_cache_entry_list,  # noqa: F401  (what the count says is out of date)
+            _get_total_cache_entry_count,
+        )
     except ImportError:
         return None
     return _get_total_cache_entry_count
