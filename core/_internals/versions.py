@@ -63,6 +63,20 @@ def warn_if_untested() -> None:
         warnings.warn(message, UntestedTorchWarning, stacklevel=3)
 
 
+MODULE_COMPILE_TRACES_TORCH_NN = (2, 14)
+"""The first release whose ``nn.Module.compile()`` compiles a ``torch.nn`` built-in (``nn.Linear``,
+``nn.Sequential``, ``nn.TransformerEncoderLayer``): up to 2.13, Dynamo skips a top frame whose
+code lives in ``torch/nn`` and such a module silently runs eagerly (the "built-in trap")."""
+
+
+def module_compile_skips_torch_nn(version: str | None = None) -> bool:
+    """Whether ``nn.Module.compile()`` on a ``torch.nn`` built-in compiles nothing on this torch
+    (or ``version``): true on 2.11 to 2.13, false from 2.14 on (tests/engine/test_builtin_trap.py
+    checks it against a graph count on every torch leg)."""
+    release = release_tuple(version or torch_release())
+    return release is not None and release < MODULE_COMPILE_TRACES_TORCH_NN
+
+
 @attrs.frozen
 class Feature:
     """A torchkiln feature that needs an API some supported torch releases lack.
@@ -93,7 +107,7 @@ def _saves_compiled_functions() -> bool:
     import torch
 
     return hasattr(torch.compiler, "load_compiled_function") and callable(
-        getattr(torch.compile(_identity), "aot_compile", None)
+        getattr(torch.compile(_identity, backend="eager"), "aot_compile", None)
     )
 
 

@@ -16,7 +16,8 @@ flags. Changed, because Accelerate's behaviour is a defect there (see
   precision), no ``OptimizedModule`` wrappers, no ``_orig_mod.`` in ``state_dict()`` keys;
 * blocks in ``nn.Sequential``, ``nn.ModuleDict`` and nested containers are found;
 * ``nn.Linear`` and other ``torch.nn`` built-ins really compile (``Module.compile()``, which
-  Accelerate's DeepSpeed and FSDP2 variants use, silently compiles nothing for them);
+  Accelerate's DeepSpeed and FSDP2 variants use, silently compiles nothing for them on torch
+  2.11 to 2.13);
 * unwrapping never modifies the prepared model;
 * a false ``ACCELERATE_DYNAMO_USE_DYNAMIC`` leaves ``dynamic=None``.
 

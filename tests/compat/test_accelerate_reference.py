@@ -140,13 +140,17 @@ def test_accelerates_unwrap_mutates_the_prepared_model() -> None:
     # torchkiln: test_unwrap_without_fp32_wrapper_leaves_the_prepared_model_alone
 
 
-def test_accelerates_fsdp2_variant_compiles_nothing_on_nn_builtins() -> None:
+def test_accelerates_fsdp2_variant_compiles_nothing_on_nn_builtins_up_to_torch_2_13() -> None:
+    from torchkiln._internals import versions
     from torchkiln.examples import toy
 
     model = toy(depth=2)
     accelerate_other.compile_regions_fsdp2(model, backend="eager")
     model(torch.randint(0, 512, (2, 8)))
-    assert compiled_graphs() == 0
+    if versions.module_compile_skips_torch_nn():
+        assert compiled_graphs() == 0
+    else:  # torch 2.14 compiles torch.nn built-ins through Module.compile()
+        assert compiled_graphs() >= 1
     # torchkiln: test_nn_builtin_blocks_really_compile_in_the_fsdp2_variant (4 graphs)
 
 
