@@ -34,7 +34,6 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import torch
 from torch import nn
 
@@ -71,9 +70,8 @@ def declare_selectors() -> list[SelectorSpec]:
 
 @hookimpl
 def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan:
-    missing = missing_api_reason()
-    if missing is not None:
-        return _regional_fallback(model, config, missing)
+    # A torch without nested_compile_region is refused when the configuration is read
+    # (ConfigError at $.regions.strategy, naming the release), before selection.
     return hierarchical_plan(model, config)
 
 
@@ -168,9 +166,3 @@ def check_not_nested(groups: tuple[RegionGroup, ...] | list[RegionGroup]) -> Non
                 "compute wrong results upstream). Narrow regions.classes, or drop one of them "
                 "with regions.exclude."
             )
-
-
-def _regional_fallback(model: nn.Module, config: CompileConfig, why: str) -> RegionPlan:
-    plan = select_with(model, config, "repeated")
-    reason = f"hierarchical unavailable: {why}; falling back to regional compilation. {plan.reason}"
-    return attrs.evolve(plan, reason=reason, requested=NAME)

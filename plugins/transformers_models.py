@@ -221,6 +221,11 @@ class BlockAdapter:
     """transformers' ``EncoderDecoderCache`` (``None``: not split, passed through whole)."""
     encoder_decoder_view: Any = None
     """Its per-layer view class (:func:`encoder_decoder_view_class`)."""
+    view_classes: dict[tuple[type, bool], type] = attrs.Factory(dict)
+    """(cache class, outside) -> its view class, once built. A plain dict, not the cached
+    :func:`view_class` alone: an outer ``torch.compile`` that traces this call (a double compile)
+    reads a constant from it, where tracing into the class factory (torch 2.15 ignores the cache
+    wrapper) breaks the graph on ``property()`` before the region is reached."""
 
     def layer_view(self, block: nn.Module, cache: Any) -> Any:
         """The object the compiled block receives instead of ``cache``."""
@@ -302,7 +307,10 @@ class BlockAdapter:
     def _view(self, index: LayerIndex, cache: Any, outside: bool) -> LayerView:
         resolved = self._spec_for(cache)
         assert resolved is not None  # checked by the caller
-        view: Any = view_class(type(cache), resolved, outside)  # type: ignore[arg-type]
+        view: Any = self.view_classes.get((type(cache), outside))
+        if view is None:
+            view = view_class(type(cache), resolved, outside)  # type: ignore[arg-type]
+            self.view_classes[(type(cache), outside)] = view
         return view(cache, getattr(cache, resolved.spec.layers)[index.value], index)
 
     def _note(

@@ -328,7 +328,7 @@ class Compiler:
             else self._compile(shared, group, preparations, hooks)
         )
         if error is None:
-            compiled_shared = _wrap_call(compiled_shared, preparations)
+            compiled_shared = _wrap_call(compiled_shared, preparations, group.name)
         compiled_shared = _named_forward(compiled_shared)  # once per group, not per region
         for region, module in zip(group.regions, modules, strict=True):
             region_state = RegionState(
@@ -350,7 +350,7 @@ class Compiler:
                 )
                 compiled, own_error = self._compile(own, group, preparations)
                 if own_error is None:
-                    compiled = _wrap_call(compiled, preparations)
+                    compiled = _wrap_call(compiled, preparations, group.name)
                 compiled = _named_forward(compiled)
                 wrapper_code = own.__code__.co_name
             module.__dict__["forward"] = types.MethodType(
@@ -511,9 +511,26 @@ def _wrap_traced(forward: RegionFunction, preparations: list[GroupPreparation]) 
     return forward
 
 
-def _wrap_call(compiled: RegionFunction, preparations: list[GroupPreparation]) -> RegionFunction:
-    """``compiled`` inside every ``wrap_call`` wrapper, the first preparation's outermost."""
+def _wrap_call(
+    compiled: RegionFunction, preparations: list[GroupPreparation], group: str
+) -> RegionFunction:
+    """``compiled`` inside every ``wrap_call`` wrapper, the first preparation's outermost.
+
+    A wrapper runs eagerly, before the group's compiled function, so an outer compile (a double
+    compile) traces it first; where it breaks the outer graph there (torch 2.15 does not resume
+    into the group function after a break in a nested frame), the group function's own check
+    is never traced. So the outermost wrapper starts with the same check."""
+    wrapped = compiled
     for preparation in reversed(preparations):
         if preparation.wrap_call is not None:
-            compiled = preparation.wrap_call(compiled)
-    return compiled
+            wrapped = preparation.wrap_call(wrapped)
+    if wrapped is compiled:
+        return compiled
+    comptime = dynamo.comptime_function()
+    check = group_function_check(group)
+
+    def checked_call(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+        comptime(check)  # does nothing unless another compile traces this call
+        return wrapped(module, *args, **kwargs)
+
+    return checked_call

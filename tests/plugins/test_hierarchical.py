@@ -13,6 +13,7 @@ import torch._dynamo
 from torch import nn
 
 import torchkiln
+from torchkiln.errors import ConfigError
 from torchkiln.examples import example_inputs, llama, toy
 from torchkiln.plugin import BackendSpec, Region, RegionGroup
 from torchkiln.plugins import hierarchical
@@ -122,28 +123,23 @@ def test_decompile_removes_the_nested_marks() -> None:
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
-def test_falls_back_to_regional_with_a_reason_when_torch_lacks_the_api(
+def test_a_torch_without_the_api_is_refused_by_name_and_release(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delattr(torch.compiler, "nested_compile_region")
     model = llama(depth=2)
+    forwards = [layer.forward for layer in model.model.layers]
     pm = isolated_plugin_manager()
-    plan = torchkiln.plan(model, backend="eager", regions="hierarchical", plugins=pm)
-    assert plan.selector == "repeated"
-    assert plan.requested == "hierarchical"
-    assert "has no torch.compiler.nested_compile_region" in plan.reason
-    assert "falling back to regional compilation" in plan.reason
-    assert plan.nested == ()
-    assert [r.path for r in plan.regions()] == ["model.layers.0", "model.layers.1"]
-    # And it really compiles regionally.
-    inputs = example_inputs(model, batch=1, seq=8)
-    with torch.no_grad():
-        expected = model(inputs).logits
-        torchkiln.compile(
-            model, backend="eager", regions="hierarchical", progress="off", plugins=pm
+    for call in (torchkiln.plan, torchkiln.compile):
+        with pytest.raises(ConfigError) as refused:
+            call(model, backend="eager", regions="hierarchical", plugins=pm)
+        (problem,) = refused.value.problems
+        assert problem.path == "$.regions.strategy"
+        assert problem.message.startswith(
+            "hierarchical compilation needs torch.compiler.nested_compile_region, which torch "
         )
-        torch.testing.assert_close(model(inputs).logits, expected)
-    assert [r.status for r in torchkiln.report(model).regions] == ["compiled", "compiled"]
+    assert not torchkiln.is_compiled(model)
+    assert [layer.forward for layer in model.model.layers] == forwards
 
 
 class Inner(nn.Module):
