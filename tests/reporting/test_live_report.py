@@ -177,9 +177,19 @@ def test_known_causes_are_named_with_their_remedy_once(
         if callable(prepare):  # after the first calls: planning groups what is alike then
             prepare(model)
         model(x)
-    text = str(torchkiln.report(model))
+    report = torchkiln.report(model)
+    text = str(report)
+    if (
+        block is ContextReading
+        and sum(r.graph_break_count + sum(r.later_graph_breaks.values()) for r in report.regions)
+        == 0
+    ):
+        # torch 2.15 traces ContextVar.get(): nothing breaks, so there is no cause to name.
+        assert "[cause:" not in text, text
+        assert [r.status for r in report.regions][:1] == ["compiled"]
+        return
     assert f"[cause: {cause}]" in text, text
-    assert len(notes(torchkiln.report(model), f"remedy for {cause}:")) == 1
+    assert len(notes(report, f"remedy for {cause}:")) == 1
 
 
 @pytest.mark.parametrize(
