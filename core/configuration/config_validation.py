@@ -424,6 +424,24 @@ def _backend_problems(
     unserved = _unserved(plugins, found)
     if unserved:
         problems.append(ConfigProblem("$.backend", unserved, source))
+    if config.tiered.enabled and not spec.precompile:
+        problems.append(
+            ConfigProblem(
+                "$.tiered.enabled",
+                f"tiered compilation saves the whole model's compiled function in a builder "
+                f"process and loads it here; backend {config.backend!r} (plugin "
+                f"{found.plugin!r}) does not declare its functions serialisable "
+                "(BackendSpec.precompile); backends that do: "
+                + ", ".join(
+                    sorted(
+                        n
+                        for n, d in plugins.backends(include_torch=False).items()
+                        if d.spec.precompile
+                    )
+                ),
+                sources.get("tiered.enabled", ""),
+            )
+        )
     availability = spec.probe()
     if not availability.available:
         problems.append(

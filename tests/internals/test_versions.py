@@ -74,7 +74,7 @@ def test_a_feature_this_torch_lacks_is_refused_with_its_name_setting_and_release
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     forwards = [layer.forward for layer in model]
     with pytest.raises(ConfigError) as raised:
-        torchkiln.compile(model, backend="eager", tiered=True)
+        torchkiln.compile(model, backend="aot_eager", tiered=True)
     (problem,) = raised.value.problems
     assert problem.path == "$.tiered.enabled"
     assert problem.message == (

@@ -132,7 +132,7 @@ def test_pickle_and_decompile_give_the_plain_model(tokens):
 def test_sharding_strategies_are_refused_before_anything_is_touched(strategy):
     model = tiny_llama()
     with pytest.raises(ConfigError) as error:
-        torchkiln.compile(model, backend="eager", tiered=True, distributed=strategy)
+        torchkiln.compile(model, backend="aot_eager", tiered=True, distributed=strategy)
     assert "$.tiered.enabled" in str(error.value) and "allowed: none, ddp" in str(error.value)
     assert "forward" not in model.__dict__ and not torchkiln.is_compiled(model)
 
@@ -140,8 +140,21 @@ def test_sharding_strategies_are_refused_before_anything_is_touched(strategy):
 def test_a_whole_model_plan_is_refused():
     model = tiny_llama()
     with pytest.raises(TorchkilnError, match="needs a regional plan"):
-        torchkiln.compile(model, backend="eager", tiered=True, regions="whole")
+        torchkiln.compile(model, backend="aot_eager", tiered=True, regions="whole")
     assert not torchkiln.is_compiled(model)
+
+
+def test_a_backend_whose_functions_cannot_be_saved_is_refused_by_name():
+    """The whole-model form is saved by a builder process and loaded here: a backend that does
+    not declare BackendSpec.precompile is refused at configuration time, not mid-build."""
+    model = tiny_llama()
+    with pytest.raises(ConfigError) as error:
+        torchkiln.compile(model, backend="eager", tiered=True)
+    (problem,) = error.value.problems
+    assert problem.path == "$.tiered.enabled"
+    assert "backend 'eager' (plugin 'torchkiln.backends') does not declare" in problem.message
+    assert problem.message.endswith("backends that do: aot_eager, inductor")
+    assert "forward" not in model.__dict__ and not torchkiln.is_compiled(model)
 
 
 def test_tiered_is_selectable_from_yaml_and_the_environment(tmp_path, monkeypatch):
