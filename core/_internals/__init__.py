@@ -12,7 +12,11 @@ the name, not in the middle of a user's call.
 Modules, one per library or torch subsystem:
 
 - :mod:`torchkiln._internals.versions`: which torch this is, the supported range, and the features
-  each release has (``refuse`` raises the ``ConfigError`` that names feature and version).
+  each release has (``feature_problem`` names feature, API and release for the ``ConfigError``).
+- :mod:`torchkiln._internals.cache_entries`, :mod:`~torchkiln._internals.aot_artifacts`: Dynamo's
+  cache entries and guards as one ``GuardTable``; torch's saved (AOT) compiled functions.
+- :mod:`torchkiln._internals.frame_strategy`: undoing Dynamo's "skip this code for good".
+- :mod:`torchkiln._internals.tvm_backend`: which TVM frontend torch's ``tvm`` backend uses.
 - :mod:`torchkiln._internals.dynamo`: Dynamo's stance, counters, compilation metrics, settings,
   ``comptime``, the ``torch.compile`` wrapper class, backends, the static-address tag.
 - :mod:`torchkiln._internals.inductor`: inductor's settings, cache directory, kernel-template

@@ -16,6 +16,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 PAGES = {
     "double-compile.md": ["transformers"],
+    "torch-releases.md": [],
     "integrations/accelerate.md": ["accelerate", "transformers"],
     "integrations/transformers-trainer.md": ["accelerate", "transformers"],
     "integrations/lightning.md": ["lightning", "transformers"],
