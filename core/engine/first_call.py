@@ -11,8 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln._internals import dynamo
-from torchkiln._internals import frame_strategy
+from torchkiln._internals import dynamo, frame_strategy
 from torchkiln.engine.compile_state import RegionState, restore_forward
 from torchkiln.engine.dynamo_metrics import Window
 from torchkiln.errors import RegionCompileError, TorchkilnError
