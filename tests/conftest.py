@@ -72,3 +72,16 @@ def no_setting_left_deleted() -> Iterator[None]:
                 deleted.append(f"{module.__name__}.{name}")
                 entry.hide = False  # back to its default, so that later tests are unaffected
     assert not deleted, f"this test left settings deleted: {deleted}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.needs_feature(name)``: skipped on a torch that lacks the feature, with the
+    reason ``compile`` gives when it refuses it (tests/internals/test_versions.py checks that
+    refusal on every torch)."""
+    from torchkiln._internals.versions import feature_problem
+
+    for item in items:
+        for marker in item.iter_markers("needs_feature"):
+            problem = feature_problem(marker.args[0])
+            if problem is not None:
+                item.add_marker(pytest.mark.skip(reason=problem))

@@ -27,6 +27,7 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln._internals.versions import feature_problem
 from torchkiln.artifacts.cache import apply_cache_dir
 from torchkiln.artifacts.directory import (
     ARTIFACT_NAMES,
@@ -370,11 +371,15 @@ def precompile(
         the region entries for every call it fits (docs/tiered.md).
     :return: a :class:`PrecompileResult`; an entry that could not be precompiled is listed in
         ``skipped`` with its reason (``torchkiln.compile`` then compiles that group normally).
-    :raises ArtifactError: a backend that cannot serialise, a model already compiled, bad
+    :raises ArtifactError: a torch without ``aot_compile`` (before 2.13), a backend that cannot
+        serialise, a model already compiled, bad
         ``kinds``, a plan with nothing to compile, a nested (hierarchical) plan, or a ``path``
         that is not a directory precompile may write (or cannot be written).
     """
     started = time.perf_counter()
+    missing = feature_problem("precompiled artifacts")
+    if missing is not None:
+        raise ArtifactError(f"torchkiln.precompile: {missing}")
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         raise ArtifactError(f"kinds {list(kinds)!r}: choose one or both of {', '.join(KINDS)}")
