@@ -11,6 +11,7 @@ import torch
 from torch._dynamo.utils import compilation_time_metrics
 
 import torchkiln
+from torchkiln._internals import versions
 from torchkiln.examples import example_inputs, llama
 from torchkiln.plugin_host.plugin_manager import PluginManager
 from torchkiln.plugins.transformers_nested import NestedLayerCache, flatten_call, unflatten_call
@@ -30,6 +31,17 @@ def small_llama(depth: int) -> torch.nn.Module:
     """The default LlamaConfig (KV cache on), small sizes."""
     return llama(depth, hidden_size=64, heads=4, kv_heads=2, intermediate_size=128,
                  vocab_size=256)  # fmt: skip
+
+
+TRACES_RECORDED = versions.release_tuple(torch.__version__) >= (2, 13)
+"""torch records the timing metrics :func:`traces` reads from 2.13 on; on 2.11 and 2.12 the tests
+below check outputs and tokens only (the graph itself cannot tell a trace from a reuse: both
+runs leave one subgraph called at every layer)."""
+
+
+def assert_traces(expected: tuple[int, int], message: str = "") -> None:
+    if TRACES_RECORDED:
+        assert traces() == expected, message
 
 
 def traces() -> tuple[int, int]:
@@ -59,7 +71,7 @@ def test_the_decoder_layer_is_traced_once_with_the_kv_cache_on(depth: int) -> No
     compile_hierarchical(model)
     with torch.no_grad():
         actual = model(inputs)
-    assert traces() == (1, depth - 1)
+    assert_traces((1, depth - 1))
     assert torch.equal(actual.logits, expected.logits)
     for layer, (got, want) in enumerate(zip(actual.past_key_values.layers,
                                             expected.past_key_values.layers, strict=True)):  # fmt: skip
@@ -76,7 +88,7 @@ def test_without_the_plugin_every_layer_is_traced() -> None:
     compile_hierarchical(model, plugins=without_nested())
     with torch.no_grad():
         model(example_inputs(model, batch=1, seq=8))
-    assert traces() == (depth, 0)
+    assert_traces((depth, 0))
 
 
 @pytest.mark.parametrize("depth", [2, 4])
@@ -89,6 +101,8 @@ def test_generate_gives_eager_tokens_and_traces_independent_of_depth(depth: int)
     with torch.no_grad():
         actual = model.generate(inputs, max_new_tokens=8, do_sample=False)
     assert torch.equal(actual, expected)
+    if not TRACES_RECORDED:
+        return
     traced, stamped = traces()
     # prefill (no past), then decode steps until the shapes go dynamic: one trace each,
     # the same number at every depth; every other layer reuses it
@@ -108,7 +122,7 @@ def test_a_training_step_with_labels_matches_eager() -> None:
     expected.backward()
     for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7, msg=name)
-    assert traces() == (1, 2)
+    assert_traces((1, 2))
 
 
 def test_a_cache_layer_it_does_not_reproduce_falls_back_and_says_so(
@@ -135,7 +149,7 @@ def test_a_cache_layer_it_does_not_reproduce_falls_back_and_says_so(
     err = capfd.readouterr().err
     assert err.count("torchkiln: transformers nested blocks:") == 1
     assert "DynamicCache holds a TaggedLayer, not a DynamicLayer" in err
-    assert traces() == (3, 0), "the fallback is the plain hierarchical one: every layer traced"
+    assert_traces((3, 0), "the fallback is the plain hierarchical one: every layer traced")
 
 
 def test_decompile_removes_the_split_forwards() -> None:
