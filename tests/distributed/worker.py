@@ -382,7 +382,10 @@ def run_fsdp2() -> dict[str, Any]:
     wrapped = compile_fsdp2(
         model, mixed_precision={"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     )
-    out["mp_policy"] = repr(model.model.layers[0]._get_fsdp_state()._mp_policy)
+    applied = model.model.layers[0]._get_fsdp_state()._mp_policy
+    # Field by field, not the repr: torch 2.15's policy has one more field than 2.11's.
+    fields = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+    out["mp_policy"] = {name: str(getattr(applied, name)) for name in fields}
     out["mp_losses"] = train_torch(loss_of(wrapped), torch.optim.AdamW(model.parameters(), lr=LR))
     with torch.no_grad():
         out["mp_logits_dtype"] = str(wrapped(input_ids=batches()[0]).logits.dtype)
