@@ -77,6 +77,7 @@ def _runs_normally(model: torch.nn.Module) -> None:
 # --- end to end: tampering warns and compiles normally, strict raises --------------------------
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_a_planted_pickle_never_runs_and_is_called_tampered(copy: Path, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     for entry in (copy / "groups").iterdir():
@@ -90,6 +91,7 @@ def test_a_planted_pickle_never_runs_and_is_called_tampered(copy: Path, tmp_path
     assert not marker.exists()
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_a_truncated_entry_is_refused(copy: Path) -> None:
     entry = copy / _first_entry(copy)["file"]
     entry.write_bytes(entry.read_bytes()[:100])
@@ -97,6 +99,7 @@ def test_a_truncated_entry_is_refused(copy: Path) -> None:
         _runs_normally(_compile(copy))
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_a_same_size_change_is_caught_by_the_hash(copy: Path) -> None:
     entry = copy / _first_entry(copy)["file"]
     data = bytearray(entry.read_bytes())
@@ -106,6 +109,7 @@ def test_a_same_size_change_is_caught_by_the_hash(copy: Path) -> None:
         _runs_normally(_compile(copy))
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 @pytest.mark.parametrize("where", ["absolute", "dotdot"])
 def test_an_entry_outside_the_directory_is_refused_even_with_its_hash(
     copy: Path, tmp_path: Path, where: str
@@ -121,6 +125,7 @@ def test_an_entry_outside_the_directory_is_refused_even_with_its_hash(
         _runs_normally(_compile(copy))
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_a_deep_manifest_warns_and_compiles_normally(copy: Path) -> None:
     (copy / MANIFEST).write_text("[" * 100_000)
     with pytest.warns(ArtifactWarning, match="nested too deeply"):
@@ -130,6 +135,7 @@ def test_a_deep_manifest_warns_and_compiles_normally(copy: Path) -> None:
     assert not isinstance(raised.value, torchkiln.PluginError)
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_a_manifest_without_hashes_says_to_precompile_again(copy: Path) -> None:
     data = _manifest(copy)
     data["format"] = 1
@@ -141,6 +147,7 @@ def test_a_manifest_without_hashes_says_to_precompile_again(copy: Path) -> None:
         read_manifest(copy)
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_a_tampered_kernel_is_refused_before_it_reaches_the_cache(
     copy: Path, tmp_path: Path
 ) -> None:
@@ -154,6 +161,7 @@ def test_a_tampered_kernel_is_refused_before_it_reaches_the_cache(
     assert not list(cache.rglob(Path(kernel).name))
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_kernels_go_to_the_models_own_cache_dir(
     copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,6 +36,7 @@ def _precompile(model: torch.nn.Module, directory: Path) -> torchkiln.Precompile
     return torchkiln.precompile(model, inputs(), directory, backend="aot_eager")
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_a_web_project_directory_is_refused_untouched(tmp_path: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
@@ -50,6 +51,7 @@ def test_a_web_project_directory_is_refused_untouched(tmp_path: Path) -> None:
     assert _siblings(site) == []  # no staging directory left behind
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_an_artifact_directory_with_a_foreign_file_is_refused(
     artifacts: Path, tmp_path: Path
 ) -> None:
@@ -61,6 +63,7 @@ def test_an_artifact_directory_with_a_foreign_file_is_refused(
     assert (copy / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -92,6 +95,7 @@ def test_any_directory_precompile_did_not_write_is_refused(
     assert _siblings(directory) == []
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_an_empty_directory_is_filled_and_an_artifact_directory_replaced(tmp_path: Path) -> None:
     directory = tmp_path / "empty"
     directory.mkdir()
@@ -122,6 +126,7 @@ class Interrupted(Stack):
         return x
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 @pytest.mark.parametrize(
     ("model", "raised"),
     [(Raises, ValueError), (Interrupted, KeyboardInterrupt)],
@@ -143,6 +148,7 @@ def test_a_failed_precompile_keeps_the_previous_artifacts(
         torch.testing.assert_close(loaded(inputs()), stack()(inputs()))
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 @pytest.mark.parametrize("where", ["read-only", "under-a-file"])
 def test_an_output_that_cannot_be_written_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str

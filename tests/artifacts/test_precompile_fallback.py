@@ -26,6 +26,9 @@ TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 from precompile_models import inputs, stack  # noqa: E402
 
+# Every test precompiles (or loads what the module fixture precompiled): torch 2.13+ only.
+pytestmark = pytest.mark.needs_feature("precompiled artifacts")
+
 
 @pytest.fixture
 def builds(fresh_dynamo: None, monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -309,6 +309,7 @@ def test_bench_writes_every_cell_with_numbers_and_ratios(
     assert "torchkiln-bench-progress" not in captured.err + captured.out
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_the_precompiled_cell_loads_in_a_new_process_without_tracing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -325,6 +326,9 @@ def test_the_precompiled_cell_loads_in_a_new_process_without_tracing(
     report = cell["cold"]["torchkiln_report"]
     assert report["tiers"]["serving"] == "whole-model" and report["tiers"]["state"] == "loaded"
     assert report["tiers"]["calls"]["regional"] == 0 and report["statuses"] == ["pending"]
+
+
+def test_the_precompiled_cell_needs_a_backend_that_precompiles() -> None:
     with pytest.raises(BenchError, match="backend 'eager' cannot be precompiled"):
         make_settings(strategies="precompiled", backend="eager")
 
@@ -400,6 +404,7 @@ def test_documented_commands_are_valid() -> None:
         assert plan_from_args(args).runs
 
 
+@pytest.mark.needs_feature("dispatch 'direct'")  # "reduced" is direct dispatch too
 def test_dispatch_reaches_the_torchkiln_strategies_workers(tmp_path: Path) -> None:
     code, data = _bench_json(
         tmp_path, "--strategies", "regional", "--no-warm", "--backend", "eager",
@@ -409,6 +414,9 @@ def test_dispatch_reaches_the_torchkiln_strategies_workers(tmp_path: Path) -> No
     (cell,) = data["cells"]
     assert cell["failure"] is None and cell["steady_failure"] is None
     assert cell["cold"]["dispatch"] == "reduced"
+
+
+def test_an_unknown_dispatch_is_refused_by_the_parser() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--dispatch", "fast"])
 

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 import torchkiln
+from torchkiln._internals.versions import feature_problem
 from torchkiln.configuration.config_sources import env_name, leaf_fields
 from torchkiln.engine.resolve import resolve_config
+from torchkiln.errors import ConfigError
 from torchkiln.plugin import RegionPlan, SelectorSpec
 
 
@@ -340,6 +342,10 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "report": ("true", True),
 }
 
+GATED_FIELDS = {"tiered.enabled": "tiered compilation", "artifacts": "precompiled artifacts"}
+"""Fields whose ENV_VALUES ask for a feature some supported torch releases lack
+(torchkiln._internals.versions.FEATURES)."""
+
 
 def test_the_env_table_covers_every_field() -> None:
     assert set(ENV_VALUES) == {path for path, _ in leaf_fields()}
@@ -367,6 +373,19 @@ def test_every_field_has_a_working_env_variable(pm: torchkiln.PluginManager, pat
     if path == "regions.options":  # only a selector that declares the key accepts it
         pm.register(SelectorWithOptions())
         env["TORCHKILN_REGIONS"] = "sized"
+    missing = feature_problem(GATED_FIELDS[path]) if path in GATED_FIELDS else None
+    if missing is not None:
+        # This torch lacks the feature the value asks for: the refusal is the proof that the
+        # variable was read, and names it as the source.
+        with pytest.raises(ConfigError) as raised:
+            resolve_config(plugins=pm, env=env)
+        (problem,) = raised.value.problems
+        assert (problem.path, problem.message, problem.source) == (
+            f"$.{path}",
+            missing,
+            f"env:{name}",
+        )
+        return
     resolved = resolve_config(plugins=pm, env=env)
     value: Any = resolved.config
     for part in path.split("."):

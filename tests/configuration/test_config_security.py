@@ -118,6 +118,16 @@ REFUSED_FROM_FILES = {
     "test_configs.use_libtorch": True,
     "_raise_error_for_testing": True,
 }
+NOT_ON_EVERY_RELEASE = {"cpp.march"}
+"""Settings above that some supported torch releases lack (2.11's inductor has no
+``cpp.march``): a case for one is skipped there, saying so. Any other missing setting fails."""
+
+
+def skip_unless_inductor_has(key: str) -> None:
+    if key in NOT_ON_EVERY_RELEASE and key not in inductor_settings():
+        pytest.skip(f"torch {torch.__version__}'s inductor has no {key!r} setting")
+
+
 ACCEPTED_FROM_FILES = {
     "max_autotune": True,
     "coordinate_descent_tuning": True,
@@ -135,6 +145,7 @@ def test_options_that_can_run_code_are_refused_from_files_and_env(
 ) -> None:
     import json
 
+    skip_unless_inductor_has(key)
     options = {key: REFUSED_FROM_FILES[key]}
     path = tmp_path / "run.yaml"
     path.write_text(json.dumps({"options": options}), encoding="utf-8")  # JSON is YAML
@@ -182,7 +193,8 @@ def test_every_inductor_setting_that_could_name_something_is_refused_from_files(
     settings = inductor_settings()
     assert len(settings) > 300
     could_name = {name for name, declared in settings.items() if could_name_something(declared)}
-    assert {"cpp.cxx", "cpp.march", "cuda.cutlass_dir", "inductor_choices_class"} <= could_name
+    named = {"cpp.cxx", "cuda.cutlass_dir", "inductor_choices_class"}
+    assert named | (NOT_ON_EVERY_RELEASE & set(settings)) <= could_name
     assert sorted(name for name in could_name if _safe_from_files(name, settings[name])) == []
     allowed = {name for name in settings if _safe_from_files(name, settings[name])}
     assert {"max_autotune", "cpu_backend", "compile_threads", "triton.cudagraphs"} <= allowed
@@ -286,7 +298,11 @@ def test_the_fake_compiler_does_run_when_chosen_from_python(
     ("text", "path"),
     [
         ("cache_dir: ./crafted-cache\n", "$.cache_dir"),
-        ("artifacts: ./crafted-artifacts\n", "$.artifacts"),
+        pytest.param(
+            "artifacts: ./crafted-artifacts\n",
+            "$.artifacts",
+            marks=pytest.mark.needs_feature("precompiled artifacts"),
+        ),
         ("distributed:\n  deepspeed:\n    config: ds.json\n", "$.distributed.deepspeed.config"),
     ],
     ids=["cache_dir", "artifacts", "deepspeed-json"],

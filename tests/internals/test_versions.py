@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,3 +84,72 @@ def test_a_feature_this_torch_lacks_is_refused_with_its_name_setting_and_release
     )
     assert not torchkiln.is_compiled(model)
     assert [layer.forward for layer in model] == forwards
+
+
+ARTIFACTS = object()
+"""Stands for a fresh directory in :data:`ASKING` (the test's ``tmp_path``)."""
+
+ASKING = [
+    pytest.param("tiered compilation", "tiered.enabled", {"tiered": True}, id="tiered"),
+    pytest.param("precompiled artifacts", "artifacts", {"artifacts": ARTIFACTS}, id="artifacts"),
+    pytest.param(
+        "hierarchical compilation",
+        "regions.strategy",
+        {"regions": "hierarchical"},
+        id="hierarchical",
+    ),
+    pytest.param("dispatch 'direct'", "dispatch", {"dispatch": "direct"}, id="direct"),
+    pytest.param("dispatch 'direct'", "dispatch", {"dispatch": "reduced"}, id="reduced"),
+]
+"""Each version-gated feature, the setting that asks for it and the options that set it."""
+
+
+def test_every_feature_has_a_setting_that_asks_for_it() -> None:
+    assert {case.values[0] for case in ASKING} == set(versions.FEATURES)
+
+
+@pytest.mark.parametrize(("feature", "setting", "options"), ASKING)
+def test_this_torch_refuses_each_feature_it_lacks_by_name_and_release(
+    feature: str, setting: str, options: dict[str, object], tmp_path: Path
+) -> None:
+    """The real refusal on the real torch (the needs_feature marker skips with this text)."""
+    missing = versions.feature_problem(feature)
+    if missing is None:
+        pytest.skip(f"torch {versions.torch_release()} has {feature}: nothing to refuse")
+    since = versions.FEATURES[feature].since
+    assert missing.startswith(f"{feature} needs ")
+    assert f"which torch {versions.torch_release()} lacks (torch {since} or later" in missing
+    options = {k: str(tmp_path) if v is ARTIFACTS else v for k, v in options.items()}
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with pytest.raises(ConfigError) as raised:
+        torchkiln.plan(model, backend="aot_eager", **options)
+    (problem,) = raised.value.problems
+    assert (problem.path, problem.message, problem.source) == (f"$.{setting}", missing, "argument")
+    assert list(tmp_path.iterdir()) == []  # nothing written into the artifact directory
+
+
+def test_precompile_on_a_torch_without_saved_functions_names_the_feature(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = versions.feature_problem("precompiled artifacts")
+    if missing is None:
+        pytest.skip(f"torch {versions.torch_release()} has precompiled artifacts")
+    from precompile_models import inputs, stack
+
+    from torchkiln import cli
+    from torchkiln.artifacts.directory import ArtifactError
+
+    model = stack()
+    forwards = [block.forward for block in model.blocks]
+    with pytest.raises(ArtifactError) as raised:
+        torchkiln.precompile(model, inputs(), tmp_path / "artifacts", backend="aot_eager")
+    assert str(raised.value) == f"torchkiln.precompile: {missing}"
+    assert not (tmp_path / "artifacts").exists()
+    assert [block.forward for block in model.blocks] == forwards
+    # The command says the same in one line, exit status 2.
+    output = tmp_path / "cli-artifacts"
+    argv = ["precompile", "precompile_models:stack", "-o", str(output), "--backend", "aot_eager"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"torchkiln: error: torchkiln.precompile: {missing}\n"
+    assert not output.exists()

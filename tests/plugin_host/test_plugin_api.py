@@ -256,7 +256,10 @@ class TraceSettingsPlugin:
         return wrapper
 
 
-@pytest.mark.parametrize("dispatch", ["direct", "dynamo"])
+@pytest.mark.parametrize(
+    "dispatch",
+    [pytest.param("direct", marks=pytest.mark.needs_feature("dispatch 'direct'")), "dynamo"],
+)
 def test_trace_settings_hold_while_dynamo_traces_and_only_then_under_direct_dispatch(
     reset_dynamo: None, dispatch: str
 ) -> None:
@@ -281,6 +284,7 @@ def test_trace_settings_hold_while_dynamo_traces_and_only_then_under_direct_disp
     assert plugin.entered > steady
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_trace_settings_hold_for_a_precompiled_groups_fallback_compile(
     reset_dynamo: None, tmp_path: Path
 ) -> None:

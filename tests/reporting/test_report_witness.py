@@ -65,6 +65,7 @@ def test_silenced_logs_change_nothing_in_the_report(recompile_limit: None) -> No
     assert "no cached graph fits (1 cached): L['module'].gate == True" in str(report)
 
 
+@pytest.mark.needs_feature("dispatch 'direct'")
 def test_direct_dispatch_counts_the_same_eager_calls_as_dynamos_dispatch(
     recompile_limit: None,
 ) -> None:

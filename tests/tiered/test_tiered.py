@@ -17,6 +17,7 @@ from tiered_models import tiny_llama
 
 import torchkiln
 import torchkiln.tiered
+from torchkiln._internals.versions import feature_problem
 from torchkiln.errors import ConfigError, TorchkilnError
 from torchkiln.examples import gpt2
 
@@ -27,6 +28,7 @@ def _compiled(depth: int = 2, **options):
     return torchkiln.compile(tiny_llama(depth), backend="aot_eager", tiered=True, **options)
 
 
+@pytest.mark.needs_feature("tiered compilation")
 def test_forward_switches_in_place_and_stays_exact(tokens):
     reference = tiny_llama()
     model = _compiled()
@@ -62,6 +64,7 @@ def test_forward_switches_in_place_and_stays_exact(tokens):
     assert "size mismatch" in tiers.reason and "expected 12, actual 5" in tiers.reason
 
 
+@pytest.mark.needs_feature("tiered compilation")
 def test_training_after_the_switch_matches_a_run_without_tiers():
     torch.manual_seed(0)
     plain = tiny_llama().train()
@@ -87,6 +90,7 @@ def test_training_after_the_switch_matches_a_run_without_tiers():
         torch.testing.assert_close(state_a["exp_avg"], state_b["exp_avg"])
 
 
+@pytest.mark.needs_feature("tiered compilation")
 def test_generate_switches_between_decode_steps_with_tokens_equal_eager(tokens):
     # Another transformers class constructed first: the builder must see transformers'
     # output-capturing registry in this process's order (saved guards index it by position).
@@ -111,6 +115,7 @@ def test_generate_switches_between_decode_steps_with_tokens_equal_eager(tokens):
     assert "rebuilt: calls 1-4 showed" in str(torchkiln.report(model))
 
 
+@pytest.mark.needs_feature("tiered compilation")
 def test_pickle_and_decompile_give_the_plain_model(tokens):
     model = _compiled()
     with torch.no_grad():
@@ -137,6 +142,7 @@ def test_sharding_strategies_are_refused_before_anything_is_touched(strategy):
     assert "forward" not in model.__dict__ and not torchkiln.is_compiled(model)
 
 
+@pytest.mark.needs_feature("tiered compilation")
 def test_a_whole_model_plan_is_refused():
     model = tiny_llama()
     with pytest.raises(TorchkilnError, match="needs a regional plan"):
@@ -150,13 +156,18 @@ def test_a_backend_whose_functions_cannot_be_saved_is_refused_by_name():
     model = tiny_llama()
     with pytest.raises(ConfigError) as error:
         torchkiln.compile(model, backend="eager", tiered=True)
-    (problem,) = error.value.problems
+    # A torch without tiered compilation refuses it as well, in a problem of its own.
+    missing = feature_problem("tiered compilation")
+    release = [p for p in error.value.problems if p.message == missing]
+    assert len(release) == (0 if missing is None else 1)
+    (problem,) = [p for p in error.value.problems if p not in release]
     assert problem.path == "$.tiered.enabled"
     assert "backend 'eager' (plugin 'torchkiln.backends') does not declare" in problem.message
     assert problem.message.endswith("backends that do: aot_eager, inductor")
     assert "forward" not in model.__dict__ and not torchkiln.is_compiled(model)
 
 
+@pytest.mark.needs_feature("tiered compilation")
 def test_tiered_is_selectable_from_yaml_and_the_environment(tmp_path, monkeypatch):
     from torchkiln.engine.resolve import resolve_config
 
@@ -183,6 +194,7 @@ def test_hollow_copies_have_no_weight_memory_and_keep_ties_and_small_values():
     assert len(pickle.dumps(model)) > 50 * len(dumps_hollow(model))
 
 
+@pytest.mark.needs_feature("tiered compilation")
 def test_the_builder_process_starts_at_compile_time_and_ends_with_decompile(tokens):
     # Started before any call, it has imported torch and the model's modules by the first.
     model = _compiled()

@@ -29,6 +29,7 @@ def _compiled_graph_calls(model, inputs) -> int:
     return sum(1 for e in prof.events() if "CompiledFxGraph" in e.name)
 
 
+@pytest.mark.needs_feature("tiered compilation")
 def test_the_profiler_sees_one_graph_per_block_then_one_for_the_model(tokens):
     depth = 4
     model = torchkiln.compile(tiny_llama(depth), backend="inductor", tiered=True)
@@ -66,6 +67,8 @@ LOADER = textwrap.dedent(
 )
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
+@pytest.mark.needs_feature("tiered compilation")
 def test_a_new_process_starts_at_whole_model_speed_from_precompiled_artifacts(tmp_path, tokens):
     result = torchkiln.precompile(
         tiny_llama(),
