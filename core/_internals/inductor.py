@@ -123,6 +123,27 @@ def forget_vec_isa_probe(module: Any) -> None:
             delattr(isa, name)
 
 
+VEC_ISA_LOAD_MARKER_SUFFIX = ".load_ok"
+"""What torch 2.14+ appends to a probe test library's path to mark it as loaded (see
+:func:`is_vec_isa_load_marker`)."""
+
+
+def is_vec_isa_load_marker(name: str) -> bool:
+    """Whether the inductor cache file ``name`` is a load marker of the ISA probe.
+
+    Since torch 2.14, ``VecISA.check_build``, once a child process has ``dlopen``ed a probe
+    test library, writes an empty ``<library>.load_ok`` beside it in the inductor cache; a
+    later probe that finds the library and its marker answers ``True`` without starting a
+    child. The marker is the answer of the machine that wrote it (whether this CPU, OS and
+    torch install can load the library; torch 2.15 retries after ``import torch`` because
+    some wheels load only then), unlike the library, which only the compiler, flags and torch
+    version decide (its cache key). torch 2.11 and 2.13 write no marker and always start the
+    child; nothing in their caches matches. The file name is set only in ``check_build``'s
+    body: no API names it. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    return name.endswith(VEC_ISA_LOAD_MARKER_SUFFIX)
+
+
 def _subclasses(cls: type) -> list[type]:
     found: list[type] = []
     subclass: type

@@ -39,6 +39,7 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln.artifacts.isa_probe import machine_local
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.errors import TorchkilnError
 
@@ -401,14 +402,18 @@ def stored_file(directory: str | os.PathLike[str], relative: str) -> KernelFile:
 
 def kernel_files(directory: str | os.PathLike[str]) -> list[KernelFile]:
     """The manifest records of every regular file of ``directory/kernels`` (its ``locks/``,
-    inductor's lock files, removed first), as the writer lists them."""
+    inductor's lock files, and the ISA probe's load markers, this machine's answers
+    (:func:`torchkiln.artifacts.isa_probe.machine_local`), removed first), as the writer lists
+    them."""
     root = Path(directory)
     shutil.rmtree(root / KERNELS_DIR / "locks", ignore_errors=True)
     found = []
     for parent, _, files in os.walk(root / KERNELS_DIR):
         for name in sorted(files):
             path = Path(parent) / name
-            if path.is_file() and not path.is_symlink():
+            if machine_local(name):
+                path.unlink(missing_ok=True)
+            elif path.is_file() and not path.is_symlink():
                 found.append(stored_file(root, path.relative_to(root).as_posix()))
     return found
 

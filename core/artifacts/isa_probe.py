@@ -15,7 +15,9 @@ of every kernel's cache key; it does not guard the kernels themselves.
 At precompile, :func:`recorded_probes` records every ``check_build`` answer (the ISA, the
 flags, a hash of the test code) together with the CPU's capabilities and the compiler's
 version; a process that had already probed re-probes so that nothing is missing, and the test
-libraries land in ``DIR/kernels`` with the kernels.
+libraries land in ``DIR/kernels`` with the kernels. The marker torch 2.14+ writes beside a test
+library once a child has loaded it (:func:`machine_local`) does not: it is the answer of the
+machine that wrote it, and it would let the probe skip the load check on any machine.
 
 At load, :func:`answered_probes` answers ``check_build`` from that record, without building or
 starting a child, only when this machine has the same CPU capabilities and the same compiler
@@ -69,6 +71,18 @@ def compiler_version() -> str:
     """Inductor's C++ compiler and its version text (one ``-v`` call, cached by torch)."""
     compiler, version = inductor.cpp_compiler_version()
     return f"{compiler}={version}"
+
+
+def machine_local(name: str) -> bool:
+    """Whether the inductor cache file ``name`` holds this machine's probe answer rather than
+    something the compiler made: torch 2.14+'s load marker of a probe test library
+    (:func:`torchkiln._internals.inductor.is_vec_isa_load_marker`).
+
+    Such a file is neither listed in an artifact's ``kernels`` nor copied from one: where the
+    record does not fit, the probe then loads its test libraries here (one child each) as in
+    a new process, instead of answering from the precompile machine's markers.
+    """
+    return inductor.is_vec_isa_load_marker(name)
 
 
 def probe_key(isa: Any, code: str) -> str:

@@ -45,7 +45,7 @@ from torchkiln.artifacts.directory import (
     read_manifest,
     structure_hash,
 )
-from torchkiln.artifacts.isa_probe import answered_probes
+from torchkiln.artifacts.isa_probe import answered_probes, machine_local
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.plugin_host.region_plan import RegionGroup
 
@@ -61,8 +61,10 @@ def copy_kernels(directory: Path, kernels: list[KernelFile], target: Path) -> in
     into the inductor cache ``target``; a regular file already there is kept (entries are
     content-addressed). Written as inductor writes its cache: a temporary file in the
     destination directory renamed into place, never through a link (a link planted in a
-    shared cache is replaced, not followed; a linked directory is skipped). Returns how many
-    files were written."""
+    shared cache is replaced, not followed; a linked directory is skipped). The ISA probe's
+    load markers, which a directory written before torchkiln left them out may list, are not
+    copied (:func:`torchkiln.artifacts.isa_probe.machine_local`). Returns how many files were
+    written."""
     copied = 0
     if kernels:
         target.mkdir(parents=True, exist_ok=True)
@@ -70,6 +72,8 @@ def copy_kernels(directory: Path, kernels: list[KernelFile], target: Path) -> in
         relative = PurePosixPath(kernel.file)
         if relative.parts[:1] != (KERNELS_DIR,) or len(relative.parts) < 2:
             raise ArtifactError(f"manifest kernel {kernel.file!r} is not under {KERNELS_DIR}/")
+        if machine_local(relative.name):
+            continue
         data = read_entry(directory, kernel)
         if _write_new_file(target, PurePosixPath(*relative.parts[1:]), data):
             copied += 1

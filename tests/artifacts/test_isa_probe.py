@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,3 +202,26 @@ def test_artifacts_without_a_record_do_not_touch_inductor(
     monkeypatch.setattr(isa_probe, "_isa_module", no_inductor)
     with isa_probe.answered_probes(None):
         pass
+
+
+def test_the_probe_s_load_markers_do_not_travel_with_the_kernels(tmp_path: Path) -> None:
+    """torch 2.14+ marks a test library its child loaded (``<library>.load_ok``) and then
+    trusts the mark: a marker from the precompile machine would answer the probe's load check
+    on a machine the record does not fit. The writer leaves markers out (and removes them);
+    loading skips the ones a directory written before lists."""
+    from torchkiln.artifacts.directory import kernel_files, stored_file
+    from torchkiln.artifacts.precompiled import copy_kernels
+
+    library, marker = "kernels/ab/cabc.so", "kernels/ab/cabc.so.load_ok"
+    for name in (library, marker):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"\x7fELF" if name == library else b"")
+    assert not isa_probe.machine_local(library) and isa_probe.machine_local(marker)
+    listed_before = [stored_file(tmp_path, library), stored_file(tmp_path, marker)]
+    assert [k.file for k in kernel_files(tmp_path)] == [library]
+    assert not (tmp_path / marker).exists() and (tmp_path / library).exists()
+
+    (tmp_path / marker).write_bytes(b"")  # an older directory: its manifest lists the marker
+    cache = tmp_path / "cache"
+    assert copy_kernels(tmp_path, listed_before, cache) == 1
+    assert (cache / "ab" / "cabc.so").exists() and not (cache / "ab" / "cabc.so.load_ok").exists()

@@ -426,6 +426,10 @@ def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
     assert ".cpp" in calls.read_text()  # the precompile did compile C++ through the wrapper
     record = result.manifest.cpu_isa
     assert record is not None and record["probes"] and all(record["probes"].values())
+    # The probe's test libraries travel, not the marks of their load check (torch 2.14+
+    # writes ``<library>.load_ok`` and then trusts it): the loading machine loads them itself.
+    assert not any(k.file.endswith(".load_ok") for k in result.manifest.kernels)
+    assert not any((directory / "kernels").rglob("*.load_ok"))
 
     # Same CPU and compiler: the ISA probe is answered from the record, no child is started.
     loaded, compiled = _load_in_new_process(directory, tmp_path / "cache-1", compiler, calls)
@@ -438,7 +442,8 @@ def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
     assert any((tmp_path / "cache-1").rglob("*.so"))
 
     # Another compiler version recorded: the probe runs as usual (its test libraries came
-    # with the artifacts, so it still compiles nothing) and picks the same ISA.
+    # with the artifacts, so it still compiles nothing, but loads each in a child, here) and
+    # picks the same ISA.
     manifest = json.loads((directory / MANIFEST).read_text())
     manifest["cpu_isa"]["compiler"] = "g++=some other version"
     (directory / MANIFEST).write_text(json.dumps(manifest))

@@ -11,7 +11,7 @@ import platform
 
 import pytest
 
-from torchkiln._internals import inductor
+from torchkiln._internals import inductor, versions
 from torchkiln.artifacts.isa_probe import CAPABILITIES
 
 
@@ -89,6 +89,36 @@ def test_forget_vec_isa_probe() -> None:
     inductor.forget_vec_isa_probe(module)
     assert name not in vars(isa) and getattr(isa, name) == default
     assert module.valid_vec_isa_list.cache_info().currsize == 0
+
+
+def test_is_vec_isa_load_marker() -> None:
+    """Every file ``check_build`` writes beside a probe test library (``output_path + "..."``)
+    is recognised: torch 2.14+ write ``.load_ok`` once a child has loaded it, 2.11 and 2.13
+    none."""
+    import ast
+    import inspect
+    import textwrap
+
+    import torch
+
+    module = inductor.cpu_vec_isa()
+    assert module is not None
+    tree = ast.parse(textwrap.dedent(inspect.getsource(module.VecISA.check_build)))
+    suffixes = [
+        node.right.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Add)
+        and isinstance(node.left, ast.Name)
+        and node.left.id == "output_path"
+        and isinstance(node.right, ast.Constant)
+        and isinstance(node.right.value, str)
+    ]
+    release = versions.release_tuple(torch.__version__)
+    assert release is not None
+    assert bool(suffixes) == (release >= (2, 14)), suffixes
+    assert all(inductor.is_vec_isa_load_marker(f"ab/cabc.so{suffix}") for suffix in suffixes)
+    assert not inductor.is_vec_isa_load_marker("ab/cabc.so")
 
 
 def test_cpp_compiler_version() -> None:
