@@ -82,7 +82,24 @@ def default_strategies(backend: str = "inductor") -> tuple[str, ...]:
         for s in STRATEGIES
         if (s != "accelerate" or accelerate_available())
         and (s not in ("precompiled", "tiered") or backend_precompiles(backend))
+        and (s not in ("precompiled", "tiered") or _release_problem(s) is None)
     )
+
+
+RELEASE_FEATURES = {
+    "precompiled": "precompiled artifacts",
+    "tiered": "tiered compilation",
+    "direct": "dispatch 'direct'",
+    "reduced": "dispatch 'direct'",
+}
+"""Strategies and dispatch settings some supported torch releases lack: the feature they need."""
+
+
+def _release_problem(name: str) -> str | None:
+    from torchkiln._internals.versions import feature_problem
+
+    feature = RELEASE_FEATURES.get(name)
+    return feature_problem(feature) if feature is not None else None
 
 
 def backend_precompiles(backend: str) -> bool:
@@ -303,6 +320,10 @@ def make_settings(
                 "precompiled (its BackendSpec does not declare precompile); use inductor or "
                 "aot_eager"
             )
+    for name, option in [*((s, "--strategies") for s in chosen), (dispatch, "--dispatch")]:
+        problem = _release_problem(name) if name else None
+        if problem is not None:
+            raise BenchError(f"{option} {name}: {problem}")
     workload = _check_workload(workload, train)
     if workload == "generate" and "precompiled" in chosen:
         if strategies:

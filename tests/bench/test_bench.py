@@ -46,6 +46,7 @@ def test_presets() -> None:
     assert len(default.cells()) == 8 * len(default.strategies)
 
 
+@pytest.mark.needs_feature("tiered compilation")  # the preset's deepest cells
 def test_the_quick_preset_runs_the_cells_that_tell_the_story_in_few_processes() -> None:
     quick = make_settings(quick=True)
     assert [(c.depth, c.strategy) for c in quick.cells()] == [
@@ -390,6 +391,7 @@ def test_inductor_warm_start_reuses_the_cold_cache(tmp_path: Path) -> None:
 # --- the documented commands --------------------------------------------------------------------
 
 
+@pytest.mark.needs_feature("tiered compilation")  # the docs show tiered and direct runs
 def test_documented_commands_are_valid() -> None:
     commands = [
         line.strip()
@@ -475,3 +477,20 @@ def test_until_whole_model_records_each_calls_figure_while_the_builder_runs(
     )
     assert figures["steady_before_switch_seconds"] == 0.25
     assert figures["seconds_to_whole_model"] is not None and figures["state"] == "switched"
+
+
+def test_a_strategy_or_dispatch_this_torch_lacks_is_refused_by_name_and_release(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torchkiln._internals import versions
+    from torchkiln.bench.settings import BenchError, default_strategies, make_settings
+
+    for name in ("tiered compilation", "dispatch 'direct'"):
+        feature = versions.FEATURES[name]
+        missing = versions.Feature(feature.name, feature.needs, "9.9", lambda: False)
+        monkeypatch.setitem(versions.FEATURES, name, missing)
+    assert "tiered" not in default_strategies("inductor")
+    with pytest.raises(BenchError, match=r"^--strategies tiered: tiered compilation needs .*9\.9"):
+        make_settings(strategies="full,regional,tiered")
+    with pytest.raises(BenchError, match=r"^--dispatch reduced: dispatch 'direct' needs"):
+        make_settings(dispatch="reduced")
