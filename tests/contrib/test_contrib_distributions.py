@@ -39,6 +39,9 @@ class Venv:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHKILN_")}
         env.pop("PYTHONPATH", None)
+        # The vendor's venv has its own pins (constraints.txt: torch 2.13.0, the CPU build on
+        # disk), whatever release the tox env running this test pins through PIP_CONSTRAINT.
+        env.pop("PIP_CONSTRAINT", None)
         return {**env, **extra}
 
     def run(
