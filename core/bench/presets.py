@@ -29,7 +29,7 @@ GPU_WORKLOADS = ("forward", "generate")
 GPU_STRATEGIES = ("eager", "full", "regional", "tiered", "accelerate")
 """hierarchical and precompiled are left out to fit the budget (``precompiled`` also needs
 torch 2.13's ``aot_compile``); ``--strategies`` adds them back. ``tiered`` needs it too: on an
-older torch its cell says the model stayed regional, and why."""
+older torch (the GPU machine's 2.11) the preset leaves it out and says why."""
 GPU_STEADY_ITERS = {"forward": 20, "generate": 10}
 """Timed calls per cell; a generate call is 16 tokens, its number the median of 15 gaps."""
 GPU_BUDGET_MINUTES = 8.0

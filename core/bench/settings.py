@@ -82,7 +82,7 @@ def default_strategies(backend: str = "inductor") -> tuple[str, ...]:
         for s in STRATEGIES
         if (s != "accelerate" or accelerate_available())
         and (s not in ("precompiled", "tiered") or backend_precompiles(backend))
-        and (s not in ("precompiled", "tiered") or _release_problem(s) is None)
+        and (s not in ("precompiled", "tiered") or release_problem(s) is None)
     )
 
 
@@ -95,7 +95,8 @@ RELEASE_FEATURES = {
 """Strategies and dispatch settings some supported torch releases lack: the feature they need."""
 
 
-def _release_problem(name: str) -> str | None:
+def release_problem(name: str) -> str | None:
+    """Why this torch cannot run strategy or dispatch setting ``name`` (``None``: it can)."""
     from torchkiln._internals.versions import feature_problem
 
     feature = RELEASE_FEATURES.get(name)
@@ -320,10 +321,6 @@ def make_settings(
                 "precompiled (its BackendSpec does not declare precompile); use inductor or "
                 "aot_eager"
             )
-    for name, option in [*((s, "--strategies") for s in chosen), (dispatch, "--dispatch")]:
-        problem = _release_problem(name) if name else None
-        if problem is not None:
-            raise BenchError(f"{option} {name}: {problem}")
     workload = _check_workload(workload, train)
     if workload == "generate" and "precompiled" in chosen:
         if strategies:
@@ -334,6 +331,10 @@ def make_settings(
                 "builder"
             )
         chosen = tuple(s for s in chosen if s != "precompiled")
+    for name, option in [*((s, "--strategies") for s in chosen), (dispatch, "--dispatch")]:
+        problem = release_problem(name) if name else None
+        if problem is not None:
+            raise BenchError(f"{option} {name}: {problem}")
     if new_tokens < 2:
         raise BenchError(
             f"--new-tokens {new_tokens}: must be >= 2 (a first token and a decode step)"

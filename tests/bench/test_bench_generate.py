@@ -12,6 +12,7 @@ from torchkiln.bench.targets import check_targets
 from torchkiln.cli.commands import main
 
 
+@pytest.mark.needs_feature("precompiled artifacts")  # in the default strategies
 def test_workload_settings() -> None:
     assert make_settings().workload == "forward"
     assert make_settings(train=True).workload == "train"

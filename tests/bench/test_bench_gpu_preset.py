@@ -3,6 +3,7 @@ written after every cell, dtype and compile mode reaching the workers."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -26,6 +27,7 @@ def _plan(*options: str) -> Any:
 # --- the plan -----------------------------------------------------------------------------------
 
 
+@pytest.mark.needs_feature("tiered compilation")  # the preset's tiered cells
 def test_gpu_preset_dry_run_prints_the_plan_and_runs_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -326,3 +328,18 @@ def test_the_gpu_script_is_valid_bash_and_its_bench_command_parses() -> None:
     assert (plan.json_path, plan.plot_path, plan.budget_minutes) == (
         "o/bench-gpu.json", "o/bench-gpu.png", 8.0
     )  # fmt: skip
+
+
+def test_the_preset_leaves_out_what_this_torch_lacks_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The GPU machine runs torch 2.11, which has no aot_compile: tiered is left out, said."""
+    from torchkiln._internals import versions
+    from torchkiln.bench.plan import _gpu_strategies
+
+    feature = versions.FEATURES["tiered compilation"]
+    missing = versions.Feature(feature.name, feature.needs, "9.9", lambda: False)
+    monkeypatch.setitem(versions.FEATURES, "tiered compilation", missing)
+    chosen = _gpu_strategies(argparse.Namespace(strategies=None)).split(",")
+    assert "tiered" not in chosen and chosen[:3] == ["eager", "full", "regional"]
+    assert "--preset gpu leaves out tiered: tiered compilation needs" in capsys.readouterr().err
