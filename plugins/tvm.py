@@ -5,10 +5,10 @@ torch's backend (``torch/_dynamo/backends/tvm.py``) compiles forward graphs only
 frontend depends on the torch release; the plugin reads which one from torch's backend code
 (:func:`torchkiln._internals.tvm_backend.torch_tvm_frontend`), not from version numbers:
 
-- **Relay** (torch up to 2.14): imports ``tvm`` and ``tvm.relay`` on first use (TVM releases
+- **Relay** (torch up to 2.13): imports ``tvm`` and ``tvm.relay`` on first use (TVM releases
   that dropped Relay, 0.20 and later, cannot run it); options ``scheduler``, ``trials``,
   ``opt_level``.
-- **Relax** (torch 2.15 on): imports ``tvm.relax.frontend.torch`` and hands the graph to its
+- **Relax** (torch 2.14 on): imports ``tvm.relax.frontend.torch`` and hands the graph to its
   ``relax_dynamo``; one option, ``pipeline`` (a TVM pass, such as
   ``tvm.relax.get_pipeline(...)``).
 

@@ -51,7 +51,7 @@ def _code_imports(code: CodeType) -> set[str]:
 
 def torch_tvm_frontend() -> TvmFrontend | None:
     """The TVM frontend torch's registered ``tvm`` backend compiles through: ``"relay"`` (torch
-    up to 2.14), ``"relax"`` (torch 2.15 on), ``"unknown"`` when its code imports neither, or
+    up to 2.13), ``"relax"`` (torch 2.14 on), ``"unknown"`` when its code imports neither, or
     ``None`` when this torch registers no ``tvm`` backend.
 
     Looks the backend up with ``torch._dynamo.lookup_backend("tvm")`` (after the public
@@ -59,7 +59,7 @@ def torch_tvm_frontend() -> TvmFrontend | None:
     (:func:`imported_names`, through the ``fake_tensor_unsupported`` wrapper): neither torch nor
     TVM says which frontend the backend uses, and reading its code, rather than comparing
     version numbers, follows a torch that backports or reverts the change. Imports no ``tvm``:
-    torch's backend imports it only when it compiles. Verified: torch 2.11, 2.13 (relay), 2.15
+    torch's backend imports it only when it compiles. Verified: torch 2.11, 2.13 (relay), 2.14, 2.15
     (relax).
     """
     import torch.compiler

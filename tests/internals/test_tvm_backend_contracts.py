@@ -15,11 +15,11 @@ from torchkiln._internals.versions import release_tuple
 
 
 def expected_frontend() -> str:
-    """torch moved its backend from Relay to Relax in 2.15 (the version is the expected value
+    """torch moved its backend from Relay to Relax in 2.14 (the version is the expected value
     only; the adapter reads torch's code)."""
     release = release_tuple(torch.__version__)
     assert release is not None, torch.__version__
-    return "relax" if release >= (2, 15) else "relay"
+    return "relax" if release >= (2, 14) else "relay"
 
 
 def test_imported_names() -> None:

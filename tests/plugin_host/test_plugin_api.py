@@ -527,7 +527,7 @@ def test_plugins_listing_shows_options_and_descriptions(
     from torchkiln.cli import commands as cli
     from torchkiln.plugins import tvm
 
-    tvm_options = tvm.OPTIONS[torch_tvm_frontend()]  # relay up to torch 2.14, relax on 2.15
+    tvm_options = tvm.OPTIONS[torch_tvm_frontend()]  # relay up to torch 2.13, relax from 2.14
     monkeypatch.setenv("TORCHKILN_DISABLE_PLUGIN_AUTOLOAD", "1")
     assert cli.main(["plugins"]) == 0
     out = capsys.readouterr().out

@@ -276,7 +276,7 @@ def test_tensorrt_uses_the_older_torch_tensorrt_name_when_that_is_all_there_is(s
 
 
 # --- tvm ---------------------------------------------------------------------------------------
-# torch's tvm backend compiles through TVM Relay up to torch 2.14 and through Relax from 2.15 on;
+# torch's tvm backend compiles through TVM Relay up to torch 2.13 and through Relax from 2.14 on;
 # the plugin asks torch's backend which (torchkiln._internals.tvm_backend), and so do these tests.
 
 
