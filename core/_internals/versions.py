@@ -122,14 +122,10 @@ def _has_nested_compile_region() -> bool:
 
 
 def _has_cache_entry_api() -> bool:
-    """The functions of ``torch._C._dynamo.eval_frame`` that direct dispatch reads (2.11 lacks
-    ``_get_total_cache_entry_count``)."""
-    try:
-        from torch._C._dynamo import eval_frame
-    except ImportError:
-        return False
-    names = ("_debug_get_cache_entry_list", "_get_total_cache_entry_count")
-    return all(hasattr(eval_frame, name) for name in names)
+    """What direct dispatch reads of Dynamo's cache entries (2.11 lacks the entry count)."""
+    from torchkiln._internals import cache_entries
+
+    return cache_entries.cache_entry_counter() is not None
 
 
 SAVED_FUNCTIONS = "torch.compile(...).aot_compile and torch.compiler.load_compiled_function"
