@@ -12,17 +12,10 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def model():  # type: ignore[no-untyped-def]
-    from transformers import LlamaConfig, LlamaModel
+    """The decoder (``LlamaModel``, the class that records outputs) of the built-in example."""
+    from torchkiln.examples import llama
 
-    config = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    )
-    return LlamaModel(config)
+    return llama(depth=1, hidden_size=16, heads=2, kv_heads=2, intermediate_size=32).model
 
 
 def test_can_record_registry(model) -> None:  # type: ignore[no-untyped-def]
