@@ -17,6 +17,7 @@ from torchkiln._internals.versions import warn_if_untested
 from torchkiln.errors import (
     ConfigError,
     DistributedError,
+    JobError,
     PluginError,
     RegionCompileError,
     TorchkilnError,
@@ -71,6 +72,7 @@ __all__ = [
     "CompileConfig",
     "ConfigError",
     "DistributedError",
+    "JobError",
     "PluginError",
     "PluginManager",
     "RegionCompileError",

@@ -77,3 +77,8 @@ class RegionCompileError(TorchkilnError):
 
 class DistributedError(TorchkilnError):
     """A distributed strategy cannot run as configured (no process group, wrapped twice, ...)."""
+
+
+class JobError(DistributedError):
+    """The ranks of a job could not share a compile: a rank did not reach the same point, or
+    did not send what it compiled, within ``job.timeout``; the message names the rank."""

@@ -173,6 +173,13 @@ def _compile_checked(
         from torchkiln.artifacts.precompiled import artifact_group_loader
 
         compiler.group_loader = artifact_group_loader(cfg, pm)
+    job_share, job_report = (None, None)
+    if cfg.enabled:
+        from torchkiln.jobs import job_share_for
+
+        job_share, job_report = job_share_for(cfg, region_plan, pm, cfg.progress != "off")
+    if job_share is not None:
+        compiler.group_loader = job_share.loader
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
     strategy = cfg.distributed.strategy
     declared = pm.distributed_strategies().get(strategy)
@@ -210,6 +217,8 @@ def _compile_checked(
         add_undo(result.module, apply_cache_dir(cfg.cache_dir).restore)
     if state is not None and cfg.enabled and region_plan.region_count > 1 and uses_cuda_graphs(cfg):
         add_undo(result.module, install_step_marker(result.module))
+    if state is not None:
+        state.job = job_share if job_share is not None else job_report
     if state is not None:
         state.report_causes = declared_causes(pm)
         state.providers = providers(pm, cfg)

@@ -139,7 +139,7 @@ def _check_backend(config: CompileConfig, plugins: PluginManager) -> None:
 
 
 @contextlib.contextmanager
-def _plain_module(module: nn.Module) -> Iterator[None]:
+def plain_module(module: nn.Module) -> Iterator[None]:
     """The module as the user built it while torch saves the guards: torch pickles the guarded
     module's ``__dict__``, which must not hold torchkiln's installed forward and region state
     (neither pickles, and neither exists in the loading process before compile)."""
@@ -210,7 +210,7 @@ class EntryRecorder:
                 warnings.filterwarnings(
                     "ignore", message="The .grad attribute of a Tensor that is not"
                 )
-                with _plain_module(module), trace_settings_of(compiled):
+                with plain_module(module), trace_settings_of(compiled):
                     aot = compiled.aot_compile(((module, *args), kwargs))
             seconds = time.perf_counter() - started
             relative = entry_file(self.indexes[group.name], group.name, self.kind, variants)

@@ -122,6 +122,7 @@ class PrecompiledGroup:
         closure: dict[str, Any],
         compile_group: Callable[[], Callable[..., Any]],
         strict: bool,
+        quiet: bool = False,
     ):
         self.group = group
         self.kinds = [kind for kind, _ in entries]
@@ -131,6 +132,9 @@ class PrecompiledGroup:
         self._fallback: Callable[..., Any] | None = None
         """The group's normally compiled function, built by the first call that needs it."""
         self._strict = strict
+        self._quiet = quiet
+        """Log, not warn, a call no loaded function fits (a job's shared entry covers the
+        first call only: other shapes compile on the rank as usual, and the report counts them)."""
         self.hits = 0
         self.misses = 0
         self.miss_reason: str | None = None
@@ -159,7 +163,10 @@ class PrecompiledGroup:
             )
             if self._strict:
                 raise ArtifactError(message + " (artifacts_strict is set, so this is an error)")
-            warnings.warn(message, ArtifactWarning, stacklevel=4)
+            if self._quiet:
+                logger.info("%s", message)
+            else:
+                warnings.warn(message, ArtifactWarning, stacklevel=4)
         elif self._strict:
             raise ArtifactError(f"precompiled group {self.group!r} does not fit this call")
         if self._fallback is None:
@@ -325,7 +332,10 @@ def artifact_group_loader(config: CompileConfig, plugins: Any) -> Callable[..., 
     loader = ArtifactLoader(config.artifacts, config.artifacts_strict, config.cache_dir)
 
     def load(
-        group: RegionGroup, shared: Callable[..., Any], compile_group: Callable[[], Any]
+        group: RegionGroup,
+        shared: Callable[..., Any],
+        compile_group: Callable[[], Any],
+        compile_savable: Callable[[], Any],
     ) -> PrecompiledGroup | None:
         return loader.load_group(group, shared, compile_group, config, plugins)
 

@@ -139,6 +139,28 @@ class TieredConfig:
     builder (at 10 it gets about a tenth of a contended core): the switch then comes late."""
 
 
+JOB_SHARE_CHOICES = ("auto", "on", "off")
+
+
+@attrs.frozen
+class JobConfig:
+    """Compiling once per job under ``torch.distributed`` (``job:`` in YAML; docs/jobs.md)."""
+
+    share: str = attrs.field(default="auto", converter=_lower)
+    """``auto`` (the default): in a job of more than one rank, one rank compiles each region
+    group and the others load what it compiled; where that cannot be (a torch before 2.13, a
+    backend that cannot save its compiled code, a strategy other than none or ddp) every
+    rank compiles its own and the report says why. ``on``: the same, and a job that cannot
+    share raises instead. ``off``: every rank compiles its own."""
+    timeout: float = 1800.0
+    """Seconds a rank waits for another (to reach the same region group, or to send what it
+    compiled) before it fails with a ``JobError`` naming that rank."""
+    store: str | None = None
+    """A directory that outlives the job: what a rank compiled is published there (written
+    aside, then renamed into place), and a restarted job with the same key loads it on every
+    rank and compiles nothing. Local to each node or shared by all; ``None``: no store."""
+
+
 @attrs.frozen
 class CompileConfig:
     """Everything :func:`torchkiln.compile` needs to know. Frozen; use ``attrs.evolve``."""
@@ -158,6 +180,7 @@ class CompileConfig:
     regions: RegionsConfig = attrs.Factory(RegionsConfig)
     distributed: DistributedConfig = attrs.Factory(DistributedConfig)
     tiered: TieredConfig = attrs.Factory(TieredConfig)
+    job: JobConfig = attrs.Factory(JobConfig)
     on_region_error: str = attrs.field(default="raise", converter=_lower)
     """``raise``: a region that fails to compile raises. ``eager``: it runs eagerly, the
     others stay compiled, and :func:`torchkiln.report` says why."""

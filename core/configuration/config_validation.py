@@ -20,6 +20,7 @@ import cattrs
 from torchkiln.configuration.config import (
     DISPATCH_CHOICES,
     FLOAT_DTYPES,
+    JOB_SHARE_CHOICES,
     PROGRESS_CHOICES,
     REGION_ERROR_POLICIES,
     REST_POLICIES,
@@ -326,6 +327,9 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     add("regions.rest", _choice(config.regions.rest, REST_POLICIES, "a rest policy"))
     add("progress", _choice(config.progress, PROGRESS_CHOICES, "a progress setting"))
     add("dispatch", _choice(config.dispatch, DISPATCH_CHOICES, "a dispatch setting"))
+    add("job.share", _choice(config.job.share, JOB_SHARE_CHOICES, "a job.share setting"))
+    if not 0 < config.job.timeout <= 7 * 24 * 3600:
+        add("job.timeout", f"{config.job.timeout} is not between 0 (exclusive) and 604800 seconds")
     precision = config.distributed.fsdp2.mixed_precision
     for name in ("param_dtype", "reduce_dtype", "output_dtype"):
         value = getattr(precision, name)

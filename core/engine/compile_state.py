@@ -170,6 +170,9 @@ class CompileState:
     """Compile id -> (group, record) of compiles after the first calls, as reports saw them
     (Dynamo keeps only its most recent records)."""
     tiered: Any = None
+    job: Any = None
+    """Compiling once per job: the :class:`torchkiln.jobs.share.JobShare` serving the groups,
+    or a :class:`torchkiln.jobs.share.JobReport` saying why the ranks do not share."""
     """The tiered runtime (:class:`torchkiln.tiered.runtime.TieredForward`), when installed."""
     root: weakref.ref[nn.Module] | None = attrs.field(default=None, repr=False)
     """The module this state lives on: decompiling through another object that holds all of

@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from torch import nn
 
 from torchkiln._internals import dynamo
@@ -198,9 +199,11 @@ GroupHook = Callable[[RegionGroup, Callable[..., Any], Callable[..., Any]], Call
 function ``compile_region`` returned for the group's shared function (before any
 ``GroupPreparation.wrap_call``); what it returns is installed for every region of the group."""
 
-GroupLoader = Callable[[RegionGroup, Callable[..., Any], Callable[[], Any]], Any]
-"""``loader(group, group_function, compile_group) -> function or None``: serves a group's
-shared function without compiling it (precompiled artifacts). ``compile_group()`` returns the
+GroupLoader = Callable[[RegionGroup, Callable[..., Any], Callable[[], Any], Callable[[], Any]], Any]
+"""``loader(group, group_function, compile_group, compile_savable) -> function or None``: serves
+a group's shared function without compiling it (precompiled artifacts, a job's shared entries).
+``compile_savable()`` returns the group function under ``compile_region`` with ``fullgraph``
+set, which ``aot_compile`` can save. ``compile_group()`` returns the
 group's normally compiled function (``compile_region``, then every group hook); the loader
 calls it only when a call needs it, so a group it serves builds no ``torch.compile`` wrapper
 (nor imports the backend's compile stack) until then. ``None``: the group compiles as usual.
@@ -393,7 +396,16 @@ class Compiler:
                 )
             return compiled
 
-        return self.group_loader(group, fn, compile_group)
+        def compile_savable() -> Any:
+            # What torch can save: the group's function under torch.compile(fullgraph=True)
+            # (aot_compile refuses graph breaks), in the preparations' trace settings.
+            config = attrs.evolve(self.config, fullgraph=True)
+            compiled = self.plugins.compile_region(
+                fn=fn, group=group, config=config, backend=config.backend
+            )
+            return with_trace_settings(compiled, preparations)
+
+        return self.group_loader(group, fn, compile_group, compile_savable)
 
     def _compile(
         self,

@@ -121,6 +121,9 @@ class CompileReport:
     tiers: Any = None
     """Tiered compilation: which tier serves, calls per tier, the switch, the build
     (:class:`torchkiln.tiered.runtime.TierReport`); ``None`` without tiers."""
+    job: Any = None
+    """Compiling once per job: what each group's first call did on this rank
+    (:class:`torchkiln.jobs.share.JobReport`); ``None`` outside a job."""
     backend_plugin: str | None = None
     """The plugin whose ``compile_region`` compiled the regions (``torch``: a backend only
     torch's registry knows, compiled with ``torch.compile``)."""
@@ -455,9 +458,15 @@ def build_report(
         verbose=verbose,
         causes=all_causes,
         tiers=state.tiered.report() if state.tiered is not None else None,
+        job=_job_report(state.job),
         backend_plugin=state.providers.get("backend"),
         selector_plugin=state.providers.get("selector"),
     )
+
+
+def _job_report(job: Any) -> Any:
+    """The job's report: a live share reports itself, a decision not to share is one."""
+    return job.report() if hasattr(job, "report") else job
 
 
 def _plain_table(report: CompileReport) -> str:
@@ -498,4 +507,6 @@ def _plain_table(report: CompileReport) -> str:
         lines.append(
             f"  group {group}: {len(reasons)} compile(s) after the first calls: {reasons[-1]}"
         )
+    if report.job is not None:
+        lines += report.job.lines()
     return "\n".join(lines)

@@ -165,4 +165,6 @@ def render_report(report: Any) -> str:
         lines.append(f"  remedy for {cause}: {remedy}")
     if getattr(report, "tiers", None) is not None:
         lines += report.tiers.lines()
+    if getattr(report, "job", None) is not None:
+        lines += report.job.lines()
     return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""Compiling once per job (docs/jobs.md): under ``torch.distributed``, one rank compiles each
+distinct region group and the others load what it compiled; with ``job.store``, a restarted job
+loads everything and compiles nothing.
+
+:func:`job_share_for` decides, at :func:`torchkiln.compile`, whether this model's groups are
+shared, and why not; :mod:`torchkiln.jobs.share` does the sharing at each group's first call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchkiln._internals.versions import feature_problem
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.errors import JobError
+from torchkiln.jobs.exchange import job_world
+from torchkiln.jobs.share import JobReport, JobShare
+
+SHARED_STRATEGIES = ("none", "ddp")
+"""Distributed strategies under which ranks share compiled groups: every rank holds the whole
+module of each block. FSDP2 and DeepSpeed ZeRO-3 hold a shard, gathered by hooks around the
+compiled function; sharing there is not verified yet, and their ranks compile their own."""
+
+
+def sharing_problem(config: CompileConfig, plan: Any, plugins: Any) -> str | None:
+    """Why this job's ranks cannot share compiled groups, or ``None`` when they can."""
+    if config.job.share == "off":
+        return "job.share is off"
+    if config.artifacts is not None:
+        return "artifacts= serves the groups (a precompiled directory)"
+    missing = feature_problem("precompiled artifacts")
+    if missing is not None:
+        return missing
+    declared = plugins.backend(config.backend)
+    if declared is None or not getattr(declared.spec, "precompile", False):
+        return (
+            f"backend {config.backend!r} does not declare that its compiled code can be saved "
+            "and loaded (BackendSpec.precompile)"
+        )
+    if plan.nested:
+        return "a nested (hierarchical) plan is one Dynamo frame, not groups to share"
+    strategy = config.distributed.strategy
+    if strategy not in SHARED_STRATEGIES:
+        return (
+            f"distributed strategy {strategy!r}: compiled groups are shared under "
+            f"{', '.join(SHARED_STRATEGIES)} only (docs/jobs.md)"
+        )
+    return None
+
+
+def job_share_for(
+    config: CompileConfig, plan: Any, plugins: Any, progress: bool
+) -> tuple[JobShare | None, JobReport | None]:
+    """The sharing for one compiled model: a :class:`JobShare` (and no report yet), or no share
+    and a report saying why (``None`` for both outside a job with no store).
+
+    :raises JobError: ``job.share`` is ``on`` and the job cannot share.
+    """
+    rank, world = job_world()
+    if world == 1 and config.job.store is None:
+        return None, None
+    problem = sharing_problem(config, plan, plugins)
+    if problem is None:
+        return JobShare(config, progress), None
+    if config.job.share == "on":
+        raise JobError(f"job.share is on, but this job cannot share compiled groups: {problem}")
+    return None, JobReport(rank, world, False, problem, config.job.store)
+
+
+__all__ = ["JobReport", "JobShare", "job_share_for", "sharing_problem"]

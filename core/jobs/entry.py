@@ -1,0 +1,164 @@
+"""One shared entry: a region group's compiled function for one key, as files in a directory
+(``meta.json``, ``entry.bin``, ``kernels/...``), as bytes on the wire, and loaded.
+
+Built with torch's ``aot_compile`` and ``save_compiled_function``, exactly as
+``torchkiln.precompile`` builds a group entry (:mod:`torchkiln.artifacts.precompile`), into a
+fresh inductor cache directory so that every kernel the compile wrote travels with it. Loaded
+as ``artifacts=DIR`` loads one (:mod:`torchkiln.artifacts.precompiled`): every file is checked
+against ``meta.json`` (:func:`~torchkiln.artifacts.directory.read_entry`) before anything is
+copied, unpickled or imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchkiln.artifacts.cache import apply_cache_dir, current_cache_dir
+from torchkiln.artifacts.directory import (
+    KERNELS_DIR,
+    ArtifactError,
+    KernelFile,
+    closure_data,
+    entry_path,
+    kernel_files,
+    read_entry,
+    stored_file,
+)
+from torchkiln.artifacts.isa_probe import answered_probes, recorded_probes
+from torchkiln.artifacts.precompile import plain_module
+from torchkiln.artifacts.precompiled import PrecompiledGroup, copy_kernels
+from torchkiln.engine.trace_settings import trace_settings_of
+
+META = "meta.json"
+ENTRY = "entry.bin"
+FORMAT = 1
+MAX_META_BYTES = 4 * 2**20
+
+
+def build_entry(
+    directory: Path,
+    fields: dict[str, Any],
+    savable: Any,
+    shared: Callable[..., Any],
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> float:
+    """Compile ``savable`` (the group's function under ``torch.compile(fullgraph=True)``) for
+    this call and write the entry into ``directory``; returns the compile seconds."""
+    probes: dict[str, Any] = {}
+    on_cpu_inductor = fields["backend"] == "inductor" and fields["device"] == "cpu"
+    recording = recorded_probes(probes) if on_cpu_inductor else contextlib.nullcontext()
+    started = time.perf_counter()
+    with apply_cache_dir(directory / KERNELS_DIR), recording, warnings.catch_warnings():
+        # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards.
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
+        with plain_module(module), trace_settings_of(savable):
+            aot = savable.aot_compile(((module, *args), kwargs))
+        aot.save_compiled_function(str(directory / ENTRY), external_data=closure_data(shared))
+    seconds = time.perf_counter() - started
+    meta = {
+        "format": FORMAT,
+        "fields": fields,
+        "kind": fields["kind"],
+        "compile_seconds": round(seconds, 3),
+        "cpu_isa": probes or None,
+        "entry": stored_file(directory, ENTRY).to_dict(),
+        "kernels": [k.to_dict() for k in kernel_files(directory)],
+    }
+    (directory / META).write_text(json.dumps(meta, indent=1, default=repr))
+    return seconds
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    path = directory / META
+    try:
+        if path.is_symlink() or path.stat().st_size > MAX_META_BYTES:
+            raise ArtifactError(f"{path} is a link or larger than {MAX_META_BYTES} bytes")
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ArtifactError(f"{path} cannot be read: {error}") from error
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ArtifactError(f"{path} is not a torchkiln job entry of format {FORMAT}")
+    return meta
+
+
+def _records(meta: dict[str, Any]) -> tuple[KernelFile, list[KernelFile]]:
+    try:
+        return KernelFile(**meta["entry"]), [KernelFile(**k) for k in meta["kernels"]]
+    except (KeyError, TypeError) as error:
+        raise ArtifactError(f"job entry metadata is malformed: {error}") from error
+
+
+def pack_entry(directory: Path) -> bytes:
+    """The entry as one message: its metadata and every file it lists, each checked first."""
+    meta = read_meta(directory)
+    entry, kernels = _records(meta)
+    files = {record.file: read_entry(directory, record) for record in (entry, *kernels)}
+    return pickle.dumps({"meta": meta, "files": files})
+
+
+def unpack_entry(message: bytes, directory: Path) -> None:
+    """Write a message of :func:`pack_entry` into the empty ``directory``; every path is
+    confined to it. The files are checked against the metadata when loaded."""
+    content = pickle.loads(message)
+    for relative, data in content["files"].items():
+        path = entry_path(directory, relative)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    (directory / META).write_text(json.dumps(content["meta"], indent=1))
+
+
+def load_entry(
+    directory: Path,
+    group: str,
+    shared: Callable[..., Any],
+    compile_group: Callable[[], Callable[..., Any]],
+    cache_dir: str | None,
+) -> PrecompiledGroup:
+    """The group served by the entry in ``directory`` (calls it does not fit compile the
+    group normally, on this rank).
+
+    :raises ArtifactError: a file that does not match the metadata (nothing was loaded).
+    """
+    meta = read_meta(directory)
+    entry, kernels = _records(meta)
+    data = read_entry(directory, entry)
+    for kernel in kernels:  # every file checked before any is copied
+        read_entry(directory, kernel)
+    target = Path(cache_dir or current_cache_dir()).expanduser().resolve()
+    copy_kernels(directory, kernels, target)
+    closure = closure_data(shared)
+    with answered_probes(meta.get("cpu_isa")), _templates_deferred(meta):
+        fn = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=closure)
+    frame_closure = {name: closure[f"closure:{name}"] for name in shared.__code__.co_freevars}
+    return PrecompiledGroup(
+        group, [(meta["kind"], fn)], frame_closure, compile_group, strict=False, quiet=True
+    )
+
+
+def _templates_deferred(meta: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+    if meta.get("fields", {}).get("backend") != "inductor":
+        return contextlib.nullcontext()
+    from torchkiln.artifacts.deferred_templates import deferred_templates
+
+    return deferred_templates()
+
+
+def remove_quietly(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)

@@ -1,0 +1,87 @@
+"""The key a rank computes for one region group's first call: what must be equal for two ranks
+to run the same compiled code.
+
+The key covers the environment an artifact directory is keyed by (torch, Python, backend,
+mode, options, dynamic, device type, dtype), the transformers release, the device's
+architecture (a GPU's name and compute capability; on the CPU, the vector ISA inductor may use
+and the C++ compiler), the group's class, the source of its classes, its parameter and buffer
+layout, the call's input specs and its kind (training or inference). Ranks whose keys are
+equal receive one compile; a rank whose key differs compiles its own, and
+:func:`differing_fields` names why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchkiln.artifacts.directory import code_hash, environment_key, input_spec, structure_hash
+from torchkiln.configuration.config import CompileConfig
+
+
+def call_kind(module: nn.Module) -> str:
+    """``training`` (grad enabled and the module in train mode) or ``inference``: the two kinds
+    an artifact directory knows."""
+    return "training" if torch.is_grad_enabled() and module.training else "inference"
+
+
+def _release(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def device_architecture(device: torch.device) -> dict[str, Any]:
+    """What decides whether compiled code of one device runs on another of the same type."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return {
+            "name": torch.cuda.get_device_name(index),
+            "capability": list(torch.cuda.get_device_capability(index)),
+        }
+    if device.type == "cpu":
+        from torchkiln.artifacts.isa_probe import compiler_version, cpu_capabilities
+
+        return {"cpu": cpu_capabilities(), "compiler": compiler_version()}
+    return {"type": device.type}
+
+
+def _first_device(module: nn.Module) -> torch.device:
+    for tensor in [*module.parameters(), *module.buffers()]:
+        return tensor.device
+    return torch.device("cpu")
+
+
+def share_fields(
+    config: CompileConfig, group: str, module: nn.Module, args: Any, kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Every field of the key, by name (what :func:`differing_fields` compares)."""
+    return {
+        **environment_key(config, module),
+        "transformers": _release("transformers"),
+        "architecture": device_architecture(_first_device(module)),
+        "group": group,
+        "class": f"{type(module).__module__}.{type(module).__qualname__}",
+        "code": code_hash(module),
+        "structure": structure_hash(module),
+        "inputs": input_spec(args, dict(kwargs)),
+        "kind": call_kind(module),
+    }
+
+
+def share_key(fields: Mapping[str, Any]) -> str:
+    """SHA-256 of the fields (canonical JSON), the name of a store entry."""
+    text = json.dumps(fields, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def differing_fields(mine: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    """The names of the fields that differ, in key order (``structure``, ``inputs``, ...)."""
+    return [name for name in mine if mine.get(name) != other.get(name)]

@@ -1,0 +1,323 @@
+"""Compiling once per job: at a region group's first call, the ranks agree on keys, one rank per
+distinct key compiles (or reads the store), the others receive and load what it compiled.
+
+Per group, on every rank, in the same order (the ranks of a data-parallel job make the same
+first calls):
+
+1. each rank computes its key (:mod:`torchkiln.jobs.keys`) and looks in its store;
+2. one gather: every rank's key, fields and whether its store has the entry;
+3. per distinct key, a source: the lowest rank whose store has it, else the lowest rank with
+   that key, which compiles it (``aot_compile``, as ``torchkiln.precompile`` does);
+4. per distinct key that some rank lacks, one broadcast from its source; a receiver writes the
+   entry into its store (or a private temporary directory) and loads it from there, checked;
+5. every rank, the source included, serves the group from the loaded entry. A call it does not
+   fit (another shape, the other kind) compiles the group normally on that rank, counted.
+
+A rank whose key differs from rank 0's compiles its own and :attr:`GroupShare.reason` says
+which fields differ. A rank that cannot load what it received (a file that does not match, a
+load that fails) compiles the group itself and says why. A source whose compile fails sends
+that failure, and every rank then compiles the group normally.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from torch import nn
+
+from torchkiln.artifacts.directory import ArtifactError
+from torchkiln.configuration.config import CompileConfig
+from torchkiln.jobs.entry import build_entry, load_entry, pack_entry, remove_quietly, unpack_entry
+from torchkiln.jobs.exchange import JobExchange
+from torchkiln.jobs.keys import differing_fields, share_fields, share_key
+from torchkiln.jobs.store import JobStore
+from torchkiln.plugin_host.region_plan import RegionGroup
+
+logger = logging.getLogger("torchkiln")
+
+ROLES = ("compiled", "received", "store", "local")
+"""``compiled``: this rank compiled the entry (and sent it where others needed it);
+``received``: another rank compiled it and sent it; ``store``: read from ``job.store``;
+``local``: compiled normally on this rank (:attr:`GroupShare.reason` says why)."""
+
+
+@attrs.define
+class GroupShare:
+    """What happened to one group's first call on this rank."""
+
+    group: str
+    role: str = "local"
+    source: int | None = None
+    """The rank whose entry this rank loaded (itself for ``compiled`` and ``store``)."""
+    reason: str | None = None
+    """Why ``local``, or why this rank's key differs from rank 0's."""
+    key: str = ""
+    compile_seconds: float = 0.0
+    """Spent compiling the entry on this rank (0 unless ``compiled``)."""
+    wait_seconds: float = 0.0
+    """Spent in the gather and the broadcasts (waiting for the source, transfer included)."""
+    load_seconds: float = 0.0
+    bytes: int = 0
+    """Size of the entry as sent (0 when nothing was sent)."""
+    receivers: tuple[int, ...] = ()
+    """The ranks this rank sent the entry to."""
+    stored: bool = False
+    """Whether the entry is (now) in ``job.store``."""
+    fitted_calls: int = 0
+    other_calls: int = 0
+    """Calls the entry did not fit (compiled normally on this rank)."""
+
+    def line(self) -> str:
+        source = "" if self.source in (None, _rank()) else f" from rank {self.source}"
+        sent = f", sent to rank(s) {', '.join(map(str, self.receivers))}" if self.receivers else ""
+        times = (
+            f" (compile {self.compile_seconds:.1f} s, wait {self.wait_seconds:.1f} s, "
+            f"load {self.load_seconds:.2f} s)"
+        )
+        why = f": {self.reason}" if self.reason else ""
+        return f"{self.group}: {self.role}{source}{sent}{times}{why}"
+
+
+def _rank() -> int:
+    from torchkiln.jobs.exchange import job_world
+
+    return job_world()[0]
+
+
+@attrs.define
+class JobReport:
+    """``torchkiln.report(model).job``: the job's sharing as this rank saw it."""
+
+    rank: int
+    world: int
+    sharing: bool
+    reason: str | None
+    """Why the job does not share (``sharing`` false), else ``None``."""
+    store: str | None
+    groups: tuple[GroupShare, ...] = ()
+
+    def lines(self) -> list[str]:
+        if not self.sharing:
+            return [f"job: rank {self.rank} of {self.world}, every rank compiles: {self.reason}"]
+        store = f", store {self.store}" if self.store else ""
+        head = f"job: rank {self.rank} of {self.world}, compiled once per job{store}"
+        return [head, *(f"  {g.line()}" for g in self.groups)]
+
+
+class JobShare:
+    """Per compiled model: the exchange, the store, and one :class:`GroupShare` per group."""
+
+    def __init__(self, config: CompileConfig, progress: bool):
+        self.config = config
+        self.exchange = JobExchange(config.job.timeout, progress)
+        self.store = JobStore(config.job.store) if config.job.store else None
+        self.groups: dict[str, GroupShare] = {}
+
+    def report(self) -> JobReport:
+        return JobReport(
+            self.exchange.rank,
+            self.exchange.world,
+            True,
+            None,
+            str(self.store.root) if self.store else None,
+            tuple(self.groups.values()),
+        )
+
+    def loader(
+        self,
+        group: RegionGroup,
+        shared: Callable[..., Any],
+        compile_group: Callable[[], Callable[..., Any]],
+        compile_savable: Callable[[], Any],
+    ) -> SharedGroup:
+        record = self.groups.setdefault(group.name, GroupShare(group.name))
+        return SharedGroup(self, record, shared, compile_group, compile_savable)
+
+
+class SharedGroup:
+    """The function installed for a group: its first call shares, later calls are served by
+    what the first call loaded (or compiled)."""
+
+    def __init__(
+        self,
+        job: JobShare,
+        record: GroupShare,
+        shared: Callable[..., Any],
+        compile_group: Callable[[], Callable[..., Any]],
+        compile_savable: Callable[[], Any],
+    ):
+        self.job = job
+        self.record = record
+        self.shared = shared
+        self.compile_group = compile_group
+        self.compile_savable = compile_savable
+        self.served: Callable[..., Any] | None = None
+
+    def __call__(self, module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+        if self.served is None:
+            self.served = self._first(module, args, kwargs)
+        return self.served(module, *args, **kwargs)
+
+    def counts(self) -> tuple[int, int]:
+        served = self.served
+        return getattr(served, "hits", 0), getattr(served, "misses", 0)
+
+    def _first(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        job, record = self.job, self.record
+        exchange, store = job.exchange, job.store
+        fields = share_fields(job.config, record.group, module, args, kwargs)
+        key = share_key(fields)
+        record.key = key
+        found = store.find(key) if store is not None else None
+        started = time.perf_counter()
+        everyone = exchange.gather(
+            {"key": key, "fields": fields, "stored": found is not None,
+             "store": store.identity if store else None},
+            f"group {record.group!r}'s first call",
+        )  # fmt: skip
+        record.wait_seconds += time.perf_counter() - started
+        me = exchange.rank
+        if everyone[0]["key"] != key:
+            differ = differing_fields(fields, everyone[0]["fields"])
+            record.reason = f"this rank's key differs from rank 0's in: {', '.join(differ)}"
+        directory: Path | None = None
+        for plan in _plans(everyone):
+            if me == plan.source:
+                directory = self._send(plan, module, args, kwargs, found)
+            elif me in plan.receivers:
+                directory = self._receive(plan)
+            elif plan.receivers:  # another key's broadcast: every rank takes part
+                exchange.broadcast_object(None, plan.source, _what(record.group, plan.source))
+        if found is not None and directory in (None, found):
+            directory, record.role, record.source, record.stored = found, "store", me, True
+        return self._load(directory)
+
+    def _send(
+        self, plan: _Plan, module: nn.Module, args: Any, kwargs: Any, found: Path | None
+    ) -> Path | None:
+        """The source's part: read or build the entry, send it to the ranks that lack it.
+        Returns the entry's directory (``None`` when the compile failed)."""
+        record, exchange = self.record, self.job.exchange
+        directory, failure = found, None
+        if directory is None:
+            directory, failure = self._build(module, args, kwargs)
+        if plan.receivers:
+            message = pack_entry(directory) if directory is not None else None
+            started = time.perf_counter()
+            exchange.broadcast_object(
+                {"entry": message, "failure": failure},
+                exchange.rank,
+                _what(record.group, exchange.rank),
+            )
+            record.wait_seconds += time.perf_counter() - started
+            record.bytes = len(message or b"")
+            record.receivers = plan.receivers
+        if failure is not None:
+            record.reason = f"the compile for sharing failed: {failure}; compiled normally"
+        return directory
+
+    def _receive(self, plan: _Plan) -> Path | None:
+        """A receiver's part: the entry from the source, kept (``None``: the source's compile
+        failed)."""
+        record, exchange = self.record, self.job.exchange
+        started = time.perf_counter()
+        received = exchange.broadcast_object(None, plan.source, _what(record.group, plan.source))
+        record.wait_seconds += time.perf_counter() - started
+        if received["entry"] is None:
+            record.reason = (
+                f"rank {plan.source} could not compile it for sharing: {received['failure']}"
+            )
+            return None
+        record.bytes = len(received["entry"])
+        staging = self._staging(record.key)
+        unpack_entry(received["entry"], staging)
+        record.role, record.source = "received", plan.source
+        return self._keep(staging)
+
+    def _build(self, module: nn.Module, args: Any, kwargs: Any) -> tuple[Path | None, str | None]:
+        record = self.record
+        staging = self._staging(record.key)
+        fields = share_fields(self.job.config, record.group, module, args, kwargs)
+        try:
+            record.compile_seconds = build_entry(
+                staging, fields, self.compile_savable(), self.shared, module, args, kwargs
+            )
+        except Exception as error:  # sent to the others; every rank then compiles normally
+            remove_quietly(staging)
+            return None, f"{type(error).__name__}: {_first_line(error)}"
+        record.role, record.source = "compiled", self.job.exchange.rank
+        return self._keep(staging), None
+
+    def _staging(self, key: str) -> Path:
+        store = self.job.store
+        if store is not None:
+            return store.staging(key)
+        return Path(tempfile.mkdtemp(prefix="torchkiln-job-"))
+
+    def _keep(self, staging: Path) -> Path:
+        """Publish ``staging`` to the store (when there is one)."""
+        store = self.job.store
+        if store is None:
+            return staging
+        self.record.stored = True
+        return store.publish(staging, self.record.key)
+
+    def _load(self, directory: Path | None) -> Callable[..., Any]:
+        record, job = self.record, self.job
+        if directory is None:
+            record.role = "local"
+            return self.compile_group()
+        started = time.perf_counter()
+        try:
+            served = load_entry(
+                directory, record.group, self.shared, self.compile_group, job.config.cache_dir
+            )
+        except Exception as error:
+            record.reason = (
+                f"what rank {record.source} compiled could not be loaded here "
+                f"({type(error).__name__}: {_first_line(error)}); compiled on this rank"
+            )
+            record.role = "local"
+            if isinstance(error, ArtifactError) and job.store is not None and record.stored:
+                job.store.discard(record.key)
+            return self.compile_group()
+        finally:
+            record.load_seconds = time.perf_counter() - started
+            if job.store is None:
+                remove_quietly(directory)  # kernels copied, function loaded: nothing needs it
+        return served
+
+
+@attrs.frozen
+class _Plan:
+    key: str
+    source: int
+    receivers: tuple[int, ...]
+
+
+def _plans(everyone: list[dict[str, Any]]) -> list[_Plan]:
+    """Per distinct key, in the order of the first rank that has it: the source and the ranks
+    that need the entry sent (ranks whose store has it, or shares the source's store when the
+    source reads it from there, need nothing)."""
+    plans = []
+    for key in dict.fromkeys(e["key"] for e in everyone):
+        ranks = [r for r, e in enumerate(everyone) if e["key"] == key]
+        stored = [r for r in ranks if everyone[r]["stored"]]
+        source = stored[0] if stored else ranks[0]
+        receivers = tuple(r for r in ranks if r != source and not everyone[r]["stored"])
+        plans.append(_Plan(key, source, receivers))
+    return plans
+
+
+def _what(group: str, source: int) -> str:
+    return f"group {group!r}'s compiled entry (compiled or read by rank {source})"
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line for line in str(error).splitlines() if line.strip()), "")[:400]
