@@ -1,0 +1,150 @@
+"""One rank of a job that compiles once per job, run by ``torchrun`` from ``test_jobs.py``.
+
+``python -m torch.distributed.run --nproc_per_node=2 job_worker.py OUT_DIR SETTINGS_JSON``
+
+SETTINGS_JSON: ``backend``, ``store`` (a directory, ``{rank}`` and ``{node}`` filled in, or
+null), ``share``, ``strategy``, ``steps``, ``timeout`` and ``fault``: ``null``,
+``kill-source`` (rank 0 dies while it compiles), ``corrupt`` (rank 1 flips a byte of a kernel
+it received), ``differ`` (rank 1 builds a wider model). Each rank trains a default-config Llama
+a few steps with DDP and writes ``OUT_DIR/rank<N>.json``: the report's job lines, its losses,
+the graphs Dynamo compiled on the rank (its own counter: an independent witness), and the CPU
+seconds of the first step, children (inductor's compile workers) included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import torchkiln
+from torchkiln._internals import dynamo
+from torchkiln.examples import llama
+
+SHAPE = {"depth": 3, "hidden_size": 64, "heads": 4, "kv_heads": 2, "intermediate_size": 128,
+         "vocab_size": 256}  # fmt: skip
+
+
+def cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def apply_fault(fault: str | None, rank: int) -> None:
+    if fault == "kill-source" and rank == 0:
+        from torchkiln.jobs import share
+
+        def die(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(2)  # rank 1 is waiting for the entry by now
+            os._exit(17)
+
+        share.build_entry = die
+    if fault == "corrupt" and rank == 1:
+        from torchkiln.jobs import share
+
+        unpack = share.unpack_entry
+
+        def corrupting(message: bytes, directory: Path) -> None:
+            unpack(message, directory)
+            kernel = next(
+                p for p in sorted(directory.rglob("*")) if p.is_file() and "kernels" in p.parts
+            )
+            data = bytearray(kernel.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            kernel.write_bytes(bytes(data))
+
+        share.unpack_entry = corrupting
+
+
+def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    rank = dist.get_rank()
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    apply_fault(settings.get("fault"), rank)
+    shape = dict(SHAPE)
+    if settings.get("fault") == "differ" and rank == 1:
+        shape["hidden_size"] = 96
+    torch.manual_seed(0)
+    model = llama(**shape)
+    store = settings.get("store")
+    job = {"share": settings.get("share", "auto"), "timeout": settings.get("timeout", 120)}
+    if store:
+        job["store"] = store.format(rank=rank, node=node)
+    model = torchkiln.compile(
+        model,
+        backend=settings.get("backend", "aot_eager"),
+        distributed=settings.get("strategy", "ddp"),
+        cache_dir=str(out_dir / f"inductor-cache-{rank}"),
+        job=job,
+        progress="off",
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(100 + rank)
+    losses, first_step_cpu, first_step_s = [], 0.0, 0.0
+    for step in range(settings.get("steps", 3)):
+        ids = torch.randint(0, shape["vocab_size"], (2, 16), generator=generator)
+        cpu, wall = cpu_seconds(), time.perf_counter()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 0:
+            first_step_cpu, first_step_s = cpu_seconds() - cpu, time.perf_counter() - wall
+        losses.append(loss.item())
+    report = torchkiln.report(model)
+    job_report = report.job
+    return {
+        "rank": rank,
+        "losses": losses,
+        "first_step_cpu": first_step_cpu,
+        "first_step_s": first_step_s,
+        "dynamo_graphs": int(dynamo.counters()["stats"]["unique_graphs"]),
+        "job_lines": job_report.lines() if job_report is not None else [],
+        "sharing": job_report.sharing if job_report is not None else None,
+        "groups": [
+            {
+                "group": g.group,
+                "role": g.role,
+                "source": g.source,
+                "reason": g.reason,
+                "stored": g.stored,
+                "bytes": g.bytes,
+                "compile_seconds": g.compile_seconds,
+            }
+            for g in (job_report.groups if job_report is not None else ())
+        ],
+    }
+
+
+def main() -> None:
+    out_dir, settings = Path(sys.argv[1]), json.loads(sys.argv[2])
+    if (
+        "init" in settings
+    ):  # started by hand, not by torchrun (which stops every rank when one dies)
+        init = settings["init"]
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{init['port']}", rank=init["rank"], world_size=2
+        )
+    else:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    try:
+        result = run(out_dir, settings)
+    except Exception as error:
+        result = {"rank": rank, "error": f"{type(error).__name__}: {error}",
+                  "traceback": traceback.format_exc()}  # fmt: skip
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(result, indent=1))
+    if "error" not in result:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

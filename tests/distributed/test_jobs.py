@@ -1,0 +1,132 @@
+"""Compiling once per job, in real 2-process jobs (gloo, CPU): one rank compiles each region
+group, the other loads it; a store makes a restart compile nothing; each fault ends as the
+docs say (docs/jobs.md). Dynamo's own graph counter on each rank is the witness of who
+compiled."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from launching import describe, free_port, launch_nodes, read_ranks, torchrun
+
+pytestmark = [pytest.mark.distributed, pytest.mark.needs_feature("precompiled artifacts")]
+
+WORKER = Path(__file__).parent / "job_worker.py"
+
+
+def job(tmp_path: Path, name: str, **settings: Any) -> list[dict[str, Any]]:
+    out = tmp_path / name
+    out.mkdir()
+    return read_ranks(out, torchrun(WORKER, [str(out), json.dumps(settings)], cwd=out))
+
+
+def by_hand(tmp_path: Path, name: str, **settings: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Two ranks started as plain processes: one dying does not stop the other."""
+    out = tmp_path / name
+    out.mkdir()
+
+    def commands() -> list[list[str]]:
+        port = free_port()
+        return [
+            [sys.executable, str(WORKER), str(out),
+             json.dumps({**settings, "init": {"port": port, "rank": rank}})]
+            for rank in (0, 1)
+        ]  # fmt: skip
+
+    process = launch_nodes(commands, cwd=out)
+    found = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    return process, found
+
+
+def roles(ranks: list[dict[str, Any]]) -> list[list[str]]:
+    return [[g["role"] for g in r["groups"]] for r in ranks]
+
+
+def test_one_rank_compiles_and_the_other_loads_with_equal_losses(tmp_path: Path) -> None:
+    shared = job(tmp_path, "shared")
+    alone = job(tmp_path, "alone", share="off")
+    assert roles(shared) == [["compiled"], ["received"]]
+    assert [g["source"] for r in shared for g in r["groups"]] == [0, 0]
+    assert shared[1]["groups"][0]["bytes"] == shared[0]["groups"][0]["bytes"] > 0
+    # Dynamo compiled the group on rank 0 only; without sharing, on both
+    assert shared[0]["dynamo_graphs"] >= 1 and shared[1]["dynamo_graphs"] == 0
+    assert all(r["dynamo_graphs"] >= 1 for r in alone)
+    assert [r["sharing"] for r in alone] == [False, False]
+    assert "job.share is off" in alone[0]["job_lines"][0]
+    for with_share, without in zip(shared, alone, strict=True):
+        assert with_share["losses"] == pytest.approx(without["losses"], rel=1e-5)
+
+
+def test_a_restarted_job_loads_every_group_from_the_store_and_compiles_nothing(
+    tmp_path: Path,
+) -> None:
+    store = str(tmp_path / "store")
+    cold = job(tmp_path, "cold", backend="inductor", store=store)
+    warm = job(tmp_path, "warm", backend="inductor", store=store)
+    assert roles(cold) == [["compiled"], ["received"]]
+    assert all(g["stored"] for r in cold for g in r["groups"])
+    assert roles(warm) == [["store"], ["store"]]
+    assert [r["dynamo_graphs"] for r in warm] == [0, 0]
+    assert [g["compile_seconds"] for r in warm for g in r["groups"]] == [0.0, 0.0]
+    entries = list((tmp_path / "store" / "entries").iterdir())
+    assert len(entries) == 1 and not entries[0].name.startswith(".")  # one entry, published
+    # the compile's CPU time is gone from the restarted job's first step
+    assert warm[0]["first_step_cpu"] < 0.3 * cold[0]["first_step_cpu"]
+    for first, again in zip(cold, warm, strict=True):
+        assert again["losses"] == pytest.approx(first["losses"], rel=1e-5)
+
+
+def test_two_nodes_with_their_own_stores_the_second_compiles_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "nodes"
+    out.mkdir()
+    settings = json.dumps({"store": str(tmp_path / "node{node}-store")})
+
+    def nodes() -> list[list[str]]:
+        port = free_port()
+        return [
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}",
+             str(WORKER), str(out), settings]
+            for node in (0, 1)
+        ]  # fmt: skip
+
+    ranks = read_ranks(out, launch_nodes(nodes, cwd=out))
+    assert roles(ranks) == [["compiled"], ["received"]]
+    assert [r["dynamo_graphs"] >= 1 for r in ranks] == [True, False]
+    for node in (0, 1):  # each node's own store holds the entry now
+        entries = list((tmp_path / f"node{node}-store" / "entries").iterdir())
+        assert [e.name.startswith(".") for e in entries] == [False]
+
+
+def test_a_rank_with_another_model_compiles_its_own_and_says_why(tmp_path: Path) -> None:
+    ranks = job(tmp_path, "differ", strategy="none", fault="differ")
+    assert roles(ranks) == [["compiled"], ["compiled"]]
+    assert all(r["dynamo_graphs"] >= 1 for r in ranks)
+    # a wider model: other parameter shapes, and hidden states of another width
+    assert ranks[1]["groups"][0]["reason"] == (
+        "this rank's key differs from rank 0's in: structure, inputs"
+    )
+    assert ranks[0]["groups"][0]["reason"] is None
+
+
+def test_an_entry_that_does_not_match_is_compiled_on_the_rank_instead(tmp_path: Path) -> None:
+    corrupt = job(tmp_path, "corrupt", fault="corrupt")
+    alone = job(tmp_path, "alone", share="off")
+    assert roles(corrupt) == [["compiled"], ["local"]]
+    reason = corrupt[1]["groups"][0]["reason"]
+    assert "could not be loaded here" in reason and "does not match the manifest" in reason
+    assert corrupt[1]["dynamo_graphs"] >= 1  # it compiled itself
+    assert corrupt[1]["losses"] == pytest.approx(alone[1]["losses"], rel=1e-5)
+
+
+def test_a_source_that_dies_mid_compile_fails_the_waiting_rank_naming_it(tmp_path: Path) -> None:
+    process, ranks = by_hand(tmp_path, "killed", fault="kill-source", timeout=60)
+    assert process.returncode != 0, describe(process)
+    assert [r["rank"] for r in ranks] == [1]  # rank 0 died before writing anything
+    error = ranks[0]["error"]
+    assert error.startswith("JobError: rank 1: rank 0 failed or left while this rank waited for")
+    assert "group 'LlamaDecoderLayer'" in error
