@@ -1,0 +1,119 @@
+"""A store serves one process too: a restarted process (here: a second compile) loads what the
+first compiled. And the decisions: when a job shares, when not, and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchkiln
+from torchkiln._internals import dynamo
+from torchkiln.configuration.config import CompileConfig, DistributedConfig, JobConfig
+from torchkiln.examples import llama
+from torchkiln.jobs import job_share_for, sharing_problem
+from torchkiln.jobs.keys import differing_fields, share_fields, share_key
+
+SHAPE = {"depth": 2, "hidden_size": 32, "heads": 4, "kv_heads": 2, "intermediate_size": 64,
+         "vocab_size": 128}  # fmt: skip
+
+
+def graphs() -> int:
+    return int(dynamo.counters()["stats"]["unique_graphs"])
+
+
+@pytest.mark.needs_feature("precompiled artifacts")
+def test_a_second_compile_loads_the_group_from_the_store(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = llama(**SHAPE).eval()
+    ids = torch.randint(0, 128, (1, 8))
+    with torch.no_grad():
+        expected = model(ids).logits
+    store = str(tmp_path / "store")
+    torchkiln.compile(model, backend="aot_eager", job={"store": store}, progress="off")
+    with torch.no_grad():
+        first = model(ids).logits
+    [group] = torchkiln.report(model).job.groups
+    assert (group.role, group.stored, group.compile_seconds > 0) == ("compiled", True, True)
+    torchkiln.decompile(model)
+    before = graphs()
+    torchkiln.compile(model, backend="aot_eager", job={"store": store}, progress="off")
+    with torch.no_grad():
+        again = model(ids).logits
+    [group] = torchkiln.report(model).job.groups
+    assert (group.role, group.compile_seconds, graphs() - before) == ("store", 0.0, 0)
+    assert torch.allclose(first, expected, atol=1e-6) and torch.allclose(again, expected, atol=1e-6)
+    lines = torchkiln.report(model).job.lines()
+    assert lines[0] == f"job: rank 0 of 1, compiled once per job, store {tmp_path / 'store'}"
+    assert lines[1].startswith("  LlamaDecoderLayer: store (compile 0.0 s")
+
+
+def test_one_process_without_a_store_is_not_a_job() -> None:
+    plan = torchkiln.plan(llama(**SHAPE))
+    pm = torchkiln.get_plugin_manager()
+    assert job_share_for(CompileConfig(), plan, pm, progress=False) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        (CompileConfig(job=JobConfig(share="off")), "job.share is off"),
+        (CompileConfig(artifacts="/x"), "artifacts= serves the groups"),
+        pytest.param(
+            CompileConfig(backend="eager"),
+            "backend 'eager' does not declare that its compiled",
+            marks=pytest.mark.needs_feature("precompiled artifacts"),
+        ),
+        pytest.param(
+            CompileConfig(distributed=DistributedConfig(strategy="fsdp2")),
+            "distributed strategy 'fsdp2': compiled groups are shared under none, ddp only",
+            marks=pytest.mark.needs_feature("precompiled artifacts"),
+        ),
+    ],
+)
+def test_why_a_job_does_not_share(config: CompileConfig, problem: str) -> None:
+    plan = torchkiln.plan(llama(**SHAPE))
+    found = sharing_problem(config, plan, torchkiln.get_plugin_manager())
+    assert found is not None and found.startswith(problem)
+
+
+def test_share_on_refuses_a_job_that_cannot_share(tmp_path: Path) -> None:
+    with pytest.raises(torchkiln.JobError, match="job.share is on, but this job cannot share"):
+        torchkiln.compile(
+            llama(**SHAPE), backend="eager", job={"share": "on", "store": str(tmp_path)}
+        )
+
+
+def test_the_key_names_every_field_that_differs() -> None:
+    model = llama(**SHAPE)
+    layer = model.model.layers[0]
+    hidden = torch.randn(1, 8, 32)
+    base = share_fields(CompileConfig(), "g", layer, (hidden,), {})
+    other_mode = share_fields(CompileConfig(mode="max-autotune"), "g", layer, (hidden,), {})
+    longer = share_fields(CompileConfig(), "g", layer, (torch.randn(1, 9, 32),), {})
+    assert share_key(base) == share_key(dict(base)) and len(share_key(base)) == 64
+    assert differing_fields(other_mode, base) == ["mode"]
+    assert differing_fields(longer, base) == ["inputs"]
+    with torch.no_grad():
+        assert share_fields(CompileConfig(), "g", layer, (hidden,), {})["kind"] == "inference"
+
+
+@pytest.mark.parametrize("share", ["auto", "on"])
+def test_a_torch_without_aot_compile_names_itself(share: str) -> None:
+    from torchkiln._internals.versions import feature_problem
+
+    missing = feature_problem("precompiled artifacts")
+    if missing is None:
+        pytest.skip("this torch has aot_compile: the refusal is for torch before 2.13")
+    plan = torchkiln.plan(llama(**SHAPE))
+    config = CompileConfig(job=JobConfig(share=share, store="/tmp/kiln-store-unused"))
+    assert sharing_problem(config, plan, torchkiln.get_plugin_manager()) == missing
+    if share == "on":
+        with pytest.raises(torchkiln.JobError, match="torch"):
+            job_share_for(config, plan, torchkiln.get_plugin_manager(), progress=False)
+    else:
+        share_, report = job_share_for(config, plan, torchkiln.get_plugin_manager(), False)
+        assert share_ is None and report.lines() == [
+            f"job: rank 0 of 1, every rank compiles: {missing}"
+        ]
