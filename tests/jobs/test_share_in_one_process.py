@@ -79,7 +79,7 @@ def test_why_a_job_does_not_share(config: CompileConfig, problem: str) -> None:
 
 
 def test_share_on_refuses_a_job_that_cannot_share(tmp_path: Path) -> None:
-    with pytest.raises(torchkiln.JobError, match="job.share is on, but this job cannot share"):
+    with pytest.raises(torchkiln.JobError, match=r"job\.share is on, but this job cannot share"):
         torchkiln.compile(
             llama(**SHAPE), backend="eager", job={"share": "on", "store": str(tmp_path)}
         )
