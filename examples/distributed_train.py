@@ -111,6 +111,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         "regions": len(report.regions),
         "backend": report.backend,
         "state_dict_keys": len(state),
+        "job": report.job.lines() if report.job is not None else None,
     }
 
 
