@@ -180,6 +180,14 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "shown and the exit status ignores them)",
     )
     p.add_argument("--cache-root", help="keep the per-cell cache directories under this folder")
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=None,
+        help="instead of the grid: launch jobs of this many ranks with torchrun (gloo, this "
+        "machine) and compare their cold start, compile CPU time and restart with one rank's "
+        "(docs/jobs.md); uses --model, --depths (the first), --batch, --seq, --backend, --json",
+    )
     p.set_defaults(handler=run_bench)
     return p
 
@@ -188,6 +196,8 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run the bench described by ``args``; 0 when every cell that ran produced numbers
     (cells skipped for the time budget included), else 1; with ``--check``,
     :data:`EXIT_TARGET_MISSED` when they did but a target is NOT met."""
+    if args.ranks is not None:
+        return _run_job_bench(args)
     if args.from_json:
         from torchkiln.bench.replay import replay
 
@@ -196,3 +206,24 @@ def run_bench(args: argparse.Namespace) -> int:
     from torchkiln.bench.plan import plan_from_args
 
     return run_plan(plan_from_args(args), args)
+
+
+def _run_job_bench(args: argparse.Namespace) -> int:
+    from torchkiln.bench.jobs import TARGETS, run_job_bench
+    from torchkiln.bench.settings import BenchError
+
+    if args.ranks < 2:
+        raise BenchError(f"--ranks {args.ranks}: a job bench needs at least 2 ranks")
+    result = run_job_bench(
+        args.ranks,
+        args.model or "llama",
+        int((args.depths or "16").split(",")[0]),
+        int((args.batch or "1").split(",")[0]),
+        args.seq,
+        args.backend,
+        steps=6,
+        json_path=args.json_path,
+        timeout=args.timeout or 1800,
+    )
+    missed = [key for _, key, limit in TARGETS if result["ratios"][key] > limit]
+    return EXIT_TARGET_MISSED if args.check and missed else 0

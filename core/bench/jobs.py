@@ -1,0 +1,126 @@
+"""``torchkiln bench --ranks N``: what a job of N ranks pays to start, against one rank.
+
+Four launches of the same training script (:mod:`torchkiln.bench.job_rank`) with ``torchrun``
+on this machine, each rank with its own empty inductor cache directory:
+
+1. ``1 rank``: the reference cold start;
+2. ``N ranks, each compiles`` (``job.share: off``): what a job pays without torchkiln's sharing;
+3. ``N ranks, once per job``: one rank compiles each group, the others load it; entries go to
+   a fresh store;
+4. ``N ranks, restart``: the same job again, the store warm.
+
+Job cold start is from the launch until every rank has finished its first training step.
+Compile CPU-seconds are each rank's CPU time during its first step, inductor's compile workers
+included (the steady step's own CPU time is in it too, a few per cent at most).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TARGETS = (
+    ("cold start, N ranks once per job / 1 rank", "cold_vs_one", 1.15),
+    ("compile CPU-s summed over ranks / 1 rank's", "cpu_vs_one", 1.2),
+    ("restart first step / cold first step (worst rank)", "restart_vs_cold", 0.15),
+)
+
+
+def _launch(ranks: int, out: Path, settings: dict[str, Any], timeout: float) -> dict[str, Any]:
+    out.mkdir(parents=True)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+        "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+        "-m", "torchkiln.bench.job_rank", str(out), json.dumps(settings),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    launched = time.time()
+    process = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    if process.returncode != 0:
+        raise RuntimeError(f"the {ranks}-rank job failed:\n{process.stderr[-3000:]}")
+    per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+    return {
+        "ranks": per_rank,
+        "cold_start_s": max(r["first_step_done"] for r in per_rank) - launched,
+        "cpu_sum_s": sum(r["first_step_cpu_s"] for r in per_rank),
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_job_bench(
+    ranks: int, model: str, depth: int, batch: int, seq: int, backend: str, steps: int,
+    json_path: str | None, timeout: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Run the four launches, print the table and the targets, write ``json_path``."""
+    root = Path(tempfile.mkdtemp(prefix="torchkiln-job-bench-"))
+    base = {"model": model, "depth": depth, "batch": batch, "seq": seq, "backend": backend,
+            "steps": steps}  # fmt: skip
+    store = str(root / "store")
+    runs = {}
+    for name, count, job in (
+        ("1 rank", 1, {"share": "off"}),
+        (f"{ranks} ranks, each compiles", ranks, {"share": "off"}),
+        (f"{ranks} ranks, once per job", ranks, {"store": store}),
+        (f"{ranks} ranks, restart", ranks, {"store": store}),
+    ):
+        print(f"torchkiln bench --ranks: {name} ...", file=sys.stderr, flush=True)
+        runs[name] = _launch(count, root / name.replace(" ", "-").replace(",", ""),
+                             {**base, "job": job}, timeout)  # fmt: skip
+    one, shared = runs["1 rank"], runs[f"{ranks} ranks, once per job"]
+    restart = runs[f"{ranks} ranks, restart"]
+    ratios = {
+        "cold_vs_one": shared["cold_start_s"] / one["cold_start_s"],
+        "cpu_vs_one": shared["cpu_sum_s"] / one["cpu_sum_s"],
+        "restart_vs_cold": max(
+            again["first_step_s"] / first["first_step_s"]
+            for again, first in zip(restart["ranks"], shared["ranks"], strict=True)
+        ),
+    }
+    result = {"settings": {**base, "ranks": ranks}, "runs": runs, "ratios": ratios}
+    print(render(result))
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    """The table and the targets of one run."""
+    s = result["settings"]
+    lines = [
+        f"torchkiln bench --ranks {s['ranks']}: {s['model']} depth {s['depth']}, batch "
+        f"{s['batch']}, seq {s['seq']}, {s['backend']}, training steps, gloo on this machine",
+        f"{'job':<28}{'cold start s':>13}{'vs 1 rank':>10}{'first step s (per rank)':>26}"
+        f"{'compile CPU-s (per rank)':>27}{'later step ms':>15}",
+    ]
+    one = result["runs"]["1 rank"]
+    for name, run in result["runs"].items():
+        firsts = ", ".join(f"{r['first_step_s']:.1f}" for r in run["ranks"])
+        cpus = ", ".join(f"{r['first_step_cpu_s']:.1f}" for r in run["ranks"])
+        later = max((r["later_step_s"] or 0) for r in run["ranks"]) * 1000
+        lines.append(
+            f"{name:<28}{run['cold_start_s']:>13.1f}{run['cold_start_s'] / one['cold_start_s']:>10.2f}"
+            f"{firsts:>26}{cpus:>27}{later:>15.0f}"
+        )
+    for label, key, limit in TARGETS:
+        value = result["ratios"][key]
+        verdict = "met" if value <= limit else "NOT met"
+        lines.append(f"  target {label}: {value:.2f} (at most {limit}): {verdict}")
+    for name, run in result["runs"].items():
+        for r in run["ranks"]:
+            for line in r["job"] or ():
+                lines.append(f"  [{name}, rank {r['rank']}] {line.strip()}")
+    return "\n".join(lines)
