@@ -215,6 +215,11 @@ def _compile_checked(
         # Compilation is lazy: pointing the caches there now covers the first call; the
         # process-wide variable is put back by decompile (an explicit, documented option).
         add_undo(result.module, apply_cache_dir(cfg.cache_dir).restore)
+    if state is not None and cfg.remote_cache is not None:
+        from torchkiln.artifacts.remote_cache import apply_remote_cache
+
+        state.remote_cache = apply_remote_cache(cfg.remote_cache)
+        add_undo(result.module, state.remote_cache.restore)
     if state is not None and cfg.enabled and region_plan.region_count > 1 and uses_cuda_graphs(cfg):
         add_undo(result.module, install_step_marker(result.module))
     if state is not None:

@@ -163,3 +163,53 @@ def cpp_compiler_version() -> tuple[str, str]:
 
     compiler = get_cpp_compiler()
     return str(compiler), str(get_compiler_version_info(compiler))
+
+
+REMOTE_CACHE_SWITCHES = (
+    ("inductor", "fx_graph_remote_cache"),
+    ("inductor", "autotune_remote_cache"),
+    ("functorch", "enable_remote_autograd_cache"),
+)
+"""The settings that turn on torch's remote caches: inductor's FX-graph cache (compiled graphs),
+its autotuning cache, and AOTAutograd's cache (the joint forward-backward graphs)."""
+
+
+def remote_cache_switch(owner: str, name: str) -> tuple[Any, Any]:
+    """``(read, write)`` for one of :data:`REMOTE_CACHE_SWITCHES`.
+
+    Reads and sets ``torch._inductor.config.<name>`` or ``torch._functorch.config.<name>``: off
+    Meta's own builds these default to off, and only the config modules switch them on in
+    process (the ``TORCHINDUCTOR_*_REMOTE_CACHE`` variables are read once, at import).
+    Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    if owner == "inductor":
+        from torch._inductor import config as module
+    else:
+        from torch._functorch import config as module
+    if not hasattr(module, name):
+        raise AttributeError(
+            f"torch.{'_inductor' if owner == 'inductor' else '_functorch'}.config has no {name}"
+        )
+
+    def read() -> Any:
+        return getattr(module, name)
+
+    def write(value: Any) -> None:
+        setattr(module, name, value)
+
+    return read, write
+
+
+def remote_cache_counts() -> dict[str, dict[str, int]]:
+    """Torch's counts of remote-cache traffic in this process, by cache class name
+    (``RemoteFxGraphCache``, ...): ``{"hit", "miss", "put", "exception"}`` each.
+
+    Reads ``torch._inductor.remote_cache.cache_stats._stats``, the only record of it (torch
+    logs it at exit). Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    from torch._inductor.remote_cache import cache_stats
+
+    return {
+        name: {"hit": stat.hit, "miss": stat.miss, "put": stat.put, "exception": stat.exception}
+        for name, stat in cache_stats._stats.items()
+    }

@@ -187,6 +187,10 @@ class CompileConfig:
     cache_dir: str | None = None
     """Directory for persistent compile artifacts (inductor FX-graph and AOTAutograd
     caches); ``None`` leaves torch's own default."""
+    remote_cache: str | None = None
+    """A Redis URL (``redis://HOST:PORT``): torch's remote caches (inductor's compiled graphs
+    and autotuning, AOTAutograd's graphs) on that server for the compiled model's lifetime, so
+    that kernels reach jobs on fresh machines; ``None``: off (docs/cache.md)."""
     artifacts: str | None = None
     """Directory written by ``torchkiln precompile``: region groups whose artifacts fit are
     loaded from it instead of traced and compiled; ``None``: compile normally."""

@@ -327,6 +327,10 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     add("regions.rest", _choice(config.regions.rest, REST_POLICIES, "a rest policy"))
     add("progress", _choice(config.progress, PROGRESS_CHOICES, "a progress setting"))
     add("dispatch", _choice(config.dispatch, DISPATCH_CHOICES, "a dispatch setting"))
+    if config.remote_cache is not None:
+        from torchkiln.artifacts.remote_cache import remote_cache_problem
+
+        add("remote_cache", remote_cache_problem(config.remote_cache))
     add("job.share", _choice(config.job.share, JOB_SHARE_CHOICES, "a job.share setting"))
     if not 0 < config.job.timeout <= 7 * 24 * 3600:
         add("job.timeout", f"{config.job.timeout} is not between 0 (exclusive) and 604800 seconds")

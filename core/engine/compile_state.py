@@ -170,6 +170,8 @@ class CompileState:
     """Compile id -> (group, record) of compiles after the first calls, as reports saw them
     (Dynamo keeps only its most recent records)."""
     tiered: Any = None
+    remote_cache: Any = None
+    """``remote_cache``: the :class:`torchkiln.artifacts.remote_cache.RemoteCacheWatch`."""
     job: Any = None
     """Compiling once per job: the :class:`torchkiln.jobs.share.JobShare` serving the groups,
     or a :class:`torchkiln.jobs.share.JobReport` saying why the ranks do not share."""

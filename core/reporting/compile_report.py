@@ -121,6 +121,9 @@ class CompileReport:
     tiers: Any = None
     """Tiered compilation: which tier serves, calls per tier, the switch, the build
     (:class:`torchkiln.tiered.runtime.TierReport`); ``None`` without tiers."""
+    remote_cache: Any = None
+    """``remote_cache``: torch's remote-cache traffic since compile and whether the server
+    answers (:class:`torchkiln.artifacts.remote_cache.RemoteCacheReport`)."""
     job: Any = None
     """Compiling once per job: what each group's first call did on this rank
     (:class:`torchkiln.jobs.share.JobReport`); ``None`` outside a job."""
@@ -459,6 +462,7 @@ def build_report(
         causes=all_causes,
         tiers=state.tiered.report() if state.tiered is not None else None,
         job=_job_report(state.job),
+        remote_cache=state.remote_cache.report() if state.remote_cache is not None else None,
         backend_plugin=state.providers.get("backend"),
         selector_plugin=state.providers.get("selector"),
     )
@@ -507,6 +511,8 @@ def _plain_table(report: CompileReport) -> str:
         lines.append(
             f"  group {group}: {len(reasons)} compile(s) after the first calls: {reasons[-1]}"
         )
+    if report.remote_cache is not None:
+        lines += report.remote_cache.lines()
     if report.job is not None:
         lines += report.job.lines()
     return "\n".join(lines)

@@ -165,6 +165,8 @@ def render_report(report: Any) -> str:
         lines.append(f"  remedy for {cause}: {remedy}")
     if getattr(report, "tiers", None) is not None:
         lines += report.tiers.lines()
+    if getattr(report, "remote_cache", None) is not None:
+        lines += report.remote_cache.lines()
     if getattr(report, "job", None) is not None:
         lines += report.job.lines()
     return "\n".join(lines)

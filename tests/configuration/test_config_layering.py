@@ -338,6 +338,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "job.store": ("/tmp/kiln-store", "/tmp/kiln-store"),
     "on_region_error": ("EAGER", "eager"),
     "cache_dir": ("/tmp/kiln-cache", "/tmp/kiln-cache"),
+    "remote_cache": ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
     "artifacts": ("/tmp/kiln-artifacts", "/tmp/kiln-artifacts"),
     "artifacts_strict": ("true", True),
     "dispatch": ("DYNAMO", "dynamo"),
