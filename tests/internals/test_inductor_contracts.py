@@ -125,3 +125,26 @@ def test_cpp_compiler_version() -> None:
     compiler, version = inductor.cpp_compiler_version()
     assert compiler and isinstance(compiler, str)
     assert version and isinstance(version, str)
+
+
+@pytest.mark.parametrize(("owner", "name"), inductor.REMOTE_CACHE_SWITCHES)
+def test_remote_cache_switch(owner: str, name: str) -> None:
+    read, write = inductor.remote_cache_switch(owner, name)
+    before = read()
+    assert before in (None, False, True)  # off Meta's builds: unset or off
+    write(True)
+    try:
+        assert read() is True
+    finally:
+        write(before)
+    assert read() == before
+
+
+def test_remote_cache_counts() -> None:
+    from torch._inductor.remote_cache import cache_stats  # the contract's subject
+
+    counts = inductor.remote_cache_counts()
+    assert isinstance(counts, dict)
+    cache_stats.put("TorchkilnContractProbe")
+    after = inductor.remote_cache_counts()["TorchkilnContractProbe"]
+    assert after == {"hit": 0, "miss": 0, "put": after["put"], "exception": 0} and after["put"] >= 1
