@@ -41,11 +41,6 @@ from torchkiln.plugin_host.region_plan import RegionGroup
 
 logger = logging.getLogger("torchkiln")
 
-ROLES = ("compiled", "received", "store", "local")
-"""``compiled``: this rank compiled the entry (and sent it where others needed it);
-``received``: another rank compiled it and sent it; ``store``: read from ``job.store``;
-``local``: compiled normally on this rank (:attr:`GroupShare.reason` says why)."""
-
 
 @attrs.define
 class GroupShare:
@@ -53,6 +48,9 @@ class GroupShare:
 
     group: str
     role: str = "local"
+    """``compiled``: this rank compiled the entry (and sent it where others needed it);
+    ``received``: another rank compiled it and sent it; ``store``: read from ``job.store``;
+    ``local``: compiled normally on this rank (:attr:`reason` says why)."""
     source: int | None = None
     """The rank whose entry this rank loaded (itself for ``compiled`` and ``store``)."""
     reason: str | None = None
@@ -70,8 +68,9 @@ class GroupShare:
     stored: bool = False
     """Whether the entry is (now) in ``job.store``."""
     fitted_calls: int = 0
+    """Calls the loaded entry served."""
     other_calls: int = 0
-    """Calls the entry did not fit (compiled normally on this rank)."""
+    """Calls the entry did not fit (another shape, the other kind): compiled on this rank."""
 
     def line(self) -> str:
         source = "" if self.source in (None, _rank()) else f" from rank {self.source}"
@@ -81,7 +80,13 @@ class GroupShare:
             f"load {self.load_seconds:.2f} s)"
         )
         why = f": {self.reason}" if self.reason else ""
-        return f"{self.group}: {self.role}{source}{sent}{times}{why}"
+        other = (
+            f"; {self.other_calls} of {self.fitted_calls + self.other_calls} calls did not fit "
+            "it and were compiled here"
+            if self.other_calls and self.role != "local"
+            else ""
+        )
+        return f"{self.group}: {self.role}{source}{sent}{times}{why}{other}"
 
 
 def _rank() -> int:
@@ -118,8 +123,11 @@ class JobShare:
         self.exchange = JobExchange(config.job.timeout, progress)
         self.store = JobStore(config.job.store) if config.job.store else None
         self.groups: dict[str, GroupShare] = {}
+        self.served: dict[str, SharedGroup] = {}
 
     def report(self) -> JobReport:
+        for name, served in self.served.items():
+            self.groups[name].fitted_calls, self.groups[name].other_calls = served.counts()
         return JobReport(
             self.exchange.rank,
             self.exchange.world,
@@ -137,7 +145,10 @@ class JobShare:
         compile_savable: Callable[[], Any],
     ) -> SharedGroup:
         record = self.groups.setdefault(group.name, GroupShare(group.name))
-        return SharedGroup(self, record, shared, compile_group, compile_savable)
+        served = self.served[group.name] = SharedGroup(
+            self, record, shared, compile_group, compile_savable
+        )
+        return served
 
 
 class SharedGroup:

@@ -117,3 +117,20 @@ def test_a_torch_without_aot_compile_names_itself(share: str) -> None:
         assert share_ is None and report.lines() == [
             f"job: rank 0 of 1, every rank compiles: {missing}"
         ]
+
+
+@pytest.mark.needs_feature("precompiled artifacts")
+def test_the_report_counts_calls_the_entry_did_not_fit(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = llama(**SHAPE).eval()
+    torchkiln.compile(model, backend="aot_eager", job={"store": str(tmp_path)}, progress="off")
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 8)))
+        model(torch.randint(0, 128, (1, 12)))  # another length: compiled on this rank
+    [group] = torchkiln.report(model).job.groups
+    assert (group.fitted_calls, group.other_calls) == (2, 2)  # two layers share the group
+    assert (
+        torchkiln.report(model)
+        .job.lines()[1]
+        .endswith("; 2 of 4 calls did not fit it and were compiled here")
+    )
