@@ -93,6 +93,8 @@ class JobExchange:
         self._wait(
             dist.broadcast(size, source, group=self.group, async_op=True), source, what, started
         )
+        if int(size.item()) == 0:  # every rank knows the size now: nothing more to send
+            return b""
         if sending:
             assert data is not None
             buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)

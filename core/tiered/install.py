@@ -48,6 +48,11 @@ def wants_tiers(config: CompileConfig) -> bool:
 def install_tiers(model: nn.Module, state: CompileState, config: CompileConfig) -> TieredForward:
     region_paths = [r.path for g in state.plan.groups for r in g.regions]
     tiered = TieredForward(model, config, region_paths)
+    exchange = getattr(state.job, "exchange", None)  # a job whose ranks share (torchkiln.jobs)
+    if exchange is not None and exchange.world > 1:
+        from torchkiln.tiered.job_tiers import JobTiers
+
+        tiered.job = JobTiers(exchange)
     if config.artifacts is not None and _whole_entry(config):
         _load_existing(tiered, model, Path(config.artifacts).expanduser(), config)
     if not config.tiered.enabled and tiered.form is None:

@@ -71,6 +71,10 @@ class TierReport:
     """Builders started: 1, or 2 when the calls after the first showed more than it."""
     rebuild_reason: str | None = None
     """Why a second builder was started (``None``: the first one covered every call seen)."""
+    builder_processes: int = 0
+    """Builder processes this process started (in a job, 0 on every rank but rank 0)."""
+    job_rank: int | None = None
+    """In a job whose ranks share: this rank (rank 0 builds for all)."""
 
     def lines(self) -> list[str]:
         out = [
@@ -89,6 +93,9 @@ class TierReport:
                 f"  builder: {self.build_seconds:.1f} s, peak memory "
                 f"{self.builder_peak_rss_mb} MiB; loading {self.load_seconds or 0:.2f} s"
             )
+        if self.job_rank is not None:
+            who = "this rank's builder" if self.job_rank == 0 else "rank 0's builder"
+            out.append(f"  one builder for the job: {who}; every rank switches at the same call")
         if self.rebuild_reason:
             out.append(f"  rebuilt: {self.rebuild_reason}")
         if self.misses:
@@ -130,6 +137,11 @@ class TieredForward:
         self._output: Path | None = None
         self._own_output = False
         self._depth = 0
+        self._job_failure: dict[str, Any] | None = None
+        self.builder_processes = 0
+        self.job: Any = None
+        """A :class:`~torchkiln.tiered.job_tiers.JobTiers` in a job whose ranks share: rank 0
+        builds for all, and every rank switches at the same call."""
         atexit.register(self.stop)
 
     # -- copies and pickles ---------------------------------------------------------------------
@@ -216,10 +228,10 @@ class TieredForward:
             self.log.add(call_spec(model, args, kwargs), args, kwargs)
         except Exception as error:  # an input we cannot describe: stay regional, say why
             self.log_open = False
-            if self.builder is None:
+            if self.builds == 0:
                 self._stop_with(f"the call's inputs cannot be sent to a builder: {error}")
             return
-        if self.builder is None:  # the first call: build for it, beside the regional compile
+        if self.builds == 0:  # the first call: build for it, beside the regional compile
             self._start_builder(model)
             if self.log.ready():  # a log of one call (a limit of 1)
                 self.log_open = False
@@ -233,7 +245,8 @@ class TieredForward:
                 f"{_describe_families(self.log.families())}; the first builder had call 1 only"
             )
             self._say(f"restarting the builder: {self.rebuild_reason}")
-            self.builder.stop()
+            if self.builder is not None:
+                self.builder.stop()
             self._start_builder(model)
 
     def _stop_with(self, reason: str) -> None:
@@ -254,8 +267,11 @@ class TieredForward:
     def prestart(self, model: nn.Module) -> None:
         """Start the builder process now (compile time), so that it has imported torch and
         the model's modules (seconds) by the time the first call asks for a build."""
+        if self.job is not None and not self.job.builds_here:
+            return  # rank 0 builds for the job
         if saved_functions_supported() and not unimportable_classes(model):
             self.spare = BuilderProcess(self.config.tiered.threads, _preload(model))
+            self.builder_processes += 1
 
     def _start_builder(self, model: nn.Module) -> None:
         if not saved_functions_supported():
@@ -273,18 +289,28 @@ class TieredForward:
             )
             return
         self.built_for = self.log.families()
+        if self.job is not None and not self.job.builds_here:
+            self.builds += 1
+            self.pending = True
+            if self.form is None:
+                self.state = "building"
+                self.reason = "rank 0 builds the whole-model form for the job"
+            return
         try:
             request = self._request(model)
         except Exception as error:
-            self._stop_with(
-                f"the model cannot be sent to a builder: {type(error).__name__}: {error}"
-            )
+            failure = f"the model cannot be sent to a builder: {type(error).__name__}: {error}"
+            if self.job is not None:  # the other ranks wait for this rank's word: send it
+                self.pending, self._job_failure = True, {"ok": False, "error": failure}
+                return
+            self._stop_with(failure)
             return
         spare, self.spare = self.spare, None
         if spare is None or spare.process.poll() is not None:  # none started, or it died
             if spare is not None:
                 spare.stop()
             spare = BuilderProcess(self.config.tiered.threads, _preload(model))
+            self.builder_processes += 1
         spare.start(request)
         self.builder = spare
         self.builds += 1
@@ -328,8 +354,16 @@ class TieredForward:
         }
 
     def _poll(self, model: nn.Module) -> None:
-        assert self.builder is not None
-        result = self.builder.poll()
+        directory = None
+        if self.job is None:
+            assert self.builder is not None
+            result = self.builder.poll()
+        else:  # every rank, every call until the switch: rank 0's result, or None
+            mine = self._job_failure or (self.builder.poll() if self.builder else None)
+            agreed = self.job.agree(mine, self._output)
+            result = agreed["result"] if agreed is not None else None
+            if agreed is not None and result.get("ok") and not self.job.builds_here:
+                directory = self.job.write(agreed["files"])
         if result is None:
             return
         self.pending = False
@@ -343,8 +377,11 @@ class TieredForward:
                 self.reason = f"the rebuild did not finish, {failure}"
                 self._say(self.reason, logging.WARNING)
             return
+        if directory is None:
+            assert self.builder is not None
+            directory = Path(self.builder.workdir) if self._output is None else self._output
         try:
-            self.switch(model, Path(self.builder.workdir) if self._output is None else self._output)
+            self.switch(model, directory)
         except Exception as error:  # a form that cannot load must never fail the user's call
             self._stop_with(
                 f"the built whole-model form could not be loaded: {type(error).__name__}: {error}"
@@ -396,7 +433,9 @@ class TieredForward:
             shutil.rmtree(self._output, ignore_errors=True)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the builder has finished (tests, benchmarks); ``True`` if it has."""
+        """Block until the builder has finished (tests, benchmarks); ``True`` if it has. In a
+        job, only rank 0 has a builder: other ranks return at once, and every rank switches at
+        the next call after rank 0's builder finished."""
         if self.builder is None:
             return True
         return self.builder.wait(timeout) is not None
@@ -417,6 +456,8 @@ class TieredForward:
             misses=self.misses,
             builds=self.builds,
             rebuild_reason=self.rebuild_reason,
+            builder_processes=self.builder_processes,
+            job_rank=self.job.rank if self.job is not None else None,
         )
 
 

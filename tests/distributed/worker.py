@@ -217,8 +217,8 @@ def run_ddp() -> dict[str, Any]:
 
 
 def run_tiered_ddp() -> dict[str, Any]:
-    """Tiered under DDP: each rank observes, builds in its own builder process and switches;
-    the loss curve must equal plain DDP's."""
+    """Tiered under DDP: rank 0's builder process builds for the job, both ranks switch at the
+    same call; the loss curve must equal plain DDP's."""
     from torch.nn.parallel import DistributedDataParallel
 
     import torchkiln.tiered
@@ -248,6 +248,10 @@ def run_tiered_ddp() -> dict[str, Any]:
         out["serving"].append(torchkiln.tiered.tiers(wrapped).serving)
     tiers = torchkiln.tiered.tiers(wrapped)
     out["calls"], out["reason"] = tiers.calls, tiers.reason
+    out["builder_processes"] = tiers.builder_processes
+    out["switched_at_call"] = tiers.switched_at_call
+    runtime = torchkiln.report(wrapped)  # the job's sharing: rank 0 builds for both ranks
+    out["job"] = runtime.job.lines() if runtime.job is not None else None
     out["params_checksum"] = params_checksum(model)
     out["reference_checksum"] = params_checksum(reference.module)
     torchkiln.decompile(wrapped)
