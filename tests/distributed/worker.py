@@ -184,6 +184,8 @@ def run_ddp() -> dict[str, Any]:
     out["losses"] = train_torch(loss_of(wrapped), torch.optim.AdamW(wrapped.parameters(), lr=LR))
     out["new_dynamo_graphs"] = dynamo_graphs() - graphs_before
     out["regions"] = region_summary(wrapped)
+    job = torchkiln.report(wrapped).job
+    out["job_roles"] = [(g.role, g.source) for g in job.groups] if job is not None else None
     out["params_checksum"] = params_checksum(model)
     out["state_dict"] = state_dict_checks(full_state_dict(wrapped), reference_state)
     out["state_dict_all_ranks_size"] = len(full_state_dict(wrapped, rank0_only=False))
