@@ -16,10 +16,13 @@ from torchkiln.errors import JobError
 from torchkiln.jobs.exchange import job_world
 from torchkiln.jobs.share import JobReport, JobShare
 
-SHARED_STRATEGIES = ("none", "ddp")
-"""Distributed strategies under which ranks share compiled groups: every rank holds the whole
-module of each block. FSDP2 and DeepSpeed ZeRO-3 hold a shard, gathered by hooks around the
-compiled function; sharing there is not verified yet, and their ranks compile their own."""
+SHARED_STRATEGIES = ("none", "ddp", "deepspeed")
+"""Distributed strategies under which ranks share compiled groups. Under DeepSpeed ZeRO-3 the
+gathering hooks split each block, so the rank that compiles for sharing fails at the first
+split and every rank compiles normally (the report says so). FSDP2 is left out: torch cannot
+load the saved function of an FSDP2 block (its guards look up a module attribute the loaded
+frame lacks, ``KeyError: 'gradient_checkpointing'`` on torch 2.13), so every rank would compile
+twice; its ranks compile their own."""
 
 
 def sharing_problem(config: CompileConfig, plan: Any, plugins: Any) -> str | None:

@@ -73,7 +73,7 @@ class GroupShare:
     """Calls the entry did not fit (another shape, the other kind): compiled on this rank."""
 
     def line(self) -> str:
-        source = "" if self.source in (None, _rank()) else f" from rank {self.source}"
+        source = f" from rank {self.source}" if self.role == "received" else ""
         sent = f", sent to rank(s) {', '.join(map(str, self.receivers))}" if self.receivers else ""
         times = (
             f" (compile {self.compile_seconds:.1f} s, wait {self.wait_seconds:.1f} s, "
@@ -87,12 +87,6 @@ class GroupShare:
             else ""
         )
         return f"{self.group}: {self.role}{source}{sent}{times}{why}{other}"
-
-
-def _rank() -> int:
-    from torchkiln.jobs.exchange import job_world
-
-    return job_world()[0]
 
 
 @attrs.define

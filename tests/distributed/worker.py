@@ -491,6 +491,8 @@ def run_deepspeed(stage: int, out_dir: Path) -> dict[str, Any]:
     out["losses"] = train_engine(wrapped)
     out["new_dynamo_graphs"] = dynamo_graphs() - graphs_before
     out["regions"] = region_summary(wrapped)
+    job = torchkiln.report(wrapped).job
+    out["job"] = [(g.role, g.source, g.reason) for g in job.groups] if job is not None else None
     out["state_dict"] = state_dict_checks(full_state_dict(wrapped), reference_state)
     out["state_dict_all_ranks_size"] = len(full_state_dict(wrapped, rank0_only=False))
     out["wrap_engine_again"] = error_text(

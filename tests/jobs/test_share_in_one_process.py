@@ -67,7 +67,7 @@ def test_one_process_without_a_store_is_not_a_job() -> None:
         ),
         pytest.param(
             CompileConfig(distributed=DistributedConfig(strategy="fsdp2")),
-            "distributed strategy 'fsdp2': compiled groups are shared under none, ddp only",
+            "distributed strategy 'fsdp2': compiled groups are shared under none, ddp, deepspeed only",
             marks=pytest.mark.needs_feature("precompiled artifacts"),
         ),
     ],
