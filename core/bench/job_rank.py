@@ -44,9 +44,11 @@ def measure(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         distributed="ddp" if world > 1 else "none",
         cache_dir=str(out_dir / f"inductor-cache-{rank}"),
         job=settings["job"],
+        tiered=settings.get("tiered", False),
         progress="off",
     )
     steps = []
+    switched_at = None
     for step in range(settings["steps"]):
         cpu, started = cpu_seconds(), time.perf_counter()
         model.zero_grad(set_to_none=True)
@@ -55,6 +57,10 @@ def measure(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         steps.append(time.perf_counter() - started)
         if step == 0:
             first_cpu, first_done = cpu_seconds() - cpu, time.time()
+        tiers = torchkiln.report(model).tiers
+        if tiers is not None and tiers.switched_at_call is not None:
+            switched_at = tiers.switched_at_call  # the same call on every rank: all stop here
+            break
     report = torchkiln.report(model)
     return {
         "rank": rank,
@@ -65,6 +71,9 @@ def measure(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         "later_step_s": statistics.median(steps[1:]) if len(steps) > 1 else None,
         "dynamo_graphs": int(dynamo.counters()["stats"]["unique_graphs"]),
         "job": report.job.lines() if report.job is not None else None,
+        "steps": len(steps),
+        "switched_at_step": switched_at,
+        "builder_processes": report.tiers.builder_processes if report.tiers is not None else 0,
     }
 
 

@@ -7,7 +7,9 @@ on this machine, each rank with its own empty inductor cache directory:
 2. ``N ranks, each compiles`` (``job.share: off``): what a job pays without torchkiln's sharing;
 3. ``N ranks, once per job``: one rank compiles each group, the others load it; entries go to
    a fresh store;
-4. ``N ranks, restart``: the same job again, the store warm.
+4. ``N ranks, restart``: the same job again, the store warm;
+5. ``N ranks, tiered``: tiered compilation (one builder for the job), trained until every rank
+   switched or ``TIERED_STEPS`` steps: the step at which they switched, and the builders.
 
 Job cold start is from the launch until every rank has finished its first training step.
 Compile CPU-seconds are each rank's CPU time during its first step, inductor's compile workers
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+TIERED_STEPS = 60
 TARGETS = (
     ("cold start, N ranks once per job / 1 rank", "cold_vs_one", 1.15),
     ("compile CPU-s summed over ranks / 1 rank's", "cpu_vs_one", 1.2),
@@ -75,10 +78,12 @@ def run_job_bench(
         (f"{ranks} ranks, each compiles", ranks, {"share": "off"}),
         (f"{ranks} ranks, once per job", ranks, {"store": store}),
         (f"{ranks} ranks, restart", ranks, {"store": store}),
+        (f"{ranks} ranks, tiered", ranks, {}),
     ):
         print(f"torchkiln bench --ranks: {name} ...", file=sys.stderr, flush=True)
+        extra = {"tiered": True, "steps": TIERED_STEPS} if name.endswith("tiered") else {}
         runs[name] = _launch(count, root / name.replace(" ", "-").replace(",", ""),
-                             {**base, "job": job}, timeout)  # fmt: skip
+                             {**base, "job": job, **extra}, timeout)  # fmt: skip
     one, shared = runs["1 rank"], runs[f"{ranks} ranks, once per job"]
     restart = runs[f"{ranks} ranks, restart"]
     ratios = {
@@ -115,6 +120,17 @@ def render(result: dict[str, Any]) -> str:
             f"{name:<28}{run['cold_start_s']:>13.1f}{run['cold_start_s'] / one['cold_start_s']:>10.2f}"
             f"{firsts:>26}{cpus:>27}{later:>15.0f}"
         )
+    tiered = result["runs"].get(f"{s['ranks']} ranks, tiered")
+    if tiered is not None:
+        switched = {r["switched_at_step"] for r in tiered["ranks"]}
+        builders = [r["builder_processes"] for r in tiered["ranks"]]
+        where = (
+            f"every rank switched at call {switched.pop()}"
+            if len(switched) == 1 and None not in switched
+            else f"switched at calls {sorted(switched, key=str)} (None: not within "
+            f"{tiered['ranks'][0]['steps']} steps)"
+        )
+        lines.append(f"  tiered: {where}; builder processes per rank {builders}")
     for label, key, limit in TARGETS:
         value = result["ratios"][key]
         verdict = "met" if value <= limit else "NOT met"

@@ -51,6 +51,8 @@ class JobExchange:
         self.timeout = timeout
         self.progress = progress
         self.group: Any = None
+        self.transfer_seconds = 0.0
+        """The last broadcast's data transfer alone (after its size arrived)."""
         if self.world > 1:
             import torch.distributed as dist
 
@@ -100,9 +102,11 @@ class JobExchange:
             buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         else:
             buffer = torch.empty(int(size.item()), dtype=torch.uint8)
+        transfer = time.monotonic()
         self._wait(
             dist.broadcast(buffer, source, group=self.group, async_op=True), source, what, started
         )
+        self.transfer_seconds = time.monotonic() - transfer
         return data if sending and data is not None else buffer.numpy().tobytes()
 
     def broadcast_object(self, obj: Any, source: int, what: str) -> Any:

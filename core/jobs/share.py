@@ -63,6 +63,8 @@ class GroupShare:
     load_seconds: float = 0.0
     bytes: int = 0
     """Size of the entry as sent (0 when nothing was sent)."""
+    transfer_seconds: float = 0.0
+    """The entry's bytes on the wire, once the source had them (part of ``wait_seconds``)."""
     receivers: tuple[int, ...] = ()
     """The ranks this rank sent the entry to."""
     stored: bool = False
@@ -75,9 +77,14 @@ class GroupShare:
     def line(self) -> str:
         source = f" from rank {self.source}" if self.role == "received" else ""
         sent = f", sent to rank(s) {', '.join(map(str, self.receivers))}" if self.receivers else ""
+        wire = (
+            f", {self.bytes / 2**20:.1f} MB in {self.transfer_seconds:.3f} s"
+            if self.role == "received"
+            else ""
+        )
         times = (
             f" (compile {self.compile_seconds:.1f} s, wait {self.wait_seconds:.1f} s, "
-            f"load {self.load_seconds:.2f} s)"
+            f"load {self.load_seconds:.2f} s{wire})"
         )
         why = f": {self.reason}" if self.reason else ""
         other = (
@@ -240,6 +247,7 @@ class SharedGroup:
             )
             return None
         record.bytes = len(received["entry"])
+        record.transfer_seconds = exchange.transfer_seconds
         staging = self._staging(record.key)
         unpack_entry(received["entry"], staging)
         record.role, record.source = "received", plan.source
