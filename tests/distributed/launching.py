@@ -128,7 +128,9 @@ def _run_side_by_side(
         deadline = time.monotonic() + TIMEOUT_S
         try:
             for child in running:
-                child.wait(timeout=max(deadline - time.monotonic(), 1))
+                # past the deadline: killed below, and the output says where each one was
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=max(deadline - time.monotonic(), 1))
         finally:
             for child in running:
                 if child.poll() is None:
