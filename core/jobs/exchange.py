@@ -16,10 +16,13 @@ a store (``job.store``) still serves a restarted single process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -69,9 +72,10 @@ class JobExchange:
 
         started = time.monotonic()
         try:
-            dist.monitored_barrier(
-                group=self.group, timeout=timedelta(seconds=self.timeout), wait_all_ranks=True
-            )
+            with self._noting(f"waiting for every rank to reach {what}", started):
+                dist.monitored_barrier(
+                    group=self.group, timeout=timedelta(seconds=self.timeout), wait_all_ranks=True
+                )
         except RuntimeError as error:
             raise JobError(
                 f"rank {self.rank}: not every rank of the job reached {what} within "
@@ -137,6 +141,25 @@ class JobExchange:
                 f"rank {self.rank}: rank {source} failed or left while this rank waited for "
                 f"{what}: {_first_line(error)}"
             ) from error
+
+    @contextlib.contextmanager
+    def _noting(self, text: str, started: float) -> Iterator[None]:
+        """Say ``text`` every :data:`NOTE_EVERY_SECONDS` while the block runs. gloo's monitored
+        barrier blocks this thread, so a thread of its own says it; that thread only prints
+        (Dynamo and inductor never run there)."""
+        done = threading.Event()
+
+        def note() -> None:
+            while not done.wait(NOTE_EVERY_SECONDS):
+                self._note(f"{text} ({time.monotonic() - started:.0f} s)")
+
+        thread = threading.Thread(target=note, name="torchkiln-job-notes", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def _note(self, text: str) -> None:
         logger.info("torchkiln: rank %d: %s", self.rank, text)
