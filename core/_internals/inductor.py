@@ -182,14 +182,12 @@ def remote_cache_switch(owner: str, name: str) -> tuple[Any, Any]:
     process (the ``TORCHINDUCTOR_*_REMOTE_CACHE`` variables are read once, at import).
     Verified: torch 2.11, 2.13, 2.14, 2.15.
     """
-    if owner == "inductor":
-        from torch._inductor import config as module
-    else:
-        from torch._functorch import config as module
+    import importlib
+
+    path = f"torch.{'_inductor' if owner == 'inductor' else '_functorch'}.config"
+    module = importlib.import_module(path)
     if not hasattr(module, name):
-        raise AttributeError(
-            f"torch.{'_inductor' if owner == 'inductor' else '_functorch'}.config has no {name}"
-        )
+        raise AttributeError(f"{path} has no {name}")
 
     def read() -> Any:
         return getattr(module, name)

@@ -16,27 +16,22 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import urlsplit
 
 import attrs
 
 from torchkiln._internals import inductor
+from torchkiln.configuration.value_checks import remote_cache_problem
 from torchkiln.engine import settings
 
+__all__ = [
+    "RemoteCacheReport",
+    "RemoteCacheWatch",
+    "apply_remote_cache",
+    "ping",
+    "remote_cache_problem",
+]
+
 URL_ENV = "TORCHINDUCTOR_REDIS_URL"
-SCHEMES = ("redis", "rediss", "unix")
-
-
-def remote_cache_problem(url: str) -> str | None:
-    """What is wrong with ``url`` as a ``remote_cache`` value, or ``None``."""
-    scheme = urlsplit(url).scheme
-    if scheme not in SCHEMES:
-        return f"{url!r} is not a Redis URL (allowed schemes: {', '.join(SCHEMES)}; e.g. redis://127.0.0.1:6379)"
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        return "the Redis client is not installed (pip install 'torchkiln[redis]')"
-    return None
 
 
 def _env_reader() -> Any:

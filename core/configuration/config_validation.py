@@ -328,7 +328,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     add("progress", _choice(config.progress, PROGRESS_CHOICES, "a progress setting"))
     add("dispatch", _choice(config.dispatch, DISPATCH_CHOICES, "a dispatch setting"))
     if config.remote_cache is not None:
-        from torchkiln.artifacts.remote_cache import remote_cache_problem
+        from torchkiln.configuration.value_checks import remote_cache_problem
 
         add("remote_cache", remote_cache_problem(config.remote_cache))
     add("job.share", _choice(config.job.share, JOB_SHARE_CHOICES, "a job.share setting"))

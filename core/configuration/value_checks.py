@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.config_sources import dollar
@@ -81,4 +82,19 @@ def _cache_dir(value: str | None) -> str | None:
         return f"{describe(value)} contains a NUL character"
     if is_file:
         return f"{describe(value)} exists and is not a directory; give a directory path"
+    return None
+
+
+REMOTE_CACHE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def remote_cache_problem(url: str) -> str | None:
+    """What is wrong with ``url`` as a ``remote_cache`` value, or ``None``."""
+    scheme = urlsplit(url).scheme
+    if scheme not in REMOTE_CACHE_SCHEMES:
+        return f"{url!r} is not a Redis URL (allowed schemes: {', '.join(REMOTE_CACHE_SCHEMES)}; e.g. redis://127.0.0.1:6379)"
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return "the Redis client is not installed (pip install 'torchkiln[redis]')"
     return None

@@ -362,7 +362,7 @@ class TieredForward:
             mine = self._job_failure or (self.builder.poll() if self.builder else None)
             agreed = self.job.agree(mine, self._output)
             result = agreed["result"] if agreed is not None else None
-            if agreed is not None and result.get("ok") and not self.job.builds_here:
+            if result is not None and result.get("ok") and not self.job.builds_here:
                 directory = self.job.write(agreed["files"])
         if result is None:
             return
