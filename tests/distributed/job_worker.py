@@ -5,7 +5,8 @@
 SETTINGS_JSON: ``backend``, ``store`` (a directory, ``{rank}`` and ``{node}`` filled in, or
 null), ``share``, ``strategy``, ``steps``, ``timeout`` and ``fault``: ``null``,
 ``kill-source`` (rank 0 dies while it compiles), ``corrupt`` (rank 1 flips a byte of a kernel
-it received), ``differ`` (rank 1 builds a wider model). Each rank trains a default-config Llama
+it received), ``differ`` (rank 1 builds a wider model), ``late`` (rank 1 reaches its first call after
+``timeout``). Each rank trains a default-config Llama
 a few steps with DDP and writes ``OUT_DIR/rank<N>.json``: the report's job lines, its losses,
 the graphs Dynamo compiled on the rank (its own counter: an independent witness), and the CPU
 seconds of the first step, children (inductor's compile workers) included.
@@ -87,6 +88,8 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         progress="off",
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    if settings.get("fault") == "late" and rank == 1:
+        time.sleep(settings["timeout"] + 15)  # rank 0 gives up on it first
     generator = torch.Generator().manual_seed(100 + rank)
     losses, first_step_cpu, first_step_s = [], 0.0, 0.0
     for step in range(settings.get("steps", 3)):

@@ -130,3 +130,15 @@ def test_a_source_that_dies_mid_compile_fails_the_waiting_rank_naming_it(tmp_pat
     error = ranks[0]["error"]
     assert error.startswith("JobError: rank 1: rank 0 failed or left while this rank waited for")
     assert "group 'LlamaDecoderLayer'" in error
+
+
+def test_a_rank_that_never_arrives_is_named_at_the_timeout(tmp_path: Path) -> None:
+    # a plain process group: under DDP its own forward collectives would wait for rank 1 first
+    process, ranks = by_hand(tmp_path, "late", fault="late", timeout=5, strategy="none")
+    assert [r["rank"] for r in ranks] == [0, 1], describe(process)
+    error = ranks[0].get("error", "")
+    assert error.startswith(
+        "JobError: rank 0: not every rank of the job reached group 'LlamaDecoderLayer''s first "
+        "call within 5 s (job.timeout): "
+    )
+    assert "1" in error.split("(job.timeout): ", 1)[1]  # gloo's message names rank 1
