@@ -120,7 +120,7 @@ class CompileReport:
     causes: tuple[ReportCause, ...] = attrs.field(default=(), repr=False)
     tiers: Any = None
     """Tiered compilation: which tier serves, calls per tier, the switch, the build
-    (:class:`torchkiln.tiered.runtime.TierReport`); ``None`` without tiers."""
+    (:class:`torchkiln.tiered.tier_report.TierReport`); ``None`` without tiers."""
     remote_cache: Any = None
     """``remote_cache``: torch's remote-cache traffic since compile and whether the server
     answers (:class:`torchkiln.artifacts.remote_cache.RemoteCacheReport`)."""

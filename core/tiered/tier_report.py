@@ -1,0 +1,68 @@
+"""What :func:`torchkiln.report` says about the tiers (``report.tiers``), and the tiers' names."""
+
+from __future__ import annotations
+
+import attrs
+
+REGIONAL = "regional"
+WHOLE = "whole-model"
+
+
+@attrs.define
+class TierReport:
+    """What :func:`torchkiln.report` says about the tiers."""
+
+    serving: str
+    """The tier the next call goes to (``regional`` or ``whole-model``)."""
+    state: str
+    """``observing`` (before the first call), ``building``, ``switched``, ``loaded`` (from an
+    artifact directory), ``stopped`` (no whole-model form: see ``reason``)."""
+    calls: dict[str, int]
+    """Calls served by each tier so far."""
+    reason: str | None = None
+    """Why the model does not serve from the whole-model tier (yet), or why a call missed it."""
+    switched_at_call: int | None = None
+    seconds_to_switch: float | None = None
+    """From the first call's start to the switch."""
+    build_seconds: float | None = None
+    builder_peak_rss_mb: float | None = None
+    load_seconds: float | None = None
+    dropped_guards: dict[str, int] = attrs.Factory(dict)
+    misses: int = 0
+    """Calls after the switch that no whole-model entry fitted (served regionally)."""
+    builds: int = 0
+    """Builders started: 1, or 2 when the calls after the first showed more than it."""
+    rebuild_reason: str | None = None
+    """Why a second builder was started (``None``: the first one covered every call seen)."""
+    builder_processes: int = 0
+    """Builder processes this process started (in a job, 0 on every rank but rank 0)."""
+    job_rank: int | None = None
+    """In a job whose ranks share: this rank (rank 0 builds for all)."""
+
+    def lines(self) -> list[str]:
+        out = [
+            f"tiers: serving {self.serving} ({self.state}); calls regional "
+            f"{self.calls[REGIONAL]}, whole-model {self.calls[WHOLE]}"
+        ]
+        if self.state == "loaded":
+            out.append("  loaded from the artifact directory when compiled")
+        elif self.switched_at_call is not None and self.seconds_to_switch is not None:
+            out.append(
+                f"  switched before call {self.switched_at_call}, "
+                f"{self.seconds_to_switch:.1f} s after the first call"
+            )
+        if self.build_seconds is not None:
+            out.append(
+                f"  builder: {self.build_seconds:.1f} s, peak memory "
+                f"{self.builder_peak_rss_mb} MiB; loading {self.load_seconds or 0:.2f} s"
+            )
+        if self.job_rank is not None:
+            who = "this rank's builder" if self.job_rank == 0 else "rank 0's builder"
+            out.append(f"  one builder for the job: {who}; every rank switches at the same call")
+        if self.rebuild_reason:
+            out.append(f"  rebuilt: {self.rebuild_reason}")
+        if self.misses:
+            out.append(f"  {self.misses} calls missed the whole-model form (served regionally)")
+        if self.reason:
+            out.append(f"  reason: {self.reason}")
+        return out
