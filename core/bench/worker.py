@@ -160,14 +160,16 @@ def _config(
     The precompiled strategy loads strictly: artifacts that do not fit fail the cell rather
     than compile normally and pass for loaded. The tiered strategy's builder writes into
     ``tiered_artifacts``; a run that finds the whole-model form there starts from it."""
-    from torchkiln.configuration.config import CompileConfig, RegionsConfig
+    from torchkiln.configuration.config import CompileConfig, RegionsConfig, TieredConfig
 
     selector = "hierarchical" if strategy == "hierarchical" else "auto"
     extra: dict[str, Any] = (
         {"artifacts": artifacts, "artifacts_strict": True} if strategy == "precompiled" else {}
     )
     if strategy == "tiered":
-        extra["tiered"] = True
+        # The cell measures the tiered form itself: the builder starts whatever tiered.when's
+        # auto would decide on this machine (docs/benchmarks.md says so).
+        extra["tiered"] = TieredConfig(enabled=True, when="always")
         if tiered_artifacts:
             extra["artifacts"] = tiered_artifacts
     if DISPATCH[0] is not None:

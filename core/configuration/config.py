@@ -133,6 +133,14 @@ class TieredConfig:
     threads: int = 1
     """CPU threads the builder may use (torch's intra-op threads and inductor's compile
     workers)."""
+    when: str = attrs.field(default="auto", converter=_lower)
+    """Whether the first call starts the builder. ``auto`` (the default): where it pays. On
+    an accelerator, always; on the CPU, only when a core is left free for it (this process may
+    use more cores than its training or serving threads and the job's other ranks on the
+    machine take): a builder on the cores the steps use slows every step 3-4x and finishes late
+    (docs/tiered.md, "When tiered pays"). ``always``: start it anyway (a foreground that idles
+    between calls, as a server does). ``never``: stay regional; a whole-model form from
+    ``artifacts=`` is still used."""
     nice: int = 0
     """How much lower the builder's scheduling priority is than the user's process (0-19).
     On a machine whose cores the user's process keeps busy, any positive value can starve the
@@ -140,6 +148,7 @@ class TieredConfig:
 
 
 JOB_SHARE_CHOICES = ("auto", "on", "off")
+TIERED_WHEN_CHOICES = ("auto", "always", "never")
 
 
 @attrs.frozen

@@ -24,6 +24,7 @@ from torchkiln.configuration.config import (
     PROGRESS_CHOICES,
     REGION_ERROR_POLICIES,
     REST_POLICIES,
+    TIERED_WHEN_CHOICES,
     CompileConfig,
 )
 from torchkiln.configuration.config_sources import SECTION_SHORTHANDS, dollar, section_classes
@@ -331,6 +332,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
         from torchkiln.configuration.value_checks import remote_cache_problem
 
         add("remote_cache", remote_cache_problem(config.remote_cache))
+    add("tiered.when", _choice(config.tiered.when, TIERED_WHEN_CHOICES, "a tiered.when setting"))
     add("job.share", _choice(config.job.share, JOB_SHARE_CHOICES, "a job.share setting"))
     if not 0 < config.job.timeout <= 7 * 24 * 3600:
         add("job.timeout", f"{config.job.timeout} is not between 0 (exclusive) and 604800 seconds")

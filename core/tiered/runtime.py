@@ -35,6 +35,7 @@ from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING
 from torchkiln.tiered.calls import CallLog, call_spec
+from torchkiln.tiered.decision import Machine, builder_problem
 from torchkiln.tiered.hollow import dumps_hollow, unimportable_classes
 from torchkiln.tiered.process import BuilderProcess
 from torchkiln.tiered.tier_report import REGIONAL, WHOLE, TierReport
@@ -206,6 +207,8 @@ class TieredForward:
         the model's modules (seconds) by the time the first call asks for a build."""
         if self.job is not None and not self.job.builds_here:
             return  # rank 0 builds for the job
+        if builder_problem(self.config, Machine.now(model)) is not None:
+            return  # decided again at the first call, which says why
         if saved_functions_supported() and not unimportable_classes(model):
             self.spare = BuilderProcess(self.config.tiered.threads, _preload(model))
             self.builder_processes += 1
@@ -226,6 +229,15 @@ class TieredForward:
             )
             return
         self.built_for = self.log.families()
+        if self.job is None or self.job.builds_here:
+            problem = builder_problem(self.config, Machine.now(model))
+            if problem is not None and self.job is not None:  # the other ranks wait for word
+                self.pending = True
+                self._job_failure = {"ok": False, "error": problem, "decided": True}
+                return
+            if problem is not None:
+                self._stop_with(problem)
+                return
         if self.job is not None and not self.job.builds_here:
             self.builds += 1
             self.pending = True
@@ -307,7 +319,11 @@ class TieredForward:
         self.build_result = result
         if not result.get("ok"):
             skipped = "; ".join(s["reason"] for s in result.get("skipped", []))
-            failure = f"the builder failed: {result.get('error') or skipped}"
+            failure = (
+                result["error"]
+                if result.get("decided")
+                else f"the builder failed: {result.get('error') or skipped}"
+            )
             if self.form is None:
                 self._stop_with(failure)
             else:  # the first build's form still serves the calls it fits

@@ -11,7 +11,8 @@ inputs = example_inputs(model, batch=1, seq=16)
 with torch.no_grad():
     expected = model(inputs).logits
 
-model = torchkiln.compile(model, backend="aot_eager", tiered=True)
+# This example waits for the builder (an idle foreground): start it whatever auto would say
+model = torchkiln.compile(model, backend="aot_eager", tiered={"enabled": True, "when": "always"})
 with torch.no_grad():
     for _ in range(2):  # regional: the first call compiles one block and starts a builder
         torch.testing.assert_close(model(inputs).logits, expected)

@@ -332,6 +332,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "distributed.options": ('{"k": [1, 2]}', {"k": [1, 2]}),
     "tiered.enabled": ("yes", True),
     "tiered.threads": ("2", 2),
+    "tiered.when": ("ALWAYS", "always"),
     "tiered.nice": ("5", 5),
     "job.share": ("ON", "on"),
     "job.timeout": ("90", 90.0),

@@ -32,7 +32,9 @@ def _compiled_graph_calls(model, inputs) -> int:
 @pytest.mark.needs_feature("tiered compilation")
 def test_the_profiler_sees_one_graph_per_block_then_one_for_the_model(tokens):
     depth = 4
-    model = torchkiln.compile(tiny_llama(depth), backend="inductor", tiered=True)
+    model = torchkiln.compile(
+        tiny_llama(depth), backend="inductor", tiered={"enabled": True, "when": "always"}
+    )
     with torch.no_grad():
         model(tokens)
         model(tokens)
