@@ -188,6 +188,24 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "machine) and compare their cold start, compile CPU time and restart with one rank's "
         "(docs/jobs.md); uses --model, --depths (the first), --batch, --seq, --backend, --json",
     )
+    p.add_argument(
+        "--lengths",
+        help="with --workload train: comma-separated sequence lengths, one drawn per step (a "
+        "seeded generator: the same lengths for every strategy), as a padding collator gives "
+        "them; each of --strategies (default full,regional,tiered) trains --steps steps in a "
+        "process of its own, and the table gives first step, median step and total, and "
+        "where tiered's builder stood",
+    )
+    p.add_argument(
+        "--steps", type=int, default=64, help="training steps per strategy with --lengths"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="with --lengths: torch.set_num_threads in each training process (leave the "
+        "tiered builder a core: 1 on a 2-core machine)",
+    )
     p.set_defaults(handler=run_bench)
     return p
 
@@ -198,6 +216,8 @@ def run_bench(args: argparse.Namespace) -> int:
     :data:`EXIT_TARGET_MISSED` when they did but a target is NOT met."""
     if args.ranks is not None:
         return _run_job_bench(args)
+    if args.lengths is not None:
+        return _run_train_lengths(args)
     if args.from_json:
         from torchkiln.bench.replay import replay
 
@@ -227,3 +247,36 @@ def _run_job_bench(args: argparse.Namespace) -> int:
     )
     missed = [key for _, key, limit in TARGETS if result["ratios"][key] > limit]
     return EXIT_TARGET_MISSED if args.check and missed else 0
+
+
+def _run_train_lengths(args: argparse.Namespace) -> int:
+    from torchkiln.bench.settings import BenchError
+    from torchkiln.bench.train_lengths import STRATEGIES, run_train_lengths
+
+    if (args.workload or ("train" if args.train else "forward")) != "train":
+        raise BenchError(
+            "--lengths draws a sequence length per training step: add --workload train"
+        )
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError as error:
+        raise BenchError(f"--lengths {args.lengths!r}: comma-separated integers") from error
+    if not lengths or min(lengths) < 1 or args.steps < 2:
+        raise BenchError("--lengths needs positive lengths and --steps of at least 2")
+    strategies = tuple(s for s in (args.strategies or ",".join(STRATEGIES)).split(",") if s)
+    unknown = [s for s in strategies if s not in ("eager", *STRATEGIES)]
+    if unknown:
+        raise BenchError(f"--lengths runs eager, {', '.join(STRATEGIES)}; not {', '.join(unknown)}")
+    run_train_lengths(
+        strategies,
+        args.model or "llama",
+        int((args.depths or "8").split(",")[0]),
+        int((args.batch or "2").split(",")[0]),
+        lengths,
+        args.steps,
+        args.backend,
+        args.threads,
+        args.json_path,
+        args.timeout or 3600,
+    )
+    return 0

@@ -1,0 +1,107 @@
+"""``torchkiln bench --workload train --lengths L1,L2,...``: training with variable sequence
+lengths, as a padding collator gives them, one fresh process per strategy
+(:mod:`torchkiln.bench.train_run`), the same lengths in every one.
+
+Per strategy: the first step, the median later step, the total for all steps; for tiered, where
+its builder stood (the step it switched at, or why it did not start or finish), the median step
+while it built against regional's steady step, and the steps after the switch against full's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+STRATEGIES = ("full", "regional", "tiered")
+
+
+def run_one(settings: dict[str, Any], timeout: float) -> dict[str, Any]:
+    out = Path(tempfile.mkdtemp(prefix="torchkiln-train-")) / "result.json"
+    command = [sys.executable, "-m", "torchkiln.bench.train_run", str(out), json.dumps(settings)]
+    process = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if process.returncode != 0:
+        raise RuntimeError(f"{settings['strategy']} failed:\n{process.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def summary(run: dict[str, Any]) -> dict[str, Any]:
+    steps = run["step_seconds"]
+    tiers = run["tiers"]
+    out = {
+        "first_s": steps[0],
+        "later_median_s": statistics.median(steps[1:]),
+        "total_s": sum(steps),
+    }
+    if tiers is not None:
+        building = [
+            s for s, at in zip(steps[1:], run["tiers_at"][1:], strict=True) if at == "building"
+        ]
+        switched = tiers["switched_at_call"]
+        out |= {
+            "building_median_s": statistics.median(building) if building else None,
+            "after_switch_median_s": statistics.median(steps[switched:])
+            if switched and switched < len(steps)
+            else None,
+            "switched_at_step": switched,
+            "state": tiers["state"],
+            "reason": tiers["reason"],
+            "builder_processes": tiers["builder_processes"],
+        }
+    return out
+
+
+def run_train_lengths(
+    strategies: tuple[str, ...], model: str, depth: int, batch: int, lengths: list[int],
+    steps: int, backend: str, threads: int | None, json_path: str | None, timeout: float,
+) -> dict[str, Any]:  # fmt: skip
+    base = {"model": model, "depth": depth, "batch": batch, "lengths": lengths, "steps": steps,
+            "backend": backend, "threads": threads}  # fmt: skip
+    runs = {}
+    for strategy in strategies:
+        print(f"torchkiln bench --lengths: {strategy} ...", file=sys.stderr, flush=True)
+        runs[strategy] = run_one({**base, "strategy": strategy}, timeout)
+    result = {"settings": base, "runs": runs, "summary": {s: summary(r) for s, r in runs.items()}}
+    print(render(result))
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    s, summaries = result["settings"], result["summary"]
+    distinct = len(set(s["lengths"]))
+    lines = [
+        f"torchkiln bench --lengths: {s['model']} depth {s['depth']}, batch {s['batch']}, "
+        f"{s['steps']} training steps (AdamW), lengths from {min(s['lengths'])} to "
+        f"{max(s['lengths'])} ({distinct} values), {s['backend']}"
+        + (f", torch threads {s['threads']}" if s.get("threads") else ""),
+        f"{'strategy':<10}{'first step s':>13}{'median later ms':>17}{'total s':>10}",
+    ]
+    for name, row in summaries.items():
+        lines.append(
+            f"{name:<10}{row['first_s']:>13.1f}{row['later_median_s'] * 1000:>17.0f}{row['total_s']:>10.1f}"
+        )
+    tiered, regional, full = (summaries.get(k) for k in ("tiered", "regional", "full"))
+    if tiered is not None:
+        if tiered["switched_at_step"]:
+            lines.append(f"  tiered: switched at step {tiered['switched_at_step']}")
+        else:
+            lines.append(f"  tiered: no switch ({tiered['state']}): {tiered['reason']}")
+        lines.append(f"  tiered: builder processes {tiered['builder_processes']}")
+        if regional is not None:
+            lines.append(
+                f"  tiered total / regional total: {tiered['total_s'] / regional['total_s']:.2f}"
+            )
+            if tiered["building_median_s"] is not None:
+                ratio = tiered["building_median_s"] / regional["later_median_s"]
+                lines.append(f"  tiered median step while building / regional's: {ratio:.2f}")
+        if full is not None and tiered["after_switch_median_s"] is not None:
+            ratio = tiered["after_switch_median_s"] / full["later_median_s"]
+            lines.append(f"  tiered median step after the switch / full's: {ratio:.2f}")
+    return "\n".join(lines)
