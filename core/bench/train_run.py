@@ -52,7 +52,7 @@ def measure(settings: dict[str, Any]) -> dict[str, Any]:
     compiled = apply(settings["strategy"], model, settings["backend"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(1)
-    vocab = model.config.vocab_size
+    vocab = int(getattr(model.config, "vocab_size"))  # noqa: B009 (a transformers config)
     seconds, tiers_at = [], []
     for length in lengths_for(settings):
         ids = torch.randint(0, vocab, (settings["batch"], length), generator=generator)
