@@ -1,6 +1,6 @@
 """``torchkiln bench --workload train --lengths L1,L2,...``: training with variable sequence
-lengths, as a padding collator gives them, one fresh process per strategy
-(:mod:`torchkiln.bench.train_run`), the same lengths in every one.
+lengths, as a padding collator gives them, one fresh process per strategy with an empty
+inductor cache of its own (:mod:`torchkiln.bench.train_run`), the same lengths in every one.
 
 Per strategy: the first step, the median later step, the total for all steps; for tiered, where
 its builder stood (the step it switched at, or why it did not start or finish), the median step
@@ -10,6 +10,7 @@ while it built against regional's steady step, and the steps after the switch ag
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -21,9 +22,12 @@ STRATEGIES = ("full", "regional", "tiered")
 
 
 def run_one(settings: dict[str, Any], timeout: float) -> dict[str, Any]:
-    out = Path(tempfile.mkdtemp(prefix="torchkiln-train-")) / "result.json"
+    work = Path(tempfile.mkdtemp(prefix="torchkiln-train-"))
+    out = work / "result.json"
     command = [sys.executable, "-m", "torchkiln.bench.train_run", str(out), json.dumps(settings)]
-    process = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    # cold: an empty inductor cache of its own (runs before it must not warm this one)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
+    process = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     if process.returncode != 0:
         raise RuntimeError(f"{settings['strategy']} failed:\n{process.stderr[-3000:]}")
     return json.loads(out.read_text())
