@@ -189,10 +189,9 @@ class SharedGroup:
         found = store.find(key) if store is not None else None
         started = time.perf_counter()
         everyone = exchange.gather(
-            {"key": key, "fields": fields, "stored": found is not None,
-             "store": store.identity if store else None},
+            {"key": key, "fields": fields, "stored": found is not None},
             f"group {record.group!r}'s first call",
-        )  # fmt: skip
+        )
         record.wait_seconds += time.perf_counter() - started
         me = exchange.rank
         if everyone[0]["key"] != key:
@@ -201,7 +200,7 @@ class SharedGroup:
         directory: Path | None = None
         for plan in _plans(everyone):
             if me == plan.source:
-                directory = self._send(plan, module, args, kwargs, found)
+                directory = self._send(plan, fields, module, args, kwargs, found)
             elif me in plan.receivers:
                 directory = self._receive(plan)
             elif plan.receivers:  # another key's broadcast: every rank takes part
@@ -211,14 +210,20 @@ class SharedGroup:
         return self._load(directory)
 
     def _send(
-        self, plan: _Plan, module: nn.Module, args: Any, kwargs: Any, found: Path | None
+        self,
+        plan: _Plan,
+        fields: dict[str, Any],
+        module: nn.Module,
+        args: Any,
+        kwargs: Any,
+        found: Path | None,
     ) -> Path | None:
         """The source's part: read or build the entry, send it to the ranks that lack it.
         Returns the entry's directory (``None`` when the compile failed)."""
         record, exchange = self.record, self.job.exchange
         directory, failure = found, None
         if directory is None:
-            directory, failure = self._build(module, args, kwargs)
+            directory, failure = self._build(fields, module, args, kwargs)
         if plan.receivers:
             message = pack_entry(directory) if directory is not None else None
             started = time.perf_counter()
@@ -253,10 +258,11 @@ class SharedGroup:
         record.role, record.source = "received", plan.source
         return self._keep(staging)
 
-    def _build(self, module: nn.Module, args: Any, kwargs: Any) -> tuple[Path | None, str | None]:
+    def _build(
+        self, fields: dict[str, Any], module: nn.Module, args: Any, kwargs: Any
+    ) -> tuple[Path | None, str | None]:
         record = self.record
         staging = self._staging(record.key)
-        fields = share_fields(self.job.config, record.group, module, args, kwargs)
         try:
             record.compile_seconds = build_entry(
                 staging, fields, self.compile_savable(), self.shared, module, args, kwargs
@@ -316,8 +322,7 @@ class _Plan:
 
 def _plans(everyone: list[dict[str, Any]]) -> list[_Plan]:
     """Per distinct key, in the order of the first rank that has it: the source and the ranks
-    that need the entry sent (ranks whose store has it, or shares the source's store when the
-    source reads it from there, need nothing)."""
+    that need the entry sent (a rank whose store has it needs nothing)."""
     plans = []
     for key in dict.fromkeys(e["key"] for e in everyone):
         ranks = [r for r, e in enumerate(everyone) if e["key"] == key]
