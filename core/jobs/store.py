@@ -2,8 +2,6 @@
 
 Layout::
 
-    store-id                 a random name, written once: ranks that read the same one see
-                             the same directory (shared), the others have their own
     entries/<key>/           one entry per key (:mod:`torchkiln.jobs.keys`), never changed
         meta.json            the key's fields, the kind, and the size and SHA-256 of every file
         entry.bin            torch's saved compiled function
@@ -34,7 +32,6 @@ from pathlib import Path
 from torchkiln.artifacts.directory import ArtifactError
 
 ENTRIES = "entries"
-STORE_ID = "store-id"
 STALE_SECONDS = 3600.0
 """A hidden staging directory older than this was left by a killed writer and is removed."""
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -54,24 +51,7 @@ class JobStore:
             raise ArtifactError(
                 f"job.store {str(root)!r} cannot be created: {error.strerror or error}"
             ) from error
-        self.identity = self._identity()
         self.sweep()
-
-    def _identity(self) -> str:
-        """The store's id, written once by whichever rank comes first (a link is atomic and
-        fails when the name exists)."""
-        path = self.root / STORE_ID
-        if not path.exists():
-            fd, temporary = tempfile.mkstemp(dir=self.root, prefix=".store-id.")
-            with os.fdopen(fd, "w") as handle:
-                handle.write(uuid.uuid4().hex)
-            try:
-                os.link(temporary, path)
-            except FileExistsError:
-                pass
-            finally:
-                os.unlink(temporary)
-        return path.read_text().strip()[:64]
 
     def find(self, key: str) -> Path | None:
         """The published entry of ``key``, or ``None``."""

@@ -71,13 +71,6 @@ def test_the_sweep_removes_only_what_a_killed_writer_left_an_hour_ago(tmp_path: 
     assert not old.exists() and fresh.exists() and all(p.exists() for p in foreign)
 
 
-def test_stores_opened_on_one_directory_share_their_identity(tmp_path: Path) -> None:
-    first, second = JobStore(tmp_path), JobStore(tmp_path)
-    other = JobStore(tmp_path / "elsewhere")
-    assert first.identity == second.identity != other.identity
-    assert len(first.identity) == 32
-
-
 def test_a_discarded_entry_is_gone_and_can_be_published_again(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
     staging = store.staging(KEY)
