@@ -55,6 +55,11 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
             "state": tiers["state"],
             "reason": tiers["reason"],
             "builder_processes": tiers["builder_processes"],
+            "seconds_to_switch": tiers.get("seconds_to_switch"),
+            "misses": tiers.get("misses", 0),
+            "cost_line": next(
+                (x.strip() for x in tiers["lines"] if "cost to the steps" in x), None
+            ),
         }
     return out
 
@@ -93,11 +98,7 @@ def render(result: dict[str, Any]) -> str:
         )
     tiered, regional, full = (summaries.get(k) for k in ("tiered", "regional", "full"))
     if tiered is not None:
-        if tiered["switched_at_step"]:
-            lines.append(f"  tiered: switched at step {tiered['switched_at_step']}")
-        else:
-            lines.append(f"  tiered: no switch ({tiered['state']}): {tiered['reason']}")
-        lines.append(f"  tiered: builder processes {tiered['builder_processes']}")
+        lines += _tiered_lines(tiered, full)
         if regional is not None:
             lines.append(
                 f"  tiered total / regional total: {tiered['total_s'] / regional['total_s']:.2f}"
@@ -109,3 +110,27 @@ def render(result: dict[str, Any]) -> str:
             ratio = tiered["after_switch_median_s"] / full["later_median_s"]
             lines.append(f"  tiered median step after the switch / full's: {ratio:.2f}")
     return "\n".join(lines)
+
+
+def _tiered_lines(tiered: dict[str, Any], full: dict[str, Any] | None) -> list[str]:
+    """Where tiered's builder stood: the switch (its step and seconds, against full compile's
+    first step), or why none; what it cost the steps; the calls its form did not fit."""
+    lines = []
+    if tiered["switched_at_step"]:
+        line = f"  tiered: switched at step {tiered['switched_at_step']}"
+        seconds = tiered.get("seconds_to_switch")
+        if seconds is not None:
+            line += f", {seconds:.1f} s after the first step began"
+            if full is not None:
+                line += f" ({seconds / full['first_s']:.2f}x full compile's first step)"
+        lines.append(line)
+    else:
+        lines.append(f"  tiered: no switch ({tiered['state']}): {tiered['reason']}")
+    lines.append(f"  tiered: builder processes {tiered['builder_processes']}")
+    if tiered.get("cost_line"):
+        lines.append(f"  tiered: {tiered['cost_line']}")
+    if tiered.get("misses"):
+        lines.append(
+            f"  tiered: {tiered['misses']} steps outside the whole-model form ran regionally"
+        )
+    return lines

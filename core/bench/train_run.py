@@ -78,6 +78,11 @@ def measure(settings: dict[str, Any]) -> dict[str, Any]:
             "switched_at_call": tiers.switched_at_call,
             "calls": tiers.calls,
             "builder_processes": tiers.builder_processes,
+            "seconds_to_switch": tiers.seconds_to_switch,
+            "misses": tiers.misses,
+            "builds": tiers.builds,
+            "builder_slowdown": tiers.builder_slowdown,
+            "builder_period": tiers.builder_period,
             "lines": tiers.lines(),
         },
     }

@@ -141,6 +141,11 @@ class TieredConfig:
     (docs/tiered.md, "When tiered pays"). ``always``: start it anyway (a foreground that idles
     between calls, as a server does). ``never``: stay regional; a whole-model form from
     ``artifacts=`` is still used."""
+    max_slowdown: float = 1.25
+    """The most the builder may slow the foreground's mean step (a step: one root call's start
+    to the next's). torchkiln measures it while building, pausing the builder for a couple of
+    steps now and then; above the bound the builder runs only one step in several (a later
+    switch, never a slower loop). 0: no bound, no pauses."""
     nice: int = 0
     """How much lower the builder's scheduling priority is than the user's process (0-19).
     On a machine whose cores the user's process keeps busy, any positive value can starve the

@@ -299,6 +299,16 @@ def _tiered_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[
                                        ("nice", tiered.nice, 0, 19))
         if not low <= value <= high
     ]  # fmt: skip
+    bound = tiered.max_slowdown
+    if bound != 0 and not 1 < bound <= 100:
+        problems.append(
+            ConfigProblem(
+                "$.tiered.max_slowdown",
+                f"{bound} is neither 0 (no bound) nor a ratio above 1 and at most 100 (1.25: "
+                "the builder may make the mean step at most 25% slower)",
+                sources.get("tiered.max_slowdown", ""),
+            )
+        )
     strategy = config.distributed.strategy
     if tiered.enabled and strategy not in TIERED_STRATEGIES:
         problems.append(

@@ -70,8 +70,10 @@ class CallLog:
     """The calls the regional tier saw before it asked for a build.
 
     ``ready()`` says when what was seen is enough to build: a call repeated exactly (a training
-    or inference loop), or a family seen three times (sizes that change every call, as decode
-    steps do), or :attr:`limit` calls in all.
+    or inference loop), or a second call of a family with other sizes (decode steps, whose cache
+    grows; a padding collator's batches): as torch's automatic dynamic shapes does, one change
+    is taken as evidence that the size varies, so a builder for the dynamic form starts one call
+    after the evidence, not later; or :attr:`limit` calls in all.
     """
 
     limit: int = 4
@@ -90,7 +92,7 @@ class CallLog:
         last = self.specs[-1]
         if last in self.specs[:-1]:
             return True
-        return sum(1 for s in self.specs if s.family == last.family) >= 3
+        return any(s.family == last.family for s in self.specs[:-1])
 
     def families(self) -> list[tuple[CallSpec, int, dict[str, tuple[int, ...]]]]:
         """Per family: the spec and index of the call to compile from, and its dynamic dims."""
@@ -102,3 +104,34 @@ class CallLog:
             specs = [self.specs[i] for i in indexes]
             result.append((specs[-1], indexes[-1], dynamic_dims(specs)))
         return result
+
+
+def covered(spec: CallSpec, families: list[Any]) -> bool:
+    """Whether a build for ``families`` compiled a call like ``spec``: one of them is its
+    family, and its sizes differ from that family's only in dimensions compiled dynamic."""
+    for built, _, dims in families:
+        if built.family != spec.family:
+            continue
+        sizes = dict(built.sizes)
+        return all(
+            all(
+                a == b or dim in dims.get(path, ())
+                for dim, (a, b) in enumerate(zip(sizes[path], shape, strict=True))
+            )
+            for path, shape in spec.sizes
+        )
+    return False
+
+
+def family_shapes(families: list[Any]) -> list[Any]:
+    """What a build compiles for: each family's spec and dynamic dims (not which call)."""
+    return [(spec, dims) for spec, _, dims in families]
+
+
+def describe_families(families: list[Any]) -> str:
+    """``2 kinds of call (inference, sizes fixed; inference, dynamic sizes)``."""
+    parts = [
+        f"{spec.kind}, {'dynamic sizes' if dims else 'sizes fixed'}" for spec, _, dims in families
+    ]
+    noun = "kind of call" if len(parts) == 1 else "kinds of call"
+    return f"{len(parts)} {noun} ({'; '.join(parts)})"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,9 +38,14 @@ class BuilderProcess:
             stdin=subprocess.PIPE,
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            # a group of its own, in the user's session: pause() stops the C++ compilers it
+            # starts too, and if the user's process dies while the builder is paused, the
+            # orphaned group gets SIGHUP and SIGCONT from the kernel instead of staying stopped
+            process_group=0,
         )
         self.result: dict[str, Any] | None = None
         self.started = False
+        self.paused = False
 
     def start(self, request: dict[str, Any]) -> None:
         """Write the request and tell the waiting child to build it."""
@@ -69,9 +76,21 @@ class BuilderProcess:
         self.log.close()
         return self.result
 
+    def pause(self, paused: bool) -> None:
+        """Stop (``True``) or continue (``False``) the builder and every process it started;
+        see :mod:`torchkiln.tiered.governor` for when."""
+        if paused == self.paused or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        except ProcessLookupError:  # it exited meanwhile: poll() reads its result
+            return
+        self.paused = paused
+
     def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
         if not self.started:
             return None
+        self.pause(False)  # a paused builder would never finish
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -79,9 +98,11 @@ class BuilderProcess:
         return self.poll()
 
     def stop(self) -> None:
-        """Kill the builder if it still runs and remove its work directory."""
+        """Kill the builder (and the compilers it started) if it still runs and remove its work
+        directory."""
         if self.process.poll() is None:
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):  # SIGKILL ends a stopped one too
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         if self.process.stdin is not None and not self.process.stdin.closed:
             self.process.stdin.close()

@@ -34,8 +34,15 @@ from torchkiln.artifacts.whole_build import contiguous_state
 from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING
-from torchkiln.tiered.calls import CallLog, call_spec
+from torchkiln.tiered.calls import (
+    CallLog,
+    call_spec,
+    covered,
+    describe_families,
+    family_shapes,
+)
 from torchkiln.tiered.decision import Machine, builder_problem
+from torchkiln.tiered.governor import StepGovernor
 from torchkiln.tiered.hollow import dumps_hollow, unimportable_classes
 from torchkiln.tiered.process import BuilderProcess
 from torchkiln.tiered.tier_report import REGIONAL, WHOLE, TierReport
@@ -77,6 +84,8 @@ class TieredForward:
         self._depth = 0
         self._job_failure: dict[str, Any] | None = None
         self.builder_processes = 0
+        self.governor = StepGovernor(config.tiered.max_slowdown)
+        """Measures what the builder costs the steps and pauses it beyond the bound."""
         self.job: Any = None
         """A :class:`~torchkiln.tiered.job_tiers.JobTiers` in a job whose ranks share: rank 0
         builds for all, and every rank switches at the same call."""
@@ -130,8 +139,12 @@ class TieredForward:
             self.first_call_at = time.perf_counter()
         if self.pending:
             self._poll(model)
+        if self.pending and self.builder is not None and self.builder.started:
+            self.builder.pause(not self.governor.step(time.perf_counter()))
         if self.log_open and self.state != "stopped":
             self._observe(model, args, kwargs)
+        elif self.builds == 1 and self.job is None and self.state in ("building", "switched"):
+            self._watch(model, args, kwargs)
         if self.form is not None:
             intact = self._regions_intact()
             fn = self.form.match(model, args, kwargs) if intact else None
@@ -177,15 +190,40 @@ class TieredForward:
         if not self.log.ready():
             return
         self.log_open = False
-        if _shapes(self.log.families()) != _shapes(self.built_for):
-            self.rebuild_reason = (
+        if family_shapes(self.log.families()) != family_shapes(self.built_for):
+            self._rebuild(
+                model,
                 f"calls 1-{len(self.log.specs)} showed "
-                f"{_describe_families(self.log.families())}; the first builder had call 1 only"
+                f"{describe_families(self.log.families())}; the first builder had call 1 only",
             )
-            self._say(f"restarting the builder: {self.rebuild_reason}")
-            if self.builder is not None:
-                self.builder.stop()
-            self._start_builder(model)
+
+    def _watch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """After the log closed, until the one rebuild: a call the build does not cover (sizes
+        that varied where they had been the same, as a padding collator's batches do after two
+        of one length; another kind of call) is evidence the first calls did not give, so the
+        builder is restarted for everything seen, at once; the form already loaded, if any,
+        serves the calls it fits meanwhile."""
+        try:
+            spec = call_spec(model, args, kwargs)
+        except Exception:  # it runs regionally, as every call it cannot describe
+            return
+        if covered(spec, self.built_for):
+            return
+        self.log.add(spec, args, kwargs)
+        call = sum(self.calls.values()) + 1
+        self._rebuild(
+            model,
+            f"call {call} showed {describe_families(self.log.families())}; the builder had "
+            f"{describe_families(self.built_for)}",
+        )
+
+    def _rebuild(self, model: nn.Module, reason: str) -> None:
+        self.rebuild_reason = reason
+        self._say(f"restarting the builder: {reason}")
+        if self.builder is not None:
+            self.builder.stop()
+        self.governor.restarted()
+        self._start_builder(model)
 
     def _stop_with(self, reason: str) -> None:
         self.state = "stopped"
@@ -269,7 +307,7 @@ class TieredForward:
             self.reason = "the whole-model form is being built"
         self._say(
             f"building the whole-model form in process {self.builder.process.pid} for "
-            f"{_describe_families(self.built_for)} (call {sum(self.calls.values()) + 1})"
+            f"{describe_families(self.built_for)} (call {sum(self.calls.values()) + 1})"
         )
 
     def _request(self, model: nn.Module) -> dict[str, Any]:
@@ -410,6 +448,13 @@ class TieredForward:
             builds=self.builds,
             rebuild_reason=self.rebuild_reason,
             builder_processes=self.builder_processes,
+            builder_slowdown=self.governor.slowdown,
+            builder_period=self.governor.period,
+            measured_steps={
+                "running": len(self.governor.running),
+                "paused": len(self.governor.paused),
+            },
+            slowdown_bound=self.config.tiered.max_slowdown,
             job_rank=self.job.rank if self.job is not None else None,
         )
 
@@ -418,20 +463,6 @@ def _preload(model: nn.Module) -> list[str]:
     """The modules of the model's classes, for a builder to import while it waits."""
     names = {type(module).__module__ for module in model.modules()}
     return sorted(name for name in names if name in sys.modules and name != "__main__")
-
-
-def _shapes(families: list[Any]) -> list[Any]:
-    """What a build compiles for: each family's spec and dynamic dims (not which call)."""
-    return [(spec, dims) for spec, _, dims in families]
-
-
-def _describe_families(families: list[Any]) -> str:
-    """``2 kinds of call (inference, sizes fixed; inference, dynamic sizes)``."""
-    parts = [
-        f"{spec.kind}, {'dynamic sizes' if dims else 'sizes fixed'}" for spec, _, dims in families
-    ]
-    noun = "kind of call" if len(parts) == 1 else "kinds of call"
-    return f"{len(parts)} {noun} ({'; '.join(parts)})"
 
 
 def _output_registry() -> bytes | None:

@@ -36,6 +36,16 @@ class TierReport:
     """Why a second builder was started (``None``: the first one covered every call seen)."""
     builder_processes: int = 0
     """Builder processes this process started (in a job, 0 on every rank but rank 0)."""
+    builder_slowdown: float | None = None
+    """What the builder cost the steps, measured (:mod:`torchkiln.tiered.governor`): the
+    median step with it running over the median step with it paused; ``None``: not measured
+    (no builder, or it finished before a probe)."""
+    builder_period: int = 1
+    """The builder ran one step in this many (above 1: its cost was over the bound)."""
+    measured_steps: dict[str, int] = attrs.Factory(dict)
+    """Steps measured while building: ``running`` (builder running) and ``paused``."""
+    slowdown_bound: float = 0.0
+    """``tiered.max_slowdown`` (0: no bound)."""
     job_rank: int | None = None
     """In a job whose ranks share: this rank (rank 0 builds for all)."""
 
@@ -56,6 +66,8 @@ class TierReport:
                 f"  builder: {self.build_seconds:.1f} s, peak memory "
                 f"{self.builder_peak_rss_mb} MiB; loading {self.load_seconds or 0:.2f} s"
             )
+        if self.builder_slowdown is not None:
+            out.append(self._cost_line())
         if self.job_rank is not None:
             who = "this rank's builder" if self.job_rank == 0 else "rank 0's builder"
             out.append(f"  one builder for the job: {who}; every rank switches at the same call")
@@ -66,3 +78,19 @@ class TierReport:
         if self.reason:
             out.append(f"  reason: {self.reason}")
         return out
+
+    def _cost_line(self) -> str:
+        running, paused = (
+            self.measured_steps.get("running", 0),
+            self.measured_steps.get("paused", 0),
+        )
+        line = (
+            f"  builder's cost to the steps: {self.builder_slowdown:.2f}x (median of {running} "
+            f"steps with it running / {paused} with it paused)"
+        )
+        if not self.slowdown_bound:
+            return line + "; no bound (tiered.max_slowdown 0)"
+        line += f"; bound {self.slowdown_bound:g}x"
+        if self.builder_period > 1:
+            line += f": over it, the builder runs 1 step in {self.builder_period}"
+        return line

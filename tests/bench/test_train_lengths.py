@@ -23,8 +23,11 @@ def run(strategy: str, seconds: list[float], tiers: dict | None = None, at=None)
 
 
 def test_the_summary_and_table_of_a_run_that_switched() -> None:
+    cost = ("builder's cost to the steps: 1.02x (median of 1 steps with it running / 1 with "
+            "it paused); bound 1.25x")
     tiers = {"state": "switched", "reason": None, "switched_at_call": 4, "calls": {},
-             "builder_processes": 1, "lines": []}  # fmt: skip
+             "builder_processes": 2, "seconds_to_switch": 25.3, "misses": 2,
+             "lines": ["tiers: serving whole-model", f"  {cost}"]}  # fmt: skip
     runs = {
         "full": run("full", [50.0, 0.10, 0.10, 0.10, 0.10, 0.10]),
         "regional": run("regional", [25.0, 0.12, 0.12, 0.12, 0.12, 0.12]),
@@ -47,7 +50,13 @@ def test_the_summary_and_table_of_a_run_that_switched() -> None:
         "from 96 to 128 (2 values), inductor, torch threads 1"
     )
     assert lines[4].split() == ["tiered", "25.0", "110", "25.6"]
-    assert "  tiered: switched at step 4" in lines
+    assert (
+        "  tiered: switched at step 4, 25.3 s after the first step began (0.51x full compile's "
+        "first step)"
+    ) in lines
+    assert "  tiered: builder processes 2" in lines
+    assert f"  tiered: {cost}" in lines
+    assert "  tiered: 2 steps outside the whole-model form ran regionally" in lines
     assert "  tiered median step while building / regional's: 1.21" in lines
     assert "  tiered median step after the switch / full's: 1.00" in lines
     assert f"  tiered total / regional total: {25.6 / 25.6:.2f}" in lines

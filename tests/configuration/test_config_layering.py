@@ -333,6 +333,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "tiered.enabled": ("yes", True),
     "tiered.threads": ("2", 2),
     "tiered.when": ("ALWAYS", "always"),
+    "tiered.max_slowdown": ("1.5", 1.5),
     "tiered.nice": ("5", 5),
     "job.share": ("ON", "on"),
     "job.timeout": ("90", 90.0),

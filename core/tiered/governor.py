@@ -1,0 +1,122 @@
+"""Bounding what the builder costs the foreground's steps (``tiered.max_slowdown``).
+
+A *step* is the time from one root call's start to the next's: the forward and whatever the
+loop does before it calls again (backward, optimizer, data, idling). Whether a builder slows
+the steps depends on what else wants the cores, which no rule read off the machine at the
+first call can know for sure; so while it builds, torchkiln measures it. Now and then it pauses
+the builder (a stop signal to its process group, the C++ compilers it started included) for a
+couple of steps and compares the steps with the builder paused to the steps with it running.
+If running costs more than the bound, the builder runs only one step in ``period``, the period
+chosen so that the *mean* step stays within the bound (a slower build, never a slower loop).
+Probes are few once the builder has been seen cheap: the gap between two doubles each time.
+
+The governor is pure bookkeeping: it is told when each root call starts and answers whether
+the builder should run until the next; :class:`~torchkiln.tiered.process.BuilderProcess` does
+the pausing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import attrs
+
+SETTLE_STEPS = 2
+"""Steps not measured after a builder starts: the regional tier compiles in them (the first
+call, and the recompile for sizes that vary), which is not the builder's cost."""
+FIRST_PROBE_AFTER = 4
+"""Steps with the builder running before the first probe."""
+PROBE_STEPS = 2
+"""Steps a probe pauses the builder for."""
+LONGEST_PROBE_GAP = 128
+MOST_PERIOD = 16
+"""The builder runs at least one step in this many: throttled, it still finishes."""
+WINDOW = 8
+"""The latest samples of each kind a ratio is taken from."""
+
+
+@attrs.define
+class StepGovernor:
+    """Measures the builder's cost to the steps and says when it may run."""
+
+    bound: float
+    """The most the builder may slow the mean step (``tiered.max_slowdown``; 0: no bound)."""
+    running: list[float] = attrs.Factory(list)
+    """Seconds of each measured step during which the builder ran."""
+    paused: list[float] = attrs.Factory(list)
+    """Seconds of each measured step during which it was paused."""
+    period: int = 1
+    """The builder runs one step in ``period`` (1: every step)."""
+    slowdown: float | None = None
+    """The latest measured ratio: median running step / median paused step."""
+    _last: float | None = None
+    _ran: bool | None = None
+    _settle: int = SETTLE_STEPS
+    _until_probe: int = FIRST_PROBE_AFTER
+    _probe_gap: int = 16
+    _pause_left: int = 0
+    _phase: int = 0
+
+    def restarted(self) -> None:
+        """A new builder started: its first steps land on the regional recompile again."""
+        self._settle = SETTLE_STEPS
+
+    def step(self, now: float) -> bool:
+        """At a root call's start (``now``: ``time.perf_counter()``): record the step that
+        ended, and say whether the builder runs during the next one."""
+        if self._last is not None and self._ran is not None:
+            if self._settle:
+                self._settle -= 1
+            else:
+                (self.running if self._ran else self.paused).append(now - self._last)
+                self._measure()
+        self._last = now
+        self._ran = self._next()
+        return self._ran
+
+    def _next(self) -> bool:
+        if not self.bound:
+            return True
+        if self.period > 1:  # throttled: one step running, then period - 1 paused
+            self._phase = (self._phase + 1) % self.period
+            return self._phase == 0
+        if self._settle:
+            return True
+        if self._pause_left:
+            self._pause_left -= 1
+            return False
+        self._until_probe -= 1
+        if self._until_probe > 0:
+            return True
+        self._pause_left = PROBE_STEPS - 1
+        self._until_probe = self._probe_gap
+        self._probe_gap = min(self._probe_gap * 2, LONGEST_PROBE_GAP)
+        return False
+
+    def _measure(self) -> None:
+        if len(self.running) < 2 or not self.paused or self._pause_left:
+            return  # a probe is still pausing: decide on its whole sample
+        ratio = statistics.median(self.running[-WINDOW:]) / statistics.median(self.paused[-WINDOW:])
+        self.slowdown = ratio
+        if not self.bound:
+            return
+        before = self.period
+        self.period = min(period_for(ratio, self.bound), MOST_PERIOD)
+        if self.period != before:
+            self._phase = 0
+            self._until_probe = self._probe_gap  # unthrottled again: probe as before
+
+    @property
+    def running_share(self) -> float | None:
+        """The share of measured steps during which the builder ran."""
+        measured = len(self.running) + len(self.paused)
+        return len(self.running) / measured if measured else None
+
+
+def period_for(ratio: float, bound: float) -> int:
+    """The smallest ``period`` whose mean step, ``(ratio + period - 1) / period``, is within
+    ``bound`` (1 when running every step already is)."""
+    if ratio <= bound:
+        return 1
+    return math.ceil((ratio - 1) / (bound - 1) - 1e-9)  # 8.000000001 (float noise) is 8

@@ -1,0 +1,159 @@
+"""The builder's cost to the foreground's steps is measured and bounded (``tiered.max_slowdown``).
+
+The governor is driven with step times of a simulated loop whose steps take ``base`` seconds
+with the builder paused and ``base * ratio`` with it running; the pausing itself is checked on a
+real builder process against the kernel's view of it (``/proc/PID/stat``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from torchkiln.tiered.governor import (
+    MOST_PERIOD,
+    PROBE_STEPS,
+    SETTLE_STEPS,
+    StepGovernor,
+    period_for,
+)
+from torchkiln.tiered.process import BuilderProcess
+from torchkiln.tiered.tier_report import TierReport
+
+
+def simulate(governor: StepGovernor, ratio: float, steps: int, base: float = 0.1):
+    """Run ``steps`` steps; returns each step's seconds and whether the builder ran in it."""
+    now, ran = 0.0, governor.step(0.0)
+    seconds, running = [], []
+    for _ in range(steps):
+        took = base * (ratio if ran else 1.0)
+        seconds.append(took)
+        running.append(ran)
+        now += took
+        ran = governor.step(now)
+    return seconds, running
+
+
+def test_a_cheap_builder_runs_nearly_every_step_and_is_probed_ever_less_often():
+    governor = StepGovernor(bound=1.25)
+    _, running = simulate(governor, ratio=1.02, steps=300)
+    assert governor.period == 1
+    assert governor.slowdown == pytest.approx(1.02)
+    # Probes of 2 steps after 4, 16, 32, 64, 128 and 128 steps running: 12 paused of 300.
+    paused = running.count(False)
+    assert 0 < paused <= 6 * PROBE_STEPS
+    assert paused % PROBE_STEPS == 0
+
+
+def test_an_expensive_builder_is_throttled_so_the_mean_step_stays_within_the_bound():
+    governor = StepGovernor(bound=1.25)
+    seconds, running = simulate(governor, ratio=3.0, steps=400, base=0.1)
+    assert governor.slowdown == pytest.approx(3.0)
+    assert governor.period == 8  # (3 - 1) / (1.25 - 1)
+    steady = seconds[40:]  # after the first probe found it expensive
+    assert statistics.mean(steady) <= 1.25 * 0.1 + 1e-9
+    assert statistics.median(steady) == pytest.approx(0.1)
+    # Throttled, not stopped: it still runs one step in eight.
+    assert running[40:].count(True) == pytest.approx(len(steady) / 8, abs=1)
+
+
+def test_a_builder_that_becomes_cheap_is_unthrottled():
+    governor = StepGovernor(bound=1.25)
+    simulate(governor, ratio=3.0, steps=100)
+    assert governor.period == 8
+    # The foreground's steps now leave a core free: a running step costs what a paused one does.
+    now = 100.0
+    for _ in range(200):
+        ran = governor.step(now)
+        now += 0.1 * (1.02 if ran else 1.0)
+    assert governor.period == 1
+    assert governor.slowdown == pytest.approx(1.02)
+
+
+def test_no_bound_never_pauses_and_measures_nothing():
+    governor = StepGovernor(bound=0)
+    _, running = simulate(governor, ratio=4.0, steps=200)
+    assert all(running)
+    assert governor.slowdown is None and governor.paused == []
+
+
+def test_the_steps_after_a_builder_starts_are_not_measured():
+    governor = StepGovernor(bound=1.25)
+    governor.step(0.0)
+    governor.step(30.0)  # the first call: the regional compile
+    governor.step(40.0)  # the second: the recompile for sizes that vary
+    assert governor.running == []
+    governor.restarted()
+    governor.step(50.0)
+    governor.step(60.0)
+    assert governor.running == []
+    governor.step(60.1)
+    assert governor.running == [pytest.approx(0.1)]
+    assert SETTLE_STEPS == 2
+
+
+@given(
+    ratio=st.floats(min_value=1.0, max_value=50.0),
+    bound=st.floats(min_value=1.01, max_value=4.0),
+)
+def test_period_for_is_the_smallest_period_within_the_bound(ratio, bound):
+    period = period_for(ratio, bound)
+    assert (ratio + period - 1) / period <= bound + 1e-9
+    if period > 1:
+        assert (ratio + period - 2) / (period - 1) > bound - 1e-9
+
+
+def test_throttling_is_capped_so_the_builder_still_finishes():
+    governor = StepGovernor(bound=1.25)
+    _, running = simulate(governor, ratio=40.0, steps=200)
+    assert governor.period == MOST_PERIOD
+    assert running[-MOST_PERIOD:].count(True) == 1
+
+
+def _state(pid: int) -> str:
+    # /proc/PID/stat: "pid (comm) S ...": the state letter follows the command's parenthesis
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_for_state(pid: int, wanted: set[str], timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while (state := _state(pid)) not in wanted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return state
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_pausing_a_builder_stops_its_process_group_and_continuing_resumes_it():
+    builder = BuilderProcess(threads=1)
+    try:
+        pid = builder.process.pid
+        builder.pause(True)
+        assert builder.paused
+        assert _wait_for_state(pid, {"T", "t"}) in {"T", "t"}  # stopped, as the kernel sees it
+        builder.pause(False)
+        assert _wait_for_state(pid, {"S", "R", "D"}) in {"S", "R", "D"}
+        builder.pause(True)
+    finally:
+        builder.stop()  # kills it even while stopped
+    assert builder.process.returncode is not None
+
+
+def test_the_report_states_the_measured_cost_and_the_throttling():
+    report = TierReport(
+        serving="regional",
+        state="building",
+        calls={"regional": 90, "whole-model": 0},
+        builder_slowdown=3.04,
+        builder_period=9,
+        measured_steps={"running": 8, "paused": 60},
+        slowdown_bound=1.25,
+    )
+    assert (
+        "  builder's cost to the steps: 3.04x (median of 8 steps with it running / 60 with it "
+        "paused); bound 1.25x: over it, the builder runs 1 step in 9"
+    ) in report.lines()
