@@ -206,6 +206,13 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="with --lengths: torch.set_num_threads in each training process (leave the "
         "tiered builder a core: 1 on a 2-core machine)",
     )
+    p.add_argument(
+        "--tiered-when",
+        choices=("auto", "always"),
+        default="auto",
+        help="with --lengths: tiered.when for the tiered run (always: start the builder on busy "
+        "cores too, to see tiered.max_slowdown bound its cost)",
+    )
     p.set_defaults(handler=run_bench)
     return p
 
@@ -278,5 +285,6 @@ def _run_train_lengths(args: argparse.Namespace) -> int:
         args.threads,
         args.json_path,
         args.timeout or 3600,
+        tiered_when=args.tiered_when,
     )
     return 0

@@ -44,7 +44,7 @@ def measure(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         distributed="ddp" if world > 1 else "none",
         cache_dir=str(out_dir / f"inductor-cache-{rank}"),
         job=settings["job"],
-        tiered={"enabled": settings.get("tiered", False), "when": "always"},
+        tiered={"enabled": settings.get("tiered", False), "when": "always", "max_slowdown": 0},
         progress="off",
     )
     steps = []

@@ -67,9 +67,10 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
 def run_train_lengths(
     strategies: tuple[str, ...], model: str, depth: int, batch: int, lengths: list[int],
     steps: int, backend: str, threads: int | None, json_path: str | None, timeout: float,
+    tiered_when: str = "auto",
 ) -> dict[str, Any]:  # fmt: skip
     base = {"model": model, "depth": depth, "batch": batch, "lengths": lengths, "steps": steps,
-            "backend": backend, "threads": threads}  # fmt: skip
+            "backend": backend, "threads": threads, "tiered_when": tiered_when}  # fmt: skip
     runs = {}
     for strategy in strategies:
         print(f"torchkiln bench --lengths: {strategy} ...", file=sys.stderr, flush=True)
@@ -89,7 +90,8 @@ def render(result: dict[str, Any]) -> str:
         f"torchkiln bench --lengths: {s['model']} depth {s['depth']}, batch {s['batch']}, "
         f"{s['steps']} training steps (AdamW), lengths from {min(s['lengths'])} to "
         f"{max(s['lengths'])} ({distinct} values), {s['backend']}"
-        + (f", torch threads {s['threads']}" if s.get("threads") else ""),
+        + (f", torch threads {s['threads']}" if s.get("threads") else "")
+        + (f", tiered.when {s['tiered_when']}" if s.get("tiered_when", "auto") != "auto" else ""),
         f"{'strategy':<10}{'first step s':>13}{'median later ms':>17}{'total s':>10}",
     ]
     for name, row in summaries.items():

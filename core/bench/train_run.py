@@ -2,7 +2,7 @@
 process of its own by :mod:`torchkiln.bench.train_lengths`).
 
 ``python -m torchkiln.bench.train_run OUT_JSON SETTINGS_JSON``: builds the bench model, applies
-the strategy (``eager``, ``full``, ``regional``, ``tiered`` with its default ``tiered.when``),
+the strategy (``eager``, ``full``, ``regional``, ``tiered`` with ``tiered_when``, default ``auto``),
 trains ``steps`` AdamW steps whose sequence length is drawn from ``lengths`` (a seeded
 generator: the same lengths for every strategy, as a padding collator gives them) and writes
 every step's seconds, and for tiered where the tiers stood at each step.
@@ -24,7 +24,7 @@ def lengths_for(settings: dict[str, Any]) -> list[int]:
     return [pick.choice(settings["lengths"]) for _ in range(settings["steps"])]
 
 
-def apply(strategy: str, model: Any, backend: str) -> Any:
+def apply(strategy: str, model: Any, backend: str, tiered_when: str = "auto") -> Any:
     import torch
 
     import torchkiln
@@ -34,9 +34,8 @@ def apply(strategy: str, model: Any, backend: str) -> Any:
     if strategy == "full":
         return torch.compile(model, backend=backend)
     if strategy in ("regional", "tiered"):
-        return torchkiln.compile(
-            model, backend=backend, tiered=strategy == "tiered", progress="off"
-        )
+        tiered = {"enabled": strategy == "tiered", "when": tiered_when}
+        return torchkiln.compile(model, backend=backend, tiered=tiered, progress="off")
     raise SystemExit(f"unknown strategy {strategy!r}")
 
 
@@ -49,7 +48,9 @@ def measure(settings: dict[str, Any]) -> dict[str, Any]:
 
     torch.manual_seed(0)
     model = load_model(settings["model"], depth=settings["depth"]).train()
-    compiled = apply(settings["strategy"], model, settings["backend"])
+    compiled = apply(
+        settings["strategy"], model, settings["backend"], settings.get("tiered_when", "auto")
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(1)
     vocab = int(getattr(model.config, "vocab_size"))  # noqa: B009 (a transformers config)

@@ -167,9 +167,11 @@ def _config(
         {"artifacts": artifacts, "artifacts_strict": True} if strategy == "precompiled" else {}
     )
     if strategy == "tiered":
-        # The cell measures the tiered form itself: the builder starts whatever tiered.when's
-        # auto would decide on this machine (docs/benchmarks.md says so).
-        extra["tiered"] = TieredConfig(enabled=True, when="always")
+        # The cell measures the tiered form itself, how soon it can switch: the builder starts
+        # whatever tiered.when's auto would decide on this machine, and is not paused for the
+        # back-to-back calls it slows (tiered.max_slowdown 0; docs/benchmarks.md says so). The
+        # training bench (--lengths) measures the defaults.
+        extra["tiered"] = TieredConfig(enabled=True, when="always", max_slowdown=0)
         if tiered_artifacts:
             extra["artifacts"] = tiered_artifacts
     if DISPATCH[0] is not None:

@@ -207,7 +207,7 @@ class TieredForward:
             spec = call_spec(model, args, kwargs)
         except Exception:  # it runs regionally, as every call it cannot describe
             return
-        if covered(spec, self.built_for):
+        if covered(spec, self.built_for, every_size_dynamic=self.config.dynamic is True):
             return
         self.log.add(spec, args, kwargs)
         call = sum(self.calls.values()) + 1

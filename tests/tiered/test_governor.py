@@ -157,3 +157,15 @@ def test_the_report_states_the_measured_cost_and_the_throttling():
         "  builder's cost to the steps: 3.04x (median of 8 steps with it running / 60 with it "
         "paused); bound 1.25x: over it, the builder runs 1 step in 9"
     ) in report.lines()
+
+
+@pytest.mark.parametrize("bound", ["1.0", "0.5", "-1", "101"])
+def test_a_bound_that_is_not_a_slowdown_is_refused_by_name(monkeypatch, bound):
+    from torchkiln.engine.resolve import resolve_config
+    from torchkiln.errors import ConfigError
+
+    monkeypatch.setenv("TORCHKILN_TIERED_MAX_SLOWDOWN", bound)
+    with pytest.raises(ConfigError, match=r"\$\.tiered\.max_slowdown.*neither 0 \(no bound\)"):
+        resolve_config()
+    monkeypatch.setenv("TORCHKILN_TIERED_MAX_SLOWDOWN", "0")
+    assert resolve_config().config.tiered.max_slowdown == 0
