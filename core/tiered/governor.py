@@ -6,9 +6,12 @@ the steps depends on what else wants the cores, which no rule read off the machi
 first call can know for sure; so while it builds, torchkiln measures it. Now and then it pauses
 the builder (a stop signal to its process group, the C++ compilers it started included) for a
 couple of steps and compares the steps with the builder paused to the steps with it running.
-If running costs more than the bound, the builder runs only one step in ``period``, the period
-chosen so that the *mean* step stays within the bound (a slower build, never a slower loop).
-Probes are few once the builder has been seen cheap: the gap between two doubles each time.
+If running costs more than the bound, the builder is first given the lowest scheduling priority
+(nice 19: it then runs mostly where the steps leave a core idle, as in their single-threaded
+parts) and measured again; if it still costs more, it runs only one step in ``period``, the
+period chosen so that the *mean* step stays within the bound (a slower build, never a slower
+loop). Probes are few once the builder has been seen cheap: the gap between two doubles each
+time.
 
 The governor is pure bookkeeping: it is told when each root call starts and answers whether
 the builder should run until the next; :class:`~torchkiln.tiered.process.BuilderProcess` does
@@ -30,8 +33,11 @@ FIRST_PROBE_AFTER = 4
 PROBE_STEPS = 2
 """Steps a probe pauses the builder for."""
 LONGEST_PROBE_GAP = 128
-MOST_PERIOD = 16
-"""The builder runs at least one step in this many: throttled, it still finishes."""
+MOST_PERIOD = 256
+"""The builder runs at least one step in this many: throttled, it still finishes (the bound
+holds up to a ratio of 1 + 255 x (bound - 1): 64x at 1.25)."""
+LOWEST_PRIORITY = 19
+"""The niceness a builder over the bound is lowered to before it is throttled."""
 WINDOW = 8
 """The latest samples of each kind a ratio is taken from."""
 
@@ -50,6 +56,9 @@ class StepGovernor:
     """The builder runs one step in ``period`` (1: every step)."""
     slowdown: float | None = None
     """The latest measured ratio: median running step / median paused step."""
+    lowered_from: float | None = None
+    """The ratio measured at the builder's own priority, when it was over the bound and the
+    builder was lowered to :data:`LOWEST_PRIORITY` (``None``: not lowered)."""
     _last: float | None = None
     _ran: bool | None = None
     _settle: int = SETTLE_STEPS
@@ -101,11 +110,21 @@ class StepGovernor:
         self.slowdown = ratio
         if not self.bound:
             return
+        if ratio > self.bound and self.lowered_from is None:
+            self.lowered_from = ratio  # lower its priority, then measure it afresh
+            self.running.clear()
+            self._until_probe = FIRST_PROBE_AFTER
+            return
         before = self.period
         self.period = min(period_for(ratio, self.bound), MOST_PERIOD)
         if self.period != before:
             self._phase = 0
             self._until_probe = self._probe_gap  # unthrottled again: probe as before
+
+    @property
+    def priority(self) -> int | None:
+        """The niceness the builder should have now (``None``: its own, ``tiered.nice``)."""
+        return LOWEST_PRIORITY if self.lowered_from is not None else None
 
     @property
     def running_share(self) -> float | None:

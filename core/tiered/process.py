@@ -46,6 +46,8 @@ class BuilderProcess:
         self.result: dict[str, Any] | None = None
         self.started = False
         self.paused = False
+        self.nice = 0
+        """The niceness :meth:`lower_priority` set (the builder adds ``tiered.nice`` itself)."""
 
     def start(self, request: dict[str, Any]) -> None:
         """Write the request and tell the waiting child to build it."""
@@ -86,6 +88,15 @@ class BuilderProcess:
         except ProcessLookupError:  # it exited meanwhile: poll() reads its result
             return
         self.paused = paused
+
+    def lower_priority(self, nice: int) -> None:
+        """Give the builder and every process it started (and will start) niceness ``nice``
+        (only ever lowered: raising it back needs privileges a user may not have)."""
+        if nice <= self.nice or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.setpriority(os.PRIO_PGRP, self.process.pid, nice)
+            self.nice = nice
 
     def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
         if not self.started:

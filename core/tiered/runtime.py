@@ -141,6 +141,8 @@ class TieredForward:
             self._poll(model)
         if self.pending and self.builder is not None and self.builder.started:
             self.builder.pause(not self.governor.step(time.perf_counter()))
+            if self.governor.priority is not None:
+                self.builder.lower_priority(self.governor.priority)
         if self.log_open and self.state != "stopped":
             self._observe(model, args, kwargs)
         elif self.builds == 1 and self.job is None and self.state in ("building", "switched"):
@@ -450,6 +452,7 @@ class TieredForward:
             builder_processes=self.builder_processes,
             builder_slowdown=self.governor.slowdown,
             builder_period=self.governor.period,
+            builder_lowered_from=self.governor.lowered_from,
             measured_steps={
                 "running": len(self.governor.running),
                 "paused": len(self.governor.paused),

@@ -40,6 +40,9 @@ class TierReport:
     """What the builder cost the steps, measured (:mod:`torchkiln.tiered.governor`): the
     median step with it running over the median step with it paused; ``None``: not measured
     (no builder, or it finished before a probe)."""
+    builder_lowered_from: float | None = None
+    """The cost measured at the builder's own priority, when it was over the bound and the
+    builder was lowered to nice 19 (``None``: not lowered)."""
     builder_period: int = 1
     """The builder ran one step in this many (above 1: its cost was over the bound)."""
     measured_steps: dict[str, int] = attrs.Factory(dict)
@@ -91,6 +94,8 @@ class TierReport:
         if not self.slowdown_bound:
             return line + "; no bound (tiered.max_slowdown 0)"
         line += f"; bound {self.slowdown_bound:g}x"
+        if self.builder_lowered_from is not None:
+            line += f" ({self.builder_lowered_from:.2f}x at its own priority: lowered to nice 19)"
         if self.builder_period > 1:
             line += f": over it, the builder runs 1 step in {self.builder_period}"
         return line

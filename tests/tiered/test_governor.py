@@ -7,6 +7,7 @@ real builder process against the kernel's view of it (``/proc/PID/stat``).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -26,12 +27,22 @@ from torchkiln.tiered.process import BuilderProcess
 from torchkiln.tiered.tier_report import TierReport
 
 
-def simulate(governor: StepGovernor, ratio: float, steps: int, base: float = 0.1):
-    """Run ``steps`` steps; returns each step's seconds and whether the builder ran in it."""
+def simulate(
+    governor: StepGovernor,
+    ratio: float,
+    steps: int,
+    base: float = 0.1,
+    ratio_lowered: float | None = None,
+):
+    """Run ``steps`` steps; returns each step's seconds and whether the builder ran in it. A
+    running step costs ``ratio``, or ``ratio_lowered`` once the governor lowered its priority."""
     now, ran = 0.0, governor.step(0.0)
     seconds, running = [], []
     for _ in range(steps):
-        took = base * (ratio if ran else 1.0)
+        cost = ratio
+        if governor.priority is not None and ratio_lowered is not None:
+            cost = ratio_lowered
+        took = base * (cost if ran else 1.0)
         seconds.append(took)
         running.append(ran)
         now += took
@@ -54,6 +65,8 @@ def test_an_expensive_builder_is_throttled_so_the_mean_step_stays_within_the_bou
     governor = StepGovernor(bound=1.25)
     seconds, running = simulate(governor, ratio=3.0, steps=400, base=0.1)
     assert governor.slowdown == pytest.approx(3.0)
+    # First its priority was lowered; measured again at nice 19, still 3x: throttled.
+    assert governor.lowered_from == pytest.approx(3.0) and governor.priority == 19
     assert governor.period == 8  # (3 - 1) / (1.25 - 1)
     steady = seconds[40:]  # after the first probe found it expensive
     assert statistics.mean(steady) <= 1.25 * 0.1 + 1e-9
@@ -108,9 +121,25 @@ def test_period_for_is_the_smallest_period_within_the_bound(ratio, bound):
         assert (ratio + period - 2) / (period - 1) > bound - 1e-9
 
 
+def test_a_builder_cheap_at_the_lowest_priority_runs_every_step_there():
+    governor = StepGovernor(bound=1.25)
+    seconds, running = simulate(governor, ratio=22.0, steps=300, ratio_lowered=1.1)
+    assert governor.lowered_from == pytest.approx(22.0) and governor.priority == 19
+    assert governor.period == 1 and governor.slowdown == pytest.approx(1.1)
+    assert running[40:].count(False) <= 6 * PROBE_STEPS  # probes only
+    assert statistics.mean(seconds[40:]) <= 1.1 * 0.1 + 1e-9
+
+
+def test_a_builder_still_over_the_bound_at_the_lowest_priority_is_throttled_to_it():
+    governor = StepGovernor(bound=1.25)
+    seconds, _ = simulate(governor, ratio=22.0, steps=400, ratio_lowered=1.6)
+    assert governor.period == 3  # (1.6 - 1) / (1.25 - 1) = 2.4
+    assert statistics.mean(seconds[60:]) <= 1.25 * 0.1 + 1e-9
+
+
 def test_throttling_is_capped_so_the_builder_still_finishes():
     governor = StepGovernor(bound=1.25)
-    _, running = simulate(governor, ratio=40.0, steps=200)
+    _, running = simulate(governor, ratio=1000.0, steps=1200)
     assert governor.period == MOST_PERIOD
     assert running[-MOST_PERIOD:].count(True) == 1
 
@@ -137,6 +166,8 @@ def test_pausing_a_builder_stops_its_process_group_and_continuing_resumes_it():
         assert _wait_for_state(pid, {"T", "t"}) in {"T", "t"}  # stopped, as the kernel sees it
         builder.pause(False)
         assert _wait_for_state(pid, {"S", "R", "D"}) in {"S", "R", "D"}
+        builder.lower_priority(19)
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 19
         builder.pause(True)
     finally:
         builder.stop()  # kills it even while stopped
@@ -150,12 +181,14 @@ def test_the_report_states_the_measured_cost_and_the_throttling():
         calls={"regional": 90, "whole-model": 0},
         builder_slowdown=3.04,
         builder_period=9,
+        builder_lowered_from=22.4,
         measured_steps={"running": 8, "paused": 60},
         slowdown_bound=1.25,
     )
     assert (
         "  builder's cost to the steps: 3.04x (median of 8 steps with it running / 60 with it "
-        "paused); bound 1.25x: over it, the builder runs 1 step in 9"
+        "paused); bound 1.25x (22.40x at its own priority: lowered to nice 19): over it, the "
+        "builder runs 1 step in 9"
     ) in report.lines()
 
 
