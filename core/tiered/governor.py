@@ -126,12 +126,6 @@ class StepGovernor:
         """The niceness the builder should have now (``None``: its own, ``tiered.nice``)."""
         return LOWEST_PRIORITY if self.lowered_from is not None else None
 
-    @property
-    def running_share(self) -> float | None:
-        """The share of measured steps during which the builder ran."""
-        measured = len(self.running) + len(self.paused)
-        return len(self.running) / measured if measured else None
-
 
 def period_for(ratio: float, bound: float) -> int:
     """The smallest ``period`` whose mean step, ``(ratio + period - 1) / period``, is within

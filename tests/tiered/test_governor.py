@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -202,3 +203,41 @@ def test_a_bound_that_is_not_a_slowdown_is_refused_by_name(monkeypatch, bound):
         resolve_config()
     monkeypatch.setenv("TORCHKILN_TIERED_MAX_SLOWDOWN", "0")
     assert resolve_config().config.tiered.max_slowdown == 0
+
+
+@pytest.mark.needs_feature("tiered compilation")
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_a_real_builder_is_paused_when_the_runtime_says_so_and_still_switches(tokens):
+    """Back-to-back calls while a real builder compiles: every step the runtime reports paused,
+    the kernel shows the builder stopped (the witness); the build still finishes and the model
+    switches, exact."""
+    from tiered_models import tiny_llama
+
+    import torchkiln
+    import torchkiln.tiered
+    from torchkiln.tiered import _runtime
+
+    reference = tiny_llama()
+    model = torchkiln.compile(
+        tiny_llama(), backend="aot_eager", tiered={"enabled": True, "when": "always"}
+    )
+    runtime = _runtime(model)
+    paused_steps = 0
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        for _ in range(400):
+            model(tokens)
+            builder = runtime.builder
+            if builder is None or builder.result is not None or not runtime.pending:
+                break
+            if builder.paused:
+                paused_steps += 1
+                assert _state(builder.process.pid) in {"T", "t"}
+            else:
+                assert _state(builder.process.pid) not in {"T", "t"}
+        assert torchkiln.tiered.wait(model, 600)
+        torch.testing.assert_close(model(tokens).logits, expected)
+    tiers = torchkiln.tiered.tiers(model)
+    assert paused_steps >= PROBE_STEPS  # at least the first probe
+    assert tiers.measured_steps["paused"] >= PROBE_STEPS - 1 and tiers.builder_slowdown > 0
+    assert tiers.state == "switched" and tiers.calls["whole-model"] == 1, tiers.lines()
