@@ -44,6 +44,15 @@ class Machine:
         return cls(device, cores, torch.get_num_threads(), max(local, 1))
 
 
+def core_left_free(config: CompileConfig, machine: Machine) -> bool:
+    """Whether the builder has cores of its own: an accelerator's steps leave the CPU mostly
+    free; on the CPU, the cores this process may use beyond its steps' threads (times the
+    job's ranks on the machine) must number ``tiered.threads``."""
+    if machine.device != "cpu":
+        return True
+    return machine.cores - machine.threads * machine.local_ranks >= config.tiered.threads
+
+
 def builder_problem(config: CompileConfig, machine: Machine) -> str | None:
     """Why the first call should not start a builder (``None``: start it)."""
     when = config.tiered.when
@@ -51,12 +60,10 @@ def builder_problem(config: CompileConfig, machine: Machine) -> str | None:
         return None
     if when == "never":
         return "tiered.when is never"
-    if machine.device != "cpu":
+    if core_left_free(config, machine):
         return None
     busy = machine.threads * machine.local_ranks
     needed = config.tiered.threads
-    if machine.cores - busy >= needed:
-        return None
     ranks = f" x {machine.local_ranks} ranks on this machine" if machine.local_ranks > 1 else ""
     return (
         f"tiered.when is auto and the model runs on the CPU: its steps use {busy} of the "

@@ -58,7 +58,10 @@ class StepGovernor:
     """The latest measured ratio: median running step / median paused step."""
     lowered_from: float | None = None
     """The ratio measured at the builder's own priority, when it was over the bound and the
-    builder was lowered to :data:`LOWEST_PRIORITY` (``None``: not lowered)."""
+    builder was lowered to :data:`LOWEST_PRIORITY` (``None``: not measured so)."""
+    lowered: bool = False
+    """Whether the builder runs at :data:`LOWEST_PRIORITY`: measured over the bound, or from
+    the start (``tiered.when: always`` with no core left free: :meth:`start_lowered`)."""
     _last: float | None = None
     _ran: bool | None = None
     _settle: int = SETTLE_STEPS
@@ -110,8 +113,8 @@ class StepGovernor:
         self.slowdown = ratio
         if not self.bound:
             return
-        if ratio > self.bound and self.lowered_from is None:
-            self.lowered_from = ratio  # lower its priority, then measure it afresh
+        if ratio > self.bound and not self.lowered:
+            self.lowered, self.lowered_from = True, ratio  # lower it, then measure it afresh
             self.running.clear()
             self._until_probe = FIRST_PROBE_AFTER
             return
@@ -121,10 +124,16 @@ class StepGovernor:
             self._phase = 0
             self._until_probe = self._probe_gap  # unthrottled again: probe as before
 
+    def start_lowered(self) -> None:
+        """The builder starts at the lowest priority: the steps keep every core busy (the
+        steps the governor does not measure, the regional compile's, would pay otherwise)."""
+        if self.bound:
+            self.lowered = True
+
     @property
     def priority(self) -> int | None:
         """The niceness the builder should have now (``None``: its own, ``tiered.nice``)."""
-        return LOWEST_PRIORITY if self.lowered_from is not None else None
+        return LOWEST_PRIORITY if self.lowered else None
 
 
 def period_for(ratio: float, bound: float) -> int:

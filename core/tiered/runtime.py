@@ -41,7 +41,7 @@ from torchkiln.tiered.calls import (
     describe_families,
     family_shapes,
 )
-from torchkiln.tiered.decision import Machine, builder_problem
+from torchkiln.tiered.decision import Machine, builder_problem, core_left_free
 from torchkiln.tiered.governor import StepGovernor
 from torchkiln.tiered.hollow import dumps_hollow, unimportable_classes
 from torchkiln.tiered.process import BuilderProcess
@@ -250,8 +250,7 @@ class TieredForward:
         if builder_problem(self.config, Machine.now(model)) is not None:
             return  # decided again at the first call, which says why
         if saved_functions_supported() and not unimportable_classes(model):
-            self.spare = BuilderProcess(self.config.tiered.threads, _preload(model))
-            self.builder_processes += 1
+            self.spare = self._new_builder(model)
 
     def _start_builder(self, model: nn.Module) -> None:
         if not saved_functions_supported():
@@ -298,8 +297,7 @@ class TieredForward:
         if spare is None or spare.process.poll() is not None:  # none started, or it died
             if spare is not None:
                 spare.stop()
-            spare = BuilderProcess(self.config.tiered.threads, _preload(model))
-            self.builder_processes += 1
+            spare = self._new_builder(model)
         spare.start(request)
         self.builder = spare
         self.builds += 1
@@ -311,6 +309,17 @@ class TieredForward:
             f"building the whole-model form in process {self.builder.process.pid} for "
             f"{describe_families(self.built_for)} (call {sum(self.calls.values()) + 1})"
         )
+
+    def _new_builder(self, model: nn.Module) -> BuilderProcess:
+        """A builder process, importing what the build needs while it waits; at the lowest
+        priority from the start when the steps leave no core free (``when: always``)."""
+        builder = BuilderProcess(self.config.tiered.threads, _preload(model))
+        self.builder_processes += 1
+        if not core_left_free(self.config, Machine.now(model)):
+            self.governor.start_lowered()
+        if self.governor.priority is not None:
+            builder.lower_priority(self.governor.priority)
+        return builder
 
     def _request(self, model: nn.Module) -> dict[str, Any]:
         if self._output is None:  # once: a restarted builder writes where the first one did
@@ -453,6 +462,7 @@ class TieredForward:
             builder_slowdown=self.governor.slowdown,
             builder_period=self.governor.period,
             builder_lowered_from=self.governor.lowered_from,
+            builder_lowered=self.governor.lowered,
             measured_steps={
                 "running": len(self.governor.running),
                 "paused": len(self.governor.paused),

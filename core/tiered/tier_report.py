@@ -43,6 +43,9 @@ class TierReport:
     builder_lowered_from: float | None = None
     """The cost measured at the builder's own priority, when it was over the bound and the
     builder was lowered to nice 19 (``None``: not lowered)."""
+    builder_lowered: bool = False
+    """Whether the builder ran at nice 19: measured over the bound, or from the start when
+    the steps left no core free (``tiered.when: always``)."""
     builder_period: int = 1
     """The builder ran one step in this many (above 1: its cost was over the bound)."""
     measured_steps: dict[str, int] = attrs.Factory(dict)
@@ -96,6 +99,8 @@ class TierReport:
         line += f"; bound {self.slowdown_bound:g}x"
         if self.builder_lowered_from is not None:
             line += f" ({self.builder_lowered_from:.2f}x at its own priority: lowered to nice 19)"
+        elif self.builder_lowered:
+            line += " (at nice 19 from the start: the steps left no core free)"
         if self.builder_period > 1:
             line += f": over it, the builder runs 1 step in {self.builder_period}"
         return line

@@ -12,7 +12,7 @@ from tiered_models import tiny_llama
 import torchkiln
 import torchkiln.tiered
 from torchkiln.configuration.config import CompileConfig, TieredConfig
-from torchkiln.tiered.decision import Machine, builder_problem
+from torchkiln.tiered.decision import Machine, builder_problem, core_left_free
 
 pytestmark = pytest.mark.needs_feature("tiered compilation")
 
@@ -36,6 +36,8 @@ def test_auto_starts_the_builder_only_with_cores_to_spare(
     machine: Machine, threads: int, starts: bool
 ) -> None:
     assert (builder_problem(config("auto", threads), machine) is None) is starts
+    # always starts it anyway, at the lowest priority where no core is free (the governor)
+    assert core_left_free(config("always", threads), machine) is starts
     assert builder_problem(config("always", threads), machine) is None
     assert builder_problem(config("never", threads), machine) == "tiered.when is never"
 
