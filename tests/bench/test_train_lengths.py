@@ -23,8 +23,10 @@ def run(strategy: str, seconds: list[float], tiers: dict | None = None, at=None)
 
 
 def test_the_summary_and_table_of_a_run_that_switched() -> None:
-    cost = ("builder's cost to the steps: 1.02x (median of 1 steps with it running / 1 with "
-            "it paused); bound 1.25x")
+    cost = (
+        "builder's cost to the steps: 1.02x (median of 1 steps with it running / 1 with "
+        "it paused); bound 1.25x"
+    )
     tiers = {"state": "switched", "reason": None, "switched_at_call": 4, "calls": {},
              "builder_processes": 2, "seconds_to_switch": 25.3, "misses": 2,
              "lines": ["tiers: serving whole-model", f"  {cost}"]}  # fmt: skip
