@@ -184,39 +184,29 @@ def test_pausing_a_builder_stops_its_process_group_and_continuing_resumes_it():
     assert builder.process.returncode is not None
 
 
-def test_the_report_says_when_the_builder_started_at_the_lowest_priority():
-    report = TierReport(
-        serving="regional",
-        state="building",
-        calls={"regional": 90, "whole-model": 0},
-        builder_slowdown=0.99,
-        builder_lowered=True,
-        measured_steps={"running": 80, "paused": 8},
-        slowdown_bound=1.25,
-    )
-    assert report.lines()[-1] == (
-        "  builder's cost to the steps: 0.99x (median of 80 steps with it running / 8 with it "
-        "paused); bound 1.25x (at nice 19 from the start: the steps left no core free)"
-    )
-
-
-def test_the_report_states_the_measured_cost_and_the_throttling():
-    report = TierReport(
-        serving="regional",
-        state="building",
-        calls={"regional": 90, "whole-model": 0},
-        builder_slowdown=3.04,
-        builder_period=9,
-        builder_lowered_from=22.4,
-        builder_lowered=True,
-        measured_steps={"running": 8, "paused": 60},
-        slowdown_bound=1.25,
-    )
-    assert (
-        "  builder's cost to the steps: 3.04x (median of 8 steps with it running / 60 with it "
-        "paused); bound 1.25x (22.40x at its own priority: lowered to nice 19): over it, the "
-        "builder runs 1 step in 9"
-    ) in report.lines()
+@pytest.mark.parametrize(
+    ("measured", "line"),
+    [
+        (
+            {"builder_slowdown": 0.99, "builder_lowered": True,
+             "measured_steps": {"running": 80, "paused": 8}},
+            "  builder's cost to the steps: 0.99x (median of 80 steps with it running / 8 with "
+            "it paused); bound 1.25x (at nice 19 from the start: the steps left no core free)",
+        ),
+        (
+            {"builder_slowdown": 3.04, "builder_period": 9, "builder_lowered_from": 22.4,
+             "builder_lowered": True, "measured_steps": {"running": 8, "paused": 60}},
+            "  builder's cost to the steps: 3.04x (median of 8 steps with it running / 60 with "
+            "it paused); bound 1.25x (22.40x at its own priority: lowered to nice 19): over it, "
+            "the builder runs 1 step in 9",
+        ),
+    ],
+)  # fmt: skip
+def test_the_report_states_the_measured_cost_and_what_was_done_about_it(measured, line):
+    calls = {"regional": 90, "whole-model": 0}
+    report = TierReport(serving="regional", state="building", calls=calls, slowdown_bound=1.25,
+                        **measured)  # fmt: skip
+    assert report.lines()[-1] == line
 
 
 @pytest.mark.parametrize("bound", ["1.0", "0.5", "-1", "101"])

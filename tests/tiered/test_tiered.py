@@ -83,16 +83,13 @@ def test_forward_switches_in_place_and_stays_exact(tokens):
     assert tiers.builds == 2 and tiers.switched_at_call == 3
 
 
-@pytest.mark.needs_feature("tiered compilation")
-def test_training_after_the_switch_matches_a_run_without_tiers():
-    torch.manual_seed(0)
-    plain = tiny_llama().train()
-    tiered = torchkiln.compile(copy.deepcopy(plain), backend="aot_eager", tiered=ALWAYS)
+def _train_side_by_side(plain, tiered, batches, wait_before: int = 3):
+    """AdamW steps on both models, the same batches; waits for the builder before step
+    ``wait_before`` (so the next step switches). Returns each model's losses and optimizers."""
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (plain, tiered)]
-    batch = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(2))
     losses: list[list[float]] = [[], []]
-    for step in range(6):
-        if step == 3:
+    for step, batch in enumerate(batches):
+        if step == wait_before:
             assert torchkiln.tiered.wait(tiered, BUILD_TIMEOUT)
         for index, (model, optimizer) in enumerate(zip((plain, tiered), optimizers)):
             loss = model(batch, labels=batch).loss
@@ -100,6 +97,16 @@ def test_training_after_the_switch_matches_a_run_without_tiers():
             optimizer.step()
             optimizer.zero_grad()
             losses[index].append(loss.item())
+    return losses, optimizers
+
+
+@pytest.mark.needs_feature("tiered compilation")
+def test_training_after_the_switch_matches_a_run_without_tiers():
+    torch.manual_seed(0)
+    plain = tiny_llama().train()
+    tiered = torchkiln.compile(copy.deepcopy(plain), backend="aot_eager", tiered=ALWAYS)
+    batch = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(2))
+    losses, optimizers = _train_side_by_side(plain, tiered, [batch] * 6)
     tiers = torchkiln.tiered.tiers(tiered)
     assert tiers.calls == {"regional": 3, "whole-model": 3} and tiers.builds == 1
     assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
@@ -116,19 +123,9 @@ def test_training_on_varying_lengths_rebuilds_once_for_them_and_matches_a_run_wi
     torch.manual_seed(0)
     plain = tiny_llama().train()
     tiered = torchkiln.compile(copy.deepcopy(plain), backend="aot_eager", tiered=ALWAYS)
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (plain, tiered)]
     generator = torch.Generator().manual_seed(3)
-    losses: list[list[float]] = [[], []]
-    for step, length in enumerate([12, 12, 9, 7, 11, 12]):
-        if step == 3:
-            assert torchkiln.tiered.wait(tiered, BUILD_TIMEOUT)
-        batch = torch.randint(0, 256, (2, length), generator=generator)
-        for index, (model, optimizer) in enumerate(zip((plain, tiered), optimizers)):
-            loss = model(batch, labels=batch).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses[index].append(loss.item())
+    batches = [torch.randint(0, 256, (2, n), generator=generator) for n in [12, 12, 9, 7, 11, 12]]
+    losses, _ = _train_side_by_side(plain, tiered, batches)
     tiers = torchkiln.tiered.tiers(tiered)
     assert tiers.builds == 2 and tiers.rebuild_reason == (
         "call 3 showed 1 kind of call (training, dynamic sizes); the builder had 1 kind of "
