@@ -188,18 +188,11 @@ class TieredForward:
             self._start_builder(model)
             if self.log.ready():  # a log of one call (a limit of 1)
                 self.log_open = False
-            elif self.builder is not None:
-                # The next calls may restart it (sizes that vary, decode steps after a
-                # prefill): a process that has imported what a build needs by then saves the
-                # restart its seconds of imports (measured: about 5 s of the switch).
-                self.spare = self._new_builder(model)
             return
         if not self.log.ready():
             return
         self.log_open = False
-        if family_shapes(self.log.families()) == family_shapes(self.built_for):
-            self._drop_spare()  # the first builder covers what was seen
-        else:
+        if family_shapes(self.log.families()) != family_shapes(self.built_for):
             self._rebuild(
                 model,
                 f"calls 1-{len(self.log.specs)} showed "
@@ -225,11 +218,6 @@ class TieredForward:
             f"call {call} showed {describe_families(self.log.families())}; the builder had "
             f"{describe_families(self.built_for)}",
         )
-
-    def _drop_spare(self) -> None:
-        if self.spare is not None:
-            self.spare.stop()
-            self.spare = None
 
     def _rebuild(self, model: nn.Module, reason: str) -> None:
         self.rebuild_reason = reason

@@ -35,9 +35,7 @@ class TierReport:
     rebuild_reason: str | None = None
     """Why a second builder was started (``None``: the first one covered every call seen)."""
     builder_processes: int = 0
-    """Builder processes this process started (in a job, 0 on every rank but rank 0): the
-    first, a spare started beside it for a restart the next calls may ask for (stopped when
-    they do not), and one for a later restart."""
+    """Builder processes this process started (in a job, 0 on every rank but rank 0)."""
     builder_slowdown: float | None = None
     """What the builder cost the steps, measured (:mod:`torchkiln.tiered.governor`): the
     median step with it running over the median step with it paused; ``None``: not measured
