@@ -74,13 +74,14 @@ class StepGovernor:
         """A new builder started: its first steps land on the regional recompile again."""
         self._settle = SETTLE_STEPS
 
-    def step(self, now: float) -> bool:
+    def step(self, now: float, measured: bool = True) -> bool:
         """At a root call's start (``now``: ``time.perf_counter()``): record the step that
-        ended, and say whether the builder runs during the next one."""
+        ended (unless not ``measured``: a pause cut short because the process idled), and say
+        whether the builder runs during the next one."""
         if self._last is not None and self._ran is not None:
             if self._settle:
                 self._settle -= 1
-            else:
+            elif measured:
                 (self.running if self._ran else self.paused).append(now - self._last)
                 self._measure()
         self._last = now

@@ -10,11 +10,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from torchkiln.tiered.builder import GO, PRELOAD, REQUEST, RESULT, SYS_PATH
 from torchkiln.tiered.hollow import dumps_hollow
+
+IDLE_CHECK_SECONDS = 0.25
+IDLE_CPU_SHARE = 0.1
+"""Below this share of one core over a check, the user's process counts as idle."""
 
 
 class BuilderProcess:
@@ -46,6 +52,10 @@ class BuilderProcess:
         self.result: dict[str, Any] | None = None
         self.started = False
         self.paused = False
+        self.resumed_idle = False
+        """Whether a pause ended early because this process idled (the step is not measured)."""
+        self._lock = threading.Lock()
+        self._idle_watch = threading.Event()
         self.nice = 0
         """The niceness :meth:`lower_priority` set (the builder adds ``tiered.nice`` itself)."""
 
@@ -80,14 +90,46 @@ class BuilderProcess:
 
     def pause(self, paused: bool) -> None:
         """Stop (``True``) or continue (``False``) the builder and every process it started;
-        see :mod:`torchkiln.tiered.governor` for when."""
+        see :mod:`torchkiln.tiered.governor` for when. While it is stopped, a watcher resumes it
+        as soon as this process idles (:meth:`_resume_when_idle`)."""
         if paused == self.paused or self.process.poll() is not None:
             return
-        try:
-            os.killpg(self.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
-        except ProcessLookupError:  # it exited meanwhile: poll() reads its result
+        with self._lock:
+            self._idle_watch.set()  # a watcher of an earlier pause ends
+            try:
+                os.killpg(self.process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+            except ProcessLookupError:  # it exited meanwhile: poll() reads its result
+                return
+            self.paused = paused
+            if paused:
+                self._idle_watch = threading.Event()
+                threading.Thread(
+                    target=self._resume_when_idle,
+                    args=(self._idle_watch,),
+                    name="torchkiln-builder-idle",
+                    daemon=True,
+                ).start()
+
+    def _resume_when_idle(self, done: threading.Event) -> None:
+        """A probe pauses the builder to measure what it costs the steps; a process that idles
+        (a server between requests) has no steps to slow, and the builder should have that
+        time, so once this process used less than a tenth of a core over a quarter second, the
+        builder continues and the step is not measured (:attr:`resumed_idle`). This thread only
+        sends a signal: no compile work runs on it (Dynamo is not thread-safe)."""
+        cpu, wall = time.process_time(), time.monotonic()
+        while not done.wait(IDLE_CHECK_SECONDS):
+            cpu_now, wall_now = time.process_time(), time.monotonic()
+            idle = (cpu_now - cpu) < IDLE_CPU_SHARE * (wall_now - wall)
+            cpu, wall = cpu_now, wall_now
+            if not idle:
+                continue
+            with self._lock:
+                if done.is_set() or not self.paused:
+                    return
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGCONT)
+                self.paused, self.resumed_idle = False, True
             return
-        self.paused = paused
 
     def lower_priority(self, nice: int) -> None:
         """Give the builder and every process it started (and will start) niceness ``nice``
@@ -111,6 +153,7 @@ class BuilderProcess:
     def stop(self) -> None:
         """Kill the builder (and the compilers it started) if it still runs and remove its work
         directory."""
+        self._idle_watch.set()
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):  # SIGKILL ends a stopped one too
                 os.killpg(self.process.pid, signal.SIGKILL)

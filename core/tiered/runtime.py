@@ -140,7 +140,8 @@ class TieredForward:
         if self.pending:
             self._poll(model)
         if self.pending and self.builder is not None and self.builder.started:
-            self.builder.pause(not self.governor.step(time.perf_counter()))
+            measured, self.builder.resumed_idle = not self.builder.resumed_idle, False
+            self.builder.pause(not self.governor.step(time.perf_counter(), measured))
             if self.governor.priority is not None:
                 self.builder.lower_priority(self.governor.priority)
         if self.log_open and self.state != "stopped":

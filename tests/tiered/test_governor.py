@@ -184,6 +184,35 @@ def test_pausing_a_builder_stops_its_process_group_and_continuing_resumes_it():
     assert builder.process.returncode is not None
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_a_paused_builder_continues_as_soon_as_this_process_idles_and_not_while_it_works():
+    builder = BuilderProcess(threads=1)
+    try:
+        pid = builder.process.pid
+        builder.pause(True)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # busy: a step the probe measures
+            sum(range(1000))
+        assert builder.paused and not builder.resumed_idle
+        assert _wait_for_state(pid, {"T", "t"}) in {"T", "t"}
+        time.sleep(1.0)  # idle, as a server between requests: the builder gets the time
+        assert not builder.paused and builder.resumed_idle
+        assert _wait_for_state(pid, {"S", "R", "D"}) in {"S", "R", "D"}
+    finally:
+        builder.stop()
+
+
+def test_a_step_cut_short_by_idling_is_not_measured():
+    governor = StepGovernor(bound=1.25)
+    governor.step(0.0)
+    governor.step(1.0)
+    governor.step(2.0)  # settled
+    governor.step(2.1, measured=False)
+    assert governor.running == []
+    governor.step(2.2)
+    assert governor.running == [pytest.approx(0.1)]
+
+
 @pytest.mark.parametrize(
     ("measured", "line"),
     [
