@@ -4,7 +4,9 @@ inductor cache of its own (:mod:`torchkiln.bench.train_run`), the same lengths i
 
 Per strategy: the first step, the median later step, the total for all steps; for tiered, where
 its builder stood (the step it switched at, or why it did not start or finish), the median step
-while it built against regional's steady step, and the steps after the switch against full's.
+while it built against regional's steady step, and the steps after the switch against full's:
+across processes and, once switched, alternating with a full compile of the same weights in
+the tiered process (``alternate`` rounds: the same machine conditions for both).
 """
 
 from __future__ import annotations
@@ -61,16 +63,23 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
                 (x.strip() for x in tiers["lines"] if "cost to the steps" in x), None
             ),
         }
+        alternating = run.get("alternating")
+        if alternating:
+            out["alternating_vs_full"] = statistics.median(alternating["tiered_s"]) / (
+                statistics.median(alternating["full_s"])
+            )
+            out["alternating_rounds"] = len(alternating["tiered_s"])
     return out
 
 
 def run_train_lengths(
     strategies: tuple[str, ...], model: str, depth: int, batch: int, lengths: list[int],
     steps: int, backend: str, threads: int | None, json_path: str | None, timeout: float,
-    tiered_when: str = "auto",
+    tiered_when: str = "auto", alternate: int = 30,
 ) -> dict[str, Any]:  # fmt: skip
     base = {"model": model, "depth": depth, "batch": batch, "lengths": lengths, "steps": steps,
-            "backend": backend, "threads": threads, "tiered_when": tiered_when}  # fmt: skip
+            "backend": backend, "threads": threads, "tiered_when": tiered_when,
+            "alternate": alternate}  # fmt: skip
     runs = {}
     for strategy in strategies:
         print(f"torchkiln bench --lengths: {strategy} ...", file=sys.stderr, flush=True)
@@ -111,6 +120,11 @@ def render(result: dict[str, Any]) -> str:
         if full is not None and tiered["after_switch_median_s"] is not None:
             ratio = tiered["after_switch_median_s"] / full["later_median_s"]
             lines.append(f"  tiered median step after the switch / full's: {ratio:.2f}")
+        if tiered.get("alternating_vs_full") is not None:
+            lines.append(
+                "  tiered step after the switch / full's, alternating in one process "
+                f"({tiered['alternating_rounds']} rounds): {tiered['alternating_vs_full']:.3f}"
+            )
     return "\n".join(lines)
 
 

@@ -57,16 +57,15 @@ def measure(settings: dict[str, Any]) -> dict[str, Any]:
     seconds, tiers_at = [], []
     for length in lengths_for(settings):
         ids = torch.randint(0, vocab, (settings["batch"], length), generator=generator)
-        started = time.perf_counter()
-        loss = compiled(ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        seconds.append(time.perf_counter() - started)
+        seconds.append(train_step(compiled, optimizer, ids))
         tiers = torchkiln.tiered.tiers(compiled) if settings["strategy"] == "tiered" else None
         tiers_at.append(tiers.state if tiers is not None else None)
     tiers = torchkiln.tiered.tiers(compiled) if settings["strategy"] == "tiered" else None
+    alternating = None
+    if tiers is not None and tiers.state == "switched" and settings.get("alternate"):
+        alternating = alternate_with_full(settings, model, compiled, optimizer, generator, vocab)
     return {
+        "alternating": alternating,
         "strategy": settings["strategy"],
         "step_seconds": seconds,
         "tiers_at": tiers_at,
@@ -87,6 +86,46 @@ def measure(settings: dict[str, Any]) -> dict[str, Any]:
             "lines": tiers.lines(),
         },
     }
+
+
+def train_step(compiled: Any, optimizer: Any, ids: Any) -> float:
+    """One AdamW step on ``ids``; its seconds."""
+    started = time.perf_counter()
+    loss = compiled(ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - started
+
+
+def alternate_with_full(
+    settings: dict[str, Any], model: Any, tiered: Any, optimizer: Any, generator: Any, vocab: int
+) -> dict[str, list[float]]:
+    """After the switch, in this one process: full ``torch.compile`` of a copy with the same
+    weights (warmed on two lengths: its static compile, then its dynamic recompile), then
+    ``alternate`` rounds of one tiered step and one full step on the same batch, so that the
+    two forms are compared under the same machine conditions (runs in separate processes
+    drift by a few percent)."""
+    import torch
+
+    from torchkiln.examples import load_model
+
+    plain = load_model(settings["model"], depth=settings["depth"]).train()
+    plain.load_state_dict(model.state_dict())
+    full = torch.compile(plain, backend=settings["backend"])
+    full_optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-4)
+    lengths = sorted(set(settings["lengths"]))
+    for length in (lengths[0], lengths[-1]):  # full compile's static and dynamic compiles
+        train_step(full, full_optimizer, torch.randint(0, vocab, (settings["batch"], length)))
+    out: dict[str, list[float]] = {"tiered_s": [], "full_s": []}
+    pick = random.Random(settings.get("seed", 0) + 1)
+    for _ in range(settings["alternate"]):
+        ids = torch.randint(
+            0, vocab, (settings["batch"], pick.choice(lengths)), generator=generator
+        )
+        out["tiered_s"].append(train_step(tiered, optimizer, ids))
+        out["full_s"].append(train_step(full, full_optimizer, ids))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

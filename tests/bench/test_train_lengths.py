@@ -40,6 +40,8 @@ def test_the_summary_and_table_of_a_run_that_switched() -> None:
             ["building", "building", "building", "switched", "switched", "switched"],
         ),
     }
+    # after the switch, in the tiered process: 3 rounds of a tiered step, then a full step
+    runs["tiered"]["alternating"] = {"tiered_s": [0.10, 0.11, 0.12], "full_s": [0.10, 0.10, 0.12]}
     summaries = {name: summary(r) for name, r in runs.items()}
     tiered = summaries["tiered"]
     assert tiered["building_median_s"] == pytest.approx(0.145)  # steps 2 and 3
@@ -61,6 +63,9 @@ def test_the_summary_and_table_of_a_run_that_switched() -> None:
     assert "  tiered: 2 steps outside the whole-model form ran regionally" in lines
     assert "  tiered median step while building / regional's: 1.21" in lines
     assert "  tiered median step after the switch / full's: 1.00" in lines
+    assert (
+        "  tiered step after the switch / full's, alternating in one process (3 rounds): 1.100"
+    ) in lines  # medians 0.11 / 0.10
     assert f"  tiered total / regional total: {25.6 / 25.6:.2f}" in lines
 
 
