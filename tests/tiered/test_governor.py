@@ -166,40 +166,43 @@ def _wait_for_state(pid: int, wanted: set[str], timeout: float = 10.0) -> str:
     return state
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
-def test_pausing_a_builder_stops_its_process_group_and_continuing_resumes_it():
+@pytest.fixture
+def waiting_builder():
+    """A builder process waiting for its request (never given one), stopped after the test."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("reads Linux's /proc")
     builder = BuilderProcess(threads=1)
-    try:
-        pid = builder.process.pid
-        builder.pause(True)
-        assert builder.paused
-        assert _wait_for_state(pid, {"T", "t"}) in {"T", "t"}  # stopped, as the kernel sees it
-        builder.pause(False)
-        assert _wait_for_state(pid, {"S", "R", "D"}) in {"S", "R", "D"}
-        builder.lower_priority(19)
-        assert os.getpriority(os.PRIO_PROCESS, pid) == 19
-        builder.pause(True)
-    finally:
-        builder.stop()  # kills it even while stopped
+    yield builder
+    builder.stop()
+
+
+def test_pausing_a_builder_stops_its_process_group_and_continuing_resumes_it(waiting_builder):
+    builder, pid = waiting_builder, waiting_builder.process.pid
+    builder.pause(True)
+    assert builder.paused
+    assert _wait_for_state(pid, {"T", "t"}) in {"T", "t"}  # stopped, as the kernel sees it
+    builder.pause(False)
+    assert _wait_for_state(pid, {"S", "R", "D"}) in {"S", "R", "D"}
+    builder.lower_priority(19)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == 19
+    builder.pause(True)
+    builder.stop()  # kills it even while stopped
     assert builder.process.returncode is not None
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
-def test_a_paused_builder_continues_as_soon_as_this_process_idles_and_not_while_it_works():
-    builder = BuilderProcess(threads=1)
-    try:
-        pid = builder.process.pid
-        builder.pause(True)
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:  # busy: a step the probe measures
-            sum(range(1000))
-        assert builder.paused and not builder.resumed_idle
-        assert _wait_for_state(pid, {"T", "t"}) in {"T", "t"}
-        time.sleep(1.0)  # idle, as a server between requests: the builder gets the time
-        assert not builder.paused and builder.resumed_idle
-        assert _wait_for_state(pid, {"S", "R", "D"}) in {"S", "R", "D"}
-    finally:
-        builder.stop()
+def test_a_paused_builder_continues_as_soon_as_this_process_idles_and_not_while_it_works(
+    waiting_builder,
+):
+    builder, pid = waiting_builder, waiting_builder.process.pid
+    builder.pause(True)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # busy: a step the probe measures
+        sum(range(1000))
+    assert builder.paused and not builder.resumed_idle
+    assert _wait_for_state(pid, {"T", "t"}) in {"T", "t"}
+    time.sleep(1.0)  # idle, as a server between requests: the builder gets the time
+    assert not builder.paused and builder.resumed_idle
+    assert _wait_for_state(pid, {"S", "R", "D"}) in {"S", "R", "D"}
 
 
 def test_a_step_cut_short_by_idling_is_not_measured():
