@@ -5,10 +5,9 @@ compiled regionally with inductor, and splits each call's wall time into:
 
 * **graphs**: inside the blocks' compiled inductor graphs (``CompiledFxGraph.__call__``), the
   work a full ``torch.compile`` also does;
-* **guards**: Dynamo's guard checks that direct dispatch runs before each block call;
 * **block call, rest**: everything else between a block's ``forward`` being called and it
-  returning: the adapter, direct dispatch, the compiled bytecode and AOTAutograd's runtime
-  wrapper;
+  returning: Dynamo's guard checks, the adapter, the compiled bytecode and AOTAutograd's
+  runtime wrapper (the guards were timed apart while torchkiln had its own dispatcher);
 * **outside the blocks**: the model's own eager code around them (embedding, rotary
   embedding, mask, final norm, ``lm_head``) and ``generate()``'s loop.
 
@@ -41,7 +40,7 @@ from torchkiln.bench.generate import generate_once
 from torchkiln.engine.compile_state import state_of
 from torchkiln.examples import example_inputs, llama
 
-PARTS = ("graphs", "guards", "block call, rest", "outside the blocks")
+PARTS = ("graphs", "block call, rest", "outside the blocks")
 
 
 class Clock:
@@ -51,8 +50,8 @@ class Clock:
         self.clear()
 
     def clear(self) -> None:
-        self.seconds: dict[str, float] = dict.fromkeys(("graph", "guard", "block"), 0.0)
-        self.calls: dict[str, int] = dict.fromkeys(("graph", "guard", "block"), 0)
+        self.seconds: dict[str, float] = dict.fromkeys(("graph", "block"), 0.0)
+        self.calls: dict[str, int] = dict.fromkeys(("graph", "block"), 0)
 
     def timed(self, part: str, call: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -67,7 +66,7 @@ class Clock:
 
 
 def instrument(model: torch.nn.Module, clock: Clock) -> int:
-    """Time every block call, every guard check and every inductor graph call of ``model``;
+    """Time every block call and every inductor graph call of ``model``;
     the number of blocks instrumented."""
     import torch._inductor.output_code as output_code
 
@@ -84,18 +83,14 @@ def instrument(model: torch.nn.Module, clock: Clock) -> int:
             continue
         module.__dict__["forward"] = clock.timed("block", forward)
         blocks += 1
-    for dispatch in state.dispatchers.values():
-        # Rebuilt entries keep the timed check until the next recompile (none in steady state).
-        dispatch.entries = dispatch.entries.with_checks(lambda check: clock.timed("guard", check))
     return blocks
 
 
 def split(wall: float, clock: Clock) -> dict[str, float]:
-    graphs, guards, blocks = (clock.seconds[part] for part in ("graph", "guard", "block"))
+    graphs, blocks = clock.seconds["graph"], clock.seconds["block"]
     return {
         "graphs": graphs,
-        "guards": guards,
-        "block call, rest": blocks - graphs - guards,
+        "block call, rest": blocks - graphs,
         "outside the blocks": wall - blocks,
     }
 
@@ -111,10 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     base = llama(depth=args.depth)
     inputs = example_inputs(base)
-    # dispatch="direct": the split times the guard checks direct dispatch runs itself.
-    regional = torchkiln.compile(
-        copy.deepcopy(base), backend="inductor", progress="off", dispatch="direct"
-    )
+    regional = torchkiln.compile(copy.deepcopy(base), backend="inductor", progress="off")
     full = None
     if args.compare_full:
         full = copy.deepcopy(base)
@@ -127,14 +119,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     blocks = instrument(regional, clock)
     splits: list[dict[str, float]] = []
     per_token: dict[str, list[float]] = {"regional": [], "full": []}
-    graph_calls = guard_checks = block_calls = 0
+    graph_calls = block_calls = 0
     for _ in range(args.rounds):
         clock.clear()
         started = time.perf_counter()
         token_clock, _ = generate_once(regional, inputs, args.new_tokens)
         splits.append(split(time.perf_counter() - started, clock))
         per_token["regional"].append(statistics.median(token_clock.decode_gaps()))
-        graph_calls, guard_checks = clock.calls["graph"], clock.calls["guard"]
+        graph_calls = clock.calls["graph"]
         block_calls = clock.calls["block"]
         if full is not None:
             full_clock, _ = generate_once(full, inputs, args.new_tokens)
@@ -144,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     total = sum(median.values())
     print(
         f"generate(max_new_tokens={args.new_tokens}) at depth {args.depth}, regional, inductor "
-        f"({blocks} blocks; per call: {block_calls} block calls, {guard_checks} guard checks, "
+        f"({blocks} blocks; per call: {block_calls} block calls, "
         f"{graph_calls} graph calls), median of {args.rounds}:"
     )
     for part in PARTS:
@@ -158,7 +150,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "new_tokens": args.new_tokens,
         "rounds": args.rounds,
         "block_calls": block_calls,
-        "guard_checks": guard_checks,
         "graph_calls": graph_calls,
         "median_seconds": median,
         "samples_seconds": splits,

@@ -1,13 +1,13 @@
 """Steady-state cost of region boundaries, and what torch's guard knobs take off it.
 
 Times, in one process and in alternating rounds (so a busy machine slows all alike), the
-built-in Llama example compiled whole, regionally (each ``dispatch`` setting), regionally with
+built-in Llama example compiled whole, regionally, regionally with
 guard filters, with guard evaluation skipped, and hierarchically; prints each median and its
 ratio to full compile::
 
     python examples/steady_state_guards.py --depth 16 --batch 1 --rounds 40 [--json out.json]
     python examples/steady_state_guards.py --model llama-1b --device cuda --dtype bfloat16 \
-        --variant full --variant regional --variant "regional, dispatch=reduced"
+        --variant full --variant regional --variant hierarchical
 
 See docs/guide.md, "Steady state: the cost of a block boundary".
 """
@@ -34,15 +34,13 @@ def variants(base: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
     """name -> (compiled copy, whether its calls run with guard evaluation skipped)."""
     c = torch.compiler
 
-    def regional(dispatch: str = "direct", **options: Callable[..., list[bool]]) -> nn.Module:
+    def regional(**options: Callable[..., list[bool]]) -> nn.Module:
         extra = {"options": options} if options else {}
-        return torchkiln.compile(copy.deepcopy(base), progress="off", dispatch=dispatch, **extra)
+        return torchkiln.compile(copy.deepcopy(base), progress="off", **extra)
 
     return {
         "full": (torch.compile(copy.deepcopy(base)), False),
         "regional": (regional(), False),
-        "regional, dispatch=dynamo": (regional("dynamo"), False),
-        "regional, dispatch=reduced": (regional("reduced"), False),
         "regional, skip nn-module guards": (
             regional(guard_filter_fn=c.skip_guard_on_all_nn_modules_unsafe),
             False,

@@ -6,7 +6,7 @@ bytecode to run when it passes. Saved functions (``torch.compiler.load_compiled_
 :mod:`torchkiln._internals.aot_artifacts`) carry the same pair. :class:`GuardTable` is the one
 implementation torchkiln has of "find the first compiled function whose guards pass for these
 frame locals, or say which guard failed"; the rest of this module reads Dynamo's state around it
-(cache entries, the eval-frame callback, the stance, compile-start callbacks, guard names).
+(cache entries, compile-start callbacks, guard names).
 
 Each function names what it reads, why no public API serves, and the torch releases it was
 verified on; ``tests/internals/test_cache_entries_contracts.py`` checks each on every supported
@@ -15,7 +15,6 @@ torch. Nothing here imports ``torch._dynamo`` until a function is called.
 
 from __future__ import annotations
 
-import dis
 import re
 import sys
 import threading
@@ -85,15 +84,6 @@ class GuardTable(Generic[F]):
                 failures.append(str(parts[0]))
         return failures
 
-    def reduced(self) -> GuardTable[F]:
-        """The same functions behind torch's reduced guard sets (``diff_guard_root``: only the
-        guards that tell this code's entries apart, kept by Dynamo for
-        ``skip_guard_eval_unsafe``). Valid only together, so empty unless every row has one."""
-        roots = [getattr(guards, "diff_guard_root", None) for guards in self._guards]
-        if any(root is None for root in roots):
-            return GuardTable()
-        return GuardTable(zip(roots, self.functions(), strict=True))
-
     def functions(self) -> list[F]:
         return [function for _, function in self._rows]
 
@@ -131,124 +121,9 @@ def dynamo_guard_table(
     )
 
 
-def cache_entry_counter() -> Callable[[types.CodeType], int] | None:
-    """``count(code)``: how many cache entries Dynamo holds for ``code`` (changes on every
-    recompile and ``torch._dynamo.reset()``); cheap enough for every call, to know when a
-    :func:`dynamo_guard_table` is out of date. ``None`` on a torch without it (2.11) or without
-    :func:`dynamo_guard_table`'s function: the two are used together.
-
-    Reads ``torch._C._dynamo.eval_frame._get_total_cache_entry_count``: no public API counts a
-    code object's entries, and listing them (:func:`dynamo_guard_table`) per call costs too
-    much. Verified: torch 2.13, 2.14, 2.15 (absent in 2.11).
-    """
-    try:
-        from torch._C._dynamo.eval_frame import (
-            _debug_get_cache_entry_list,  # noqa: F401  (what the count says is out of date)
-            _get_total_cache_entry_count,
-        )
-    except ImportError:
-        return None
-    return _get_total_cache_entry_count
-
-
-def eval_frame_callback_getter() -> Callable[[], Any] | None:
-    """``callback()``: the eval-frame callback Dynamo has set on this thread now (``None`` when
-    no compiled code is running: torch's "do not trace" wrappers then have nothing to swap
-    out). ``None`` on a torch without it.
-
-    Reads ``torch._C._dynamo.eval_frame.get_eval_frame_callback``: torch has no public way to
-    ask whether Dynamo's frame callback is set. Verified: torch 2.11, 2.13, 2.14, 2.15.
-    """
-    try:
-        from torch._C._dynamo.eval_frame import get_eval_frame_callback
-    except ImportError:
-        return None
-    return get_eval_frame_callback
-
-
-def dict_version_getter() -> Callable[[dict[Any, Any]], int] | None:
-    """``version(d)``: a number that changes whenever a key of dict ``d`` is added, removed or
-    set to another object (the one Dynamo's dict guards compare). ``None`` on a torch without
-    it.
-
-    Reads ``torch._C._dynamo.guards.dict_version``: CPython keeps a dict's version private and
-    torch exposes it only here. Verified: torch 2.11, 2.13, 2.14, 2.15.
-    """
-    try:
-        from torch._C._dynamo.guards import dict_version
-    except ImportError:
-        return None
-    return dict_version
-
-
-def plain_call_check() -> Callable[[], bool] | None:
-    """``plain()``: whether a call now may skip ``torch.compile``'s wrapper and run a cache
-    entry itself: the stance is ``default`` with guards evaluated, and no outer compile is
-    tracing. ``None`` on a torch whose stance lacks those fields.
-
-    Reads ``torch._dynamo.eval_frame._stance`` (``stance``, ``skip_guard_eval_unsafe``) on each
-    call, as :func:`torchkiln._internals.dynamo.eval_frame_stance` does, with the module bound
-    once for the per-call path: ``torch.compiler.set_stance`` rebinds it and torch has no
-    public getter. Verified: torch 2.11, 2.13, 2.14, 2.15.
-    """
-    try:
-        import torch
-        import torch._dynamo.eval_frame as eval_frame
-
-        stance = eval_frame._stance
-        stance.stance, stance.skip_guard_eval_unsafe  # noqa: B018
-    except (ImportError, AttributeError):
-        return None
-    is_compiling = torch.compiler.is_compiling
-
-    def plain() -> bool:
-        stance = eval_frame._stance  # rebound by torch.compiler.set_stance: read it each call
-        return (
-            stance.stance == "default" and not stance.skip_guard_eval_unsafe and not is_compiling()
-        )
-
-    return plain
-
-
-def compiled_autograd_enabled() -> bool:
-    """Whether ``torch._dynamo.config.compiled_autograd`` is on (``torch.compile`` reads it when
-    it builds its wrapper, which then turns compiled autograd on around every call). ``False``
-    on a torch without the setting.
-
-    Reads ``torch._dynamo.config.compiled_autograd``: Dynamo's config has no public reader.
-    Verified: torch 2.11, 2.13, 2.14, 2.15.
-    """
-    import torch._dynamo.config as dynamo_config
-
-    return bool(getattr(dynamo_config, "compiled_autograd", False))
-
-
-def torch_compile_original(compiled: Any) -> Any:
-    """The function a ``torch.compile`` wrapper compiles (``None`` for anything else).
-
-    Reads ``_torchdynamo_orig_callable``, set by ``torch.compile`` on its wrapper: the wrapper
-    has no public attribute naming what it wraps. Verified: torch 2.11, 2.13, 2.14, 2.15.
-    """
-    return getattr(compiled, "_torchdynamo_orig_callable", None)
-
-
-_RESUME_AT = "__resume_at_"
-"""How Dynamo names, in compiled bytecode, the function that continues a frame after a graph
-break (``symbolic_convert``)."""
 _RESUME_IN = "torch_dynamo_resume_in_"
 """How the ``co_name`` of such a function starts (``TORCH_DYNAMO_RESUME_IN_PREFIX``), followed by
 the continued function's name and ``_at_<line>``."""
-
-
-def continues_after_graph_break(code: types.CodeType) -> bool:
-    """Whether compiled bytecode ``code`` hands the rest of its frame to a resume function (a
-    graph break: the continuation is Dynamo's to run).
-
-    Reads the names Dynamo gives resume functions in compiled bytecode (``__resume_at_<n>``):
-    no public API says whether an entry has a graph break. Verified: torch 2.11, 2.13, 2.14,
-    2.15.
-    """
-    return any(name.startswith(_RESUME_AT) for name in code.co_names)
 
 
 def resumed_function_name(co_name: str) -> str:
@@ -261,75 +136,6 @@ def resumed_function_name(co_name: str) -> str:
     if co_name.startswith(_RESUME_IN):
         return co_name[len(_RESUME_IN) :].rsplit("_at_", 1)[0]
     return co_name
-
-
-_LEAN_HELPERS = (
-    "record_pregraph_bytecode_enter",
-    "record_pregraph_bytecode_exit",
-    "call_size",
-    "call_stride",
-    "call_storage_offset",
-)
-"""Helpers in ``torch._dynamo.utils`` that compiled bytecode calls (profiler range, tensor
-sizes and strides), each wrapped by torch so that Dynamo never traces it (where it is)."""
-
-
-class _LeanHelpers:
-    """A stand-in for ``torch._dynamo.utils`` in a lean function's globals: the helpers above
-    without their wrapper, anything else the module's own."""
-
-    def __init__(self, module: Any):
-        self._module = module
-        for name in _LEAN_HELPERS:
-            helper = getattr(module, name, None)
-            if helper is not None:
-                setattr(self, name, getattr(helper, "__wrapped__", helper))
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_module":  # missing only while unpickling: no recursion
-            raise AttributeError(name)
-        return getattr(self._module, name)
-
-
-def lean_function(compiled: types.FunctionType) -> types.FunctionType | None:
-    """``compiled`` (a cache entry's bytecode as a function) with torch's "do not trace"
-    wrappers taken off what it calls: the graph's function (``__compiled_fn_*``, wrapped by
-    ``torch._dynamo.disable``) and the helpers of ``torch._dynamo.utils``. Each wrapper swaps
-    the eval-frame callback out and back in (about 1-2 us, 3 to 9 times a block call); with no
-    callback set (:func:`eval_frame_callback_getter`) it does nothing else, so only then may
-    the lean function run. Its globals hold only the names the bytecode loads, taken now from
-    ``compiled``'s globals (Dynamo installs them there, uniquely named); ``None`` when the
-    bytecode defines nested functions, loads a name that is missing, or calls no wrapper.
-
-    Reads ``_torchdynamo_disable`` and ``__wrapped__`` of the functions compiled bytecode
-    loads, and the ``torch._dynamo.utils`` helpers above: torch offers no way to run compiled
-    bytecode without them. Where a release drops a wrapper (2.15's
-    ``record_pregraph_bytecode_*``) the helper is used as it is. Verified: torch 2.11, 2.13,
-    2.14, 2.15.
-    """
-    code = compiled.__code__
-    if any(isinstance(const, types.CodeType) for const in code.co_consts):
-        return None
-    source = compiled.__globals__
-    lean: dict[str, Any] = {"__builtins__": source.get("__builtins__", __builtins__)}
-    changed = False
-    for instruction in dis.get_instructions(code):
-        if instruction.opname != "LOAD_GLOBAL" or instruction.argval in lean:
-            continue
-        name = instruction.argval
-        if name not in source:
-            return None
-        value = source[name]
-        if name.startswith("__compiled_fn") and getattr(value, "_torchdynamo_disable", False):
-            value, changed = getattr(value, "__wrapped__", value), True
-        elif getattr(value, "__name__", None) == "torch._dynamo.utils":
-            value, changed = _LeanHelpers(value), True
-        lean[name] = value
-    if not changed:
-        return None
-    return types.FunctionType(
-        code, lean, compiled.__name__, compiled.__defaults__, compiled.__closure__
-    )
 
 
 def frame_being_compiled() -> tuple[types.CodeType, dict[str, Any]] | None:

@@ -121,13 +121,6 @@ def _has_nested_compile_region() -> bool:
     return callable(getattr(torch.compiler, "nested_compile_region", None))
 
 
-def _has_cache_entry_api() -> bool:
-    """What direct dispatch reads of Dynamo's cache entries (2.11 lacks the entry count)."""
-    from torchkiln._internals import cache_entries
-
-    return cache_entries.cache_entry_counter() is not None
-
-
 SAVED_FUNCTIONS = "torch.compile(...).aot_compile and torch.compiler.load_compiled_function"
 
 FEATURES: dict[str, Feature] = {
@@ -140,12 +133,6 @@ FEATURES: dict[str, Feature] = {
             "torch.compiler.nested_compile_region",
             "2.11",
             _has_nested_compile_region,
-        ),
-        Feature(
-            "dispatch 'direct'",
-            "Dynamo's cache-entry API (torch._C._dynamo.eval_frame)",
-            "2.13",
-            _has_cache_entry_api,
         ),
     )
 }

@@ -14,11 +14,10 @@ import attrs
 REGION_ERROR_POLICIES = ("raise", "eager")
 REST_POLICIES = ("eager", "leaves")
 PROGRESS_CHOICES = ("auto", "on", "off")
-DISPATCH_CHOICES = ("direct", "dynamo", "reduced")
-"""``dynamo`` (the default): every call through ``torch.compile``'s wrapper; ``direct``:
-torchkiln dispatches steady-state region calls (guards checked, the ``torch.compile`` wrapper
-skipped; :mod:`torchkiln.engine.dispatch`); ``reduced`` (unsafe, opt-in): as ``direct``, with torch's reduced guard set on
-regions whose module tree has not changed."""
+DISPATCH_CHOICES = ("dynamo",)
+"""``dynamo``: every call through ``torch.compile``'s wrapper. ``direct`` and ``reduced`` were
+removed (they saved under 2% of a step); :data:`REMOVED_DISPATCH` says so when asked for."""
+REMOVED_DISPATCH = ("direct", "reduced")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
@@ -212,13 +211,9 @@ class CompileConfig:
     """Artifacts that do not fit (torch, backend, options, device, dtype, code, inputs) raise
     ``ArtifactError`` instead of a warning and a normal compile."""
     dispatch: str = attrs.field(default="dynamo", converter=_lower)
-    """How a compiled region's steady-state calls reach its compiled code. ``dynamo`` (the
-    default): every call through ``torch.compile``'s wrapper, torch's public path. ``direct``
-    (opt-in; torch 2.13 and later): torchkiln checks Dynamo's guards itself and runs the
-    compiled code, skipping ``torch.compile``'s per-call wrapper; any miss goes through Dynamo
-    (it saved under 2% of a step: docs/guide.md, "Steady state"). ``reduced`` (unsafe, opt-in): as ``direct``, but a
-    region whose module tree is unchanged since its last fully checked call is checked with
-    torch's reduced guard set, as under ``skip_guard_eval_unsafe``."""
+    """How a compiled region's calls reach its compiled code: ``dynamo``, through
+    ``torch.compile``'s wrapper, torch's public path (the only value; ``direct`` and
+    ``reduced`` were removed and are refused with a message naming ``dynamo``)."""
     progress: str = attrs.field(default="auto", converter=_lower)
     """Per-region progress during the first (compiling) call: ``auto`` (only on a
     terminal), ``on``, ``off``."""

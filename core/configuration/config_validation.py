@@ -23,6 +23,7 @@ from torchkiln.configuration.config import (
     JOB_SHARE_CHOICES,
     PROGRESS_CHOICES,
     REGION_ERROR_POLICIES,
+    REMOVED_DISPATCH,
     REST_POLICIES,
     TIERED_WHEN_CHOICES,
     CompileConfig,
@@ -238,6 +239,15 @@ def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:
     return message
 
 
+def _dispatch_problem(value: Any) -> str | None:
+    if value in REMOVED_DISPATCH:
+        return (
+            f"dispatch {value!r} was removed (it saved under 2% of a step and "
+            "read Dynamo's private cache entries); use 'dynamo', the only dispatch"
+        )
+    return _choice(value, DISPATCH_CHOICES, "a dispatch setting")
+
+
 def _choice(
     config_value: Any, allowed: typing.Iterable[str], what: str, missing_hint: str = ""
 ) -> str | None:
@@ -337,7 +347,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     )
     add("regions.rest", _choice(config.regions.rest, REST_POLICIES, "a rest policy"))
     add("progress", _choice(config.progress, PROGRESS_CHOICES, "a progress setting"))
-    add("dispatch", _choice(config.dispatch, DISPATCH_CHOICES, "a dispatch setting"))
+    add("dispatch", _dispatch_problem(config.dispatch))
     if config.remote_cache is not None:
         from torchkiln.configuration.value_checks import remote_cache_problem
 

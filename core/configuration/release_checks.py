@@ -20,8 +20,6 @@ def configured_features(config: CompileConfig) -> dict[str, str]:
         wanted["precompiled artifacts"] = "artifacts"
     if config.regions.strategy == "hierarchical":
         wanted["hierarchical compilation"] = "regions.strategy"
-    if config.dispatch in ("direct", "reduced"):
-        wanted["dispatch 'direct'"] = "dispatch"
     return wanted
 
 

@@ -24,7 +24,6 @@ from torch import nn
 from torchkiln._internals import dynamo
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine import compile_events
-from torchkiln.engine.dispatch import DirectDispatch
 from torchkiln.engine.dynamo_metrics import CompileRecord, MetricsMark
 from torchkiln.plugin_host.region_plan import Region, RegionPlan
 
@@ -158,8 +157,6 @@ class CompileState:
     first_calls_done: bool = False
     codes: dict[str, types.CodeType] = attrs.Factory(dict)
     """Group -> its compiled function's code object (Dynamo's cache entries hang off it)."""
-    dispatchers: dict[str, DirectDispatch] = attrs.Factory(dict)
-    """Group -> its direct dispatcher (``dispatch="direct"``, groups torch.compile compiled)."""
     report_causes: tuple[Any, ...] = ()
     """Named causes the plugins declared (``ReportCause``), tried before the built-in ones."""
     providers: dict[str, str] = attrs.Factory(dict)

@@ -10,9 +10,7 @@ Unlike ``nn.Module.compile()`` this also compiles ``torch.nn`` built-ins (``nn.L
 object per group, hence one Dynamo cache per group shared by all of its regions).
 
 The first call of each region goes through a shim that times it, reads Dynamo's records,
-applies the region error policy and reports progress; it then installs the compiled function:
-``torch.compile``'s (the default), or (``dispatch="direct"``) torchkiln's dispatcher in place of
-``torch.compile``'s per-call wrapper (:mod:`torchkiln.engine.dispatch`).
+applies the region error policy and reports progress; it then installs the compiled function.
 """
 
 from __future__ import annotations
@@ -44,7 +42,6 @@ from torchkiln.engine.compile_state import (
     ran_eagerly,
     state_of,
 )
-from torchkiln.engine.dispatch import direct_dispatch_hook
 from torchkiln.engine.double_compile import first_call_check, group_function_check
 from torchkiln.engine.dynamo_metrics import MetricsMark, Window
 from torchkiln.engine.first_call import (
@@ -320,10 +317,6 @@ class Compiler:
         state.code_names[group.name] = shared.__code__.co_name
         state.codes[group.name] = shared.__code__
         hooks = list(self.group_hooks)
-        if self.config.dispatch in ("direct", "reduced"):
-            # last: only what torch.compile returned qualifies, not what another hook put there
-            reduced = self.config.dispatch == "reduced"
-            hooks.append(direct_dispatch_hook(state.dispatchers, reduced))
         loaded = self._load(shared, group, preparations, hooks)
         compiled_shared, error = (
             (loaded, None)

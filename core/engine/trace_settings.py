@@ -1,10 +1,7 @@
 """Settings that hold only while Dynamo may trace a group (``GroupPreparation.trace_settings``).
 
 A group's compiled function is what ``torch.compile`` returned; :class:`TraceSettings` wraps it
-so that every call through it runs inside the preparations' settings. Direct dispatch
-(:mod:`torchkiln.engine.dispatch`) calls this wrapper only when no compiled entry matches (the calls
-on which Dynamo traces), and runs the compiled code itself otherwise; with
-``dispatch="dynamo"`` every call goes through it.
+so that every call through it runs inside the preparations' settings.
 """
 
 from __future__ import annotations

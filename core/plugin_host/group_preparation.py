@@ -90,10 +90,7 @@ class GroupPreparation:
     )
     """A context manager factory for settings Dynamo needs while it *traces* the group's
     function (``torch.compiler.config.dynamic_sources``, say). The engine enters it around
-    every call that goes through ``torch.compile``'s own entry, where Dynamo may trace: first
-    calls, calls that miss every compiled entry (a recompile), and every call under
-    ``dispatch="dynamo"``. Calls dispatched directly to compiled code (the default steady
-    state, :mod:`torchkiln.engine.dispatch`) skip it, so compile-time settings cost nothing there."""
+    every call that goes through ``torch.compile``'s own entry, where Dynamo may trace."""
     forwards: tuple[tuple[nn.Module, Callable[..., Any]], ...] = attrs.field(
         default=(), converter=_forward_pairs
     )

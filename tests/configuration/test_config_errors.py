@@ -714,3 +714,20 @@ def test_config_validate_prints_the_config_error(
     path.write_text("regions: whole\n", encoding="utf-8")
     assert cli.main(["config", "validate", str(path)]) == 0
     assert capsys.readouterr().out == f"{path}: valid\n"
+
+
+@pytest.mark.parametrize("value", ["direct", "reduced", "DIRECT"])
+def test_a_removed_dispatch_value_is_refused_naming_dynamo(
+    plugins: torchkiln.PluginManager, value: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        resolve_config(None, plugins=plugins, dispatch=value)
+    message = str(raised.value)
+    assert "$.dispatch" in message
+    assert f"dispatch {value.lower()!r} was removed" in message
+    assert "use 'dynamo', the only dispatch" in message
+
+
+def test_an_unknown_dispatch_value_lists_dynamo(plugins: torchkiln.PluginManager) -> None:
+    with pytest.raises(ConfigError, match=r"'fast' is not a dispatch setting; allowed: dynamo"):
+        resolve_config(None, plugins=plugins, dispatch="fast")

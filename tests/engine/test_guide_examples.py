@@ -39,7 +39,7 @@ def test_every_example_is_shown_verbatim() -> None:
         assert code == (REPO / path).read_text(), f"{path} differs from its block in the guide"
 
 
-EXAMPLE_FEATURES = {"direct_dispatch": "dispatch 'direct'", "tiered": "tiered compilation"}
+EXAMPLE_FEATURES = {"tiered": "tiered compilation"}
 """Examples of a feature some supported torch releases lack: there, the example is refused with
 a ConfigError naming the feature and the release, which is what the test checks instead."""
 

@@ -12,8 +12,6 @@ pytestmark = pytest.mark.slow
 VARIANTS = [
     "full",
     "regional",
-    "regional, dispatch=dynamo",
-    "regional, dispatch=reduced",
     "regional, skip nn-module guards",
     "regional, skip global guards",
     "regional, skip_guard_eval_unsafe",

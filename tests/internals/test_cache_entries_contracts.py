@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import sys
 import types
-import warnings
 from collections.abc import Iterator
 
 import pytest
 import torch
 from torch import nn
 
-from torchkiln._internals import cache_entries, versions
+from torchkiln._internals import cache_entries
 from torchkiln._internals.cache_entries import GuardTable
 
 
@@ -57,15 +56,6 @@ def test_dynamo_guard_table_finds_the_entry_a_call_fits_and_misses_another_shape
     )
 
 
-def test_guard_table_reduced_keeps_each_entrys_diff_guard_root() -> None:
-    """``guard_manager.diff_guard_root``: the reduced guard set Dynamo keeps per entry."""
-    x = torch.randn(3)
-    table = _compiled_table(_sine, x)
-    reduced = table.reduced()
-    assert len(reduced) == len(table) == 1, "an entry's guard manager has no diff_guard_root"
-    assert reduced.find({"x": x}) is table.functions()[0]
-
-
 def test_first_failures_say_when_torch_cannot_explain() -> None:
     class Unexplained:
         def check(self, frame_locals: dict) -> bool:
@@ -80,96 +70,10 @@ def test_first_failures_say_when_torch_cannot_explain() -> None:
     assert table.first_failures({}, unexplained=None) == [None]
 
 
-def test_cache_entry_counter_counts_a_recompile() -> None:
-    """``torch._C._dynamo.eval_frame._get_total_cache_entry_count`` (absent in 2.11)."""
-    count = cache_entries.cache_entry_counter()
-    if versions.release_tuple(torch.__version__) < (2, 13):
-        assert count is None
-        return
-    assert count is not None, "torch lacks _get_total_cache_entry_count"
-    _compiled_table(_sine, torch.randn(3))
-    assert count(_sine.__code__) == 1
-    torch.compile(_sine, backend="eager", dynamic=False)(torch.randn(5))
-    assert count(_sine.__code__) == 2
-    torch._dynamo.reset()
-    assert count(_sine.__code__) == 0
-
-
-_callbacks_seen: list[object] = []
-
-
-def _record_callback() -> None:
-    _callbacks_seen.append(cache_entries.eval_frame_callback_getter()())  # type: ignore[misc]
-
-
-def _calls_back(x: torch.Tensor) -> torch.Tensor:
-    x = x + 1
-    _record_callback()  # not traceable: runs between graphs, under Dynamo's callback
-    return x * 2
-
-
-def test_eval_frame_callback_getter_sees_dynamos_callback_only_while_compiled_code_runs() -> None:
-    """``torch._C._dynamo.eval_frame.get_eval_frame_callback``."""
-    callback = cache_entries.eval_frame_callback_getter()
-    assert callback is not None, "torch lacks get_eval_frame_callback"
-    assert callback() is None
-    torch._dynamo.reset()
-    _callbacks_seen.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.compile(_calls_back, backend="eager")(torch.randn(2))
-    assert _callbacks_seen and _callbacks_seen[-1] is not None
-
-
-def test_dict_version_getter_changes_when_a_value_is_replaced_only() -> None:
-    """``torch._C._dynamo.guards.dict_version``."""
-    version = cache_entries.dict_version_getter()
-    assert version is not None, "torch lacks torch._C._dynamo.guards.dict_version"
-    attributes: dict[str, float] = {"a": 1.0}
-    before = version(attributes)
-    assert attributes["a"] == 1.0 and version(attributes) == before
-    attributes["a"] = float("1")  # an equal value, but another object
-    assert version(attributes) != before
-
-
-def test_plain_call_check_follows_the_stance() -> None:
-    """``torch._dynamo.eval_frame._stance`` (``stance``, ``skip_guard_eval_unsafe``)."""
-    plain = cache_entries.plain_call_check()
-    assert plain is not None, "eval_frame._stance lacks stance or skip_guard_eval_unsafe"
-    assert plain() is True
-    with torch.compiler.set_stance("force_eager"):
-        assert plain() is False
-    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-        assert plain() is False
-    assert plain() is True
-
-
-def test_compiled_autograd_enabled_reads_dynamos_config() -> None:
-    """``torch._dynamo.config.compiled_autograd``."""
-    assert cache_entries.compiled_autograd_enabled() is False
-    with torch._dynamo.config.patch(compiled_autograd=True):
-        assert cache_entries.compiled_autograd_enabled() is True
-
-
-def test_torch_compile_original_is_the_compiled_function() -> None:
-    """``_torchdynamo_orig_callable`` on ``torch.compile``'s wrapper."""
-    assert cache_entries.torch_compile_original(torch.compile(_sine, backend="eager")) is _sine
-    assert cache_entries.torch_compile_original(_sine) is None
-
-
 def _breaks(x: torch.Tensor) -> torch.Tensor:
     x = x + 1
     torch._dynamo.graph_break()
     return x * 2
-
-
-def test_continues_after_graph_break_reads_resume_names() -> None:
-    """Dynamo's ``__resume_at_<n>`` names in compiled bytecode."""
-    x = torch.randn(2)
-    (breaking,) = _compiled_table(_breaks, x).functions()
-    assert cache_entries.continues_after_graph_break(breaking.__code__), breaking.__code__.co_names
-    (plain,) = _compiled_table(_sine, x).functions()
-    assert not cache_entries.continues_after_graph_break(plain.__code__)
 
 
 @pytest.fixture
@@ -207,22 +111,6 @@ def test_resumed_function_name_maps_a_resume_function_to_its_origin(compile_star
     assert len(names) == 2 and names[0] == "_breaks", names
     assert names[1] != "_breaks" and cache_entries.resumed_function_name(names[1]) == "_breaks"
     assert cache_entries.resumed_function_name("_sine") == "_sine"
-
-
-def test_lean_function_unwraps_the_graph_functions_disable_wrapper() -> None:
-    """``_torchdynamo_disable``/``__wrapped__`` of ``__compiled_fn_*``; ``torch._dynamo.utils``."""
-    x = torch.randn(3)
-    (compiled,) = _compiled_table(_sine, x).functions()
-    lean = cache_entries.lean_function(compiled)
-    assert lean is not None, f"nothing to unwrap in {compiled.__code__.co_names}"
-    graph_fns = [name for name in lean.__globals__ if name.startswith("__compiled_fn")]
-    assert graph_fns
-    for name in graph_fns:
-        assert getattr(compiled.__globals__[name], "_torchdynamo_disable", False), (
-            f"{name} lost torch._dynamo.disable's _torchdynamo_disable mark"
-        )
-        assert not getattr(lean.__globals__[name], "_torchdynamo_disable", False)
-    torch.testing.assert_close(lean(x), _sine(x))
 
 
 def test_mark_dynamic_compiles_one_entry_for_both_sizes() -> None:

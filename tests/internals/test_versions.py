@@ -98,8 +98,6 @@ ASKING = [
         {"regions": "hierarchical"},
         id="hierarchical",
     ),
-    pytest.param("dispatch 'direct'", "dispatch", {"dispatch": "direct"}, id="direct"),
-    pytest.param("dispatch 'direct'", "dispatch", {"dispatch": "reduced"}, id="reduced"),
 ]
 """Each version-gated feature, the setting that asks for it and the options that set it."""
 

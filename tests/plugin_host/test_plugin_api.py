@@ -256,27 +256,23 @@ class TraceSettingsPlugin:
         return wrapper
 
 
-@pytest.mark.parametrize(
-    "dispatch",
-    [pytest.param("direct", marks=pytest.mark.needs_feature("dispatch 'direct'")), "dynamo"],
-)
-def test_trace_settings_hold_while_dynamo_traces_and_only_then_under_direct_dispatch(
-    reset_dynamo: None, dispatch: str
+def test_trace_settings_hold_around_every_call_through_torch_compile(
+    reset_dynamo: None,
 ) -> None:
     plugin = TraceSettingsPlugin()
     pm = isolated_plugin_manager()
     pm.register(plugin, name="trace-settings")
     model = Stack(depth=3)
-    torchkiln.compile(model, backend="eager", plugins=pm, progress="off", dispatch=dispatch)
+    torchkiln.compile(model, backend="eager", plugins=pm, progress="off")
     x = torch.randn(2, 8)
     expected = Stack(depth=3)(x)
     torch.testing.assert_close(model(x), expected)  # the first calls: one compile
     traces, first = len(plugin.traced_inside), plugin.entered
     assert traces and all(plugin.traced_inside)  # (Dynamo may restart a trace: 1-2 traces)
     assert 1 <= first <= 3
-    for _ in range(3):  # steady: 9 block calls, through torch.compile only under "dynamo"
+    for _ in range(3):  # steady: 9 block calls, each through torch.compile's entry
         torch.testing.assert_close(model(x), expected)
-    assert plugin.entered == first + (0 if dispatch == "direct" else 9)
+    assert plugin.entered == first + 9
     assert len(plugin.traced_inside) == traces
     steady = plugin.entered
     model(torch.randn(5, 8))  # a new shape: a recompile, traced inside the settings again

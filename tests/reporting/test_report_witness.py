@@ -65,19 +65,6 @@ def test_silenced_logs_change_nothing_in_the_report(recompile_limit: None) -> No
     assert "no cached graph fits (1 cached): L['module'].gate == True" in str(report)
 
 
-@pytest.mark.needs_feature("dispatch 'direct'")
-def test_direct_dispatch_counts_the_same_eager_calls_as_dynamos_dispatch(
-    recompile_limit: None,
-) -> None:
-    counts = {}
-    for dispatch in ("direct", "dynamo"):
-        torch._dynamo.reset()
-        model = torchkiln.compile(Stack(), backend="eager", progress="off", dispatch=dispatch)
-        run_with_later_limit_hit(model)
-        counts[dispatch] = [r.eager_calls for r in torchkiln.report(model).regions]
-    assert counts["direct"] == counts["dynamo"] == [0, 0, 5, 0]
-
-
 def test_compiled_code_holds_no_witness() -> None:
     """The eager-run count sits in a branch Dynamo folds away: a call that runs compiled code
     runs none of torchkiln's code for it (principle 6)."""
