@@ -7,10 +7,12 @@ import logging
 import sys
 from typing import Any
 
+import attrs
 from torch import nn
 
 from torchkiln.artifacts.cache import apply_cache_dir, check_cache_dir
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.configuration.store_layout import tiers_implied
 from torchkiln.distributed import attach, check_result, distributed_result
 from torchkiln.engine.compile_state import (
     STATE_ATTR,
@@ -140,11 +142,33 @@ def _compile_all(
     )
     if cfg.enabled and cfg.cache_dir is not None:
         check_cache_dir(cfg.cache_dir)
+    if cfg.enabled and cfg.tiered.enabled and tiers_implied(resolved.sources):
+        cfg = _keep_implied_tiers(cfg, region_plan, pm)
     if cfg.enabled and cfg.tiered.enabled:
         from torchkiln.tiered.install import check_plan_for_tiers
 
         check_plan_for_tiers(region_plan)
     return _compile_checked(model, cfg, region_plan, pm)
+
+
+def _keep_implied_tiers(cfg: CompileConfig, region_plan: RegionPlan, pm: PluginManager) -> Any:
+    """``cfg``, with the tiers a store implied turned off where they cannot run (a plan they
+    cannot build on, a backend that cannot save): the store still keeps what it can."""
+    from torchkiln.tiered.install import check_plan_for_tiers
+
+    declared = pm.backend(cfg.backend)
+    problem = None
+    if declared is None or not getattr(declared.spec, "precompile", False):
+        problem = f"backend {cfg.backend!r} cannot save a whole-model form"
+    else:
+        try:
+            check_plan_for_tiers(region_plan)
+        except TorchkilnError as error:
+            problem = str(error)
+    if problem is None:
+        return cfg
+    logger.info("store %s: no whole-model tier for this model: %s", cfg.store, problem)
+    return attrs.evolve(cfg, tiered=attrs.evolve(cfg.tiered, enabled=False))
 
 
 def _values_changed(error: Exception, changed: list[str]) -> PluginError:
@@ -238,9 +262,9 @@ def _compile_checked(
 
 
 def _install_tiers(model: nn.Module, state: CompileState, cfg: CompileConfig) -> None:
-    from torchkiln.tiered.install import install_tiers, wants_tiers
+    from torchkiln.tiered.install import install_tiers, region_paths_of, wants_tiers
 
-    if wants_tiers(cfg):
+    if wants_tiers(cfg, model, region_paths_of(state)):
         install_tiers(model, state, cfg)
 
 

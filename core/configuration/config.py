@@ -197,6 +197,14 @@ class CompileConfig:
     on_region_error: str = attrs.field(default="raise", converter=_lower)
     """``raise``: a region that fails to compile raises. ``eager``: it runs eagerly, the
     others stay compiled, and :func:`torchkiln.report` says why."""
+    store: str | None = None
+    """The one directory everything a run compiles lands in, so that the next process, rank or
+    node that names it starts from the best form it holds, with no extra step: inductor's
+    kernels (``kernels/``, unless ``cache_dir`` is set), the region groups' entries
+    (``entries/``, unless ``job.store`` is set) and, once tiered compilation's builder has
+    finished, the whole-model form (``whole/``). Tiered compilation is on with a store unless
+    ``tiered.enabled`` is set (``tiered.when`` decides whether a builder pays). Published
+    atomically, safe with many writers; ``None``: nothing is kept (docs/store.md)."""
     cache_dir: str | None = None
     """Directory for persistent compile artifacts (inductor FX-graph and AOTAutograd
     caches); ``None`` leaves torch's own default."""

@@ -241,7 +241,9 @@ def _kind(value: Any) -> str:
 # --- fields an automatically found ./torchkiln.yaml may not set ---------------------------------
 
 CODE_LOADING_FIELDS = {
+    "store": "torchkiln and inductor load compiled code and pickled functions from this directory",
     "cache_dir": "inductor loads compiled code from this directory",
+    "job.store": "torchkiln loads pickled compiled functions from this directory",
     "artifacts": "torchkiln loads pickled compiled functions from this directory",
     "distributed.deepspeed.config": "DeepSpeed reads this JSON file, and its settings can make "
     "DeepSpeed import modules",

@@ -36,6 +36,7 @@ def value_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[Co
         _whole_at_most(config.distributed.fsdp2.replicate_degree),
     )
     add("cache_dir", _cache_dir(config.cache_dir))
+    add("store", _cache_dir(config.store, "store"))
     deepspeed = config.distributed.deepspeed.config
     if isinstance(deepspeed, Mapping) and is_untrusted(
         sources.get("distributed.deepspeed.config", "")
@@ -66,13 +67,18 @@ def _whole_at_most(value: int) -> str | None:
     return None
 
 
-def _cache_dir(value: str | None) -> str | None:
+def _cache_dir(value: str | None, field: str = "cache_dir") -> str | None:
     if value is None:
         return None
     if not value.strip():
+        what, null = (
+            ("inductor's cache", "torch's default")
+            if field == "cache_dir"
+            else ("what torchkiln compiles", "none")
+        )
         return (
-            "an empty cache_dir would put inductor's cache in the working directory; give a "
-            "directory path, or null for torch's default"
+            f"an empty {field} would put {what} in the working directory; give a "
+            f"directory path, or null for {null}"
         )
     try:
         is_file = os.path.exists(value) and not os.path.isdir(value)

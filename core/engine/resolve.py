@@ -15,6 +15,7 @@ from torchkiln.configuration import config_sources as sources_
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.config_validation import validate
 from torchkiln.configuration.option_safety import unnamed_file_problems
+from torchkiln.configuration.store_layout import expand_store
 from torchkiln.errors import ConfigError, ConfigProblem, PluginError
 from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
 from torchkiln.plugin_host.plugin_faults import bad_result
@@ -70,6 +71,7 @@ def resolve_config(
     # explicit also holds the sources of unknown keys, which error messages name.
     resolved = validate(values, {**explicit, **all_sources}, pm, problems)
     resolved, all_sources = _apply_plugins(resolved, all_sources, layers, pm)
+    resolved, all_sources = expand_store(resolved, all_sources)
     return ResolvedConfig(resolved, all_sources, file)
 
 

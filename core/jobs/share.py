@@ -75,6 +75,8 @@ class GroupShare:
     """Calls the entry did not fit (another shape, the other kind): compiled on this rank."""
 
     def line(self) -> str:
+        if not self.key:  # its first call has not come (a whole-model form served every call)
+            return f"{self.group}: not called yet"
         source = f" from rank {self.source}" if self.role == "received" else ""
         sent = f", sent to rank(s) {', '.join(map(str, self.receivers))}" if self.receivers else ""
         wire = (

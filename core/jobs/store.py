@@ -32,6 +32,7 @@ from pathlib import Path
 from torchkiln.artifacts.directory import ArtifactError
 
 ENTRIES = "entries"
+META = "meta.json"
 STALE_SECONDS = 3600.0
 """A hidden staging directory older than this was left by a killed writer and is removed."""
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -40,11 +41,14 @@ _ASIDE = re.compile(r"\.[0-9a-f]{64}\.aside-[^/]+")
 
 
 class JobStore:
-    """One ``job.store`` directory."""
+    """One ``job.store`` directory (``section`` ``entries``), or another section of a store
+    whose entries are published the same way (``whole``: whole-model forms, each marked by its
+    ``manifest.json``)."""
 
-    def __init__(self, root: str | os.PathLike[str]):
+    def __init__(self, root: str | os.PathLike[str], section: str = ENTRIES, marker: str = META):
         self.root = Path(root).expanduser().resolve()
-        self.entries = self.root / ENTRIES
+        self.entries = self.root / section
+        self.marker = marker
         try:
             self.entries.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -57,7 +61,7 @@ class JobStore:
         """The published entry of ``key``, or ``None``."""
         _check_key(key)
         path = self.entries / key
-        return path if (path / "meta.json").is_file() else None
+        return path if (path / self.marker).is_file() else None
 
     def staging(self, key: str) -> Path:
         """A new hidden directory to write ``key``'s entry into."""
@@ -73,7 +77,7 @@ class JobStore:
         try:
             os.rename(staging, target)
         except OSError:
-            if not (target / "meta.json").is_file():
+            if not (target / self.marker).is_file():
                 raise
             shutil.rmtree(staging, ignore_errors=True)
         return target

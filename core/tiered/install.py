@@ -13,6 +13,7 @@ from torchkiln.engine.compile_state import MISSING, STATE_ATTR, CompileState, ad
 from torchkiln.errors import TorchkilnError
 from torchkiln.plugin_host.region_plan import RegionPlan
 from torchkiln.tiered.runtime import TieredForward
+from torchkiln.tiered.whole_store import whole_key, whole_store
 
 
 def check_plan_for_tiers(plan: RegionPlan) -> None:
@@ -30,31 +31,50 @@ def check_plan_for_tiers(plan: RegionPlan) -> None:
         )
 
 
-def _whole_entry(config: CompileConfig) -> bool:
-    if config.artifacts is None:
-        return False
+def _has_whole_entry(directory: Path) -> bool:
     try:
-        return bool(read_manifest(config.artifacts).whole)
+        return bool(read_manifest(directory).whole)
     except ArtifactError:
         return False  # the region loader warns about the directory itself
 
 
-def wants_tiers(config: CompileConfig) -> bool:
-    """Tiers are installed when asked for, or when the artifact directory has a whole-model
-    entry (which is then preferred to the region entries)."""
-    return config.enabled and (config.tiered.enabled or _whole_entry(config))
+def whole_directory(
+    config: CompileConfig, model: nn.Module, region_paths: list[str]
+) -> Path | None:
+    """Where a whole-model form for ``model`` already is: the artifact directory's entry, else
+    the store's form for this model's key; ``None`` when neither holds one."""
+    if config.artifacts is not None and _has_whole_entry(Path(config.artifacts).expanduser()):
+        return Path(config.artifacts).expanduser()
+    store = whole_store(config)
+    if store is None:
+        return None
+    found = store.find(whole_key(config, model, region_paths))
+    return found if found is not None and _has_whole_entry(found) else None
+
+
+def wants_tiers(config: CompileConfig, model: nn.Module, region_paths: list[str]) -> bool:
+    """Tiers are installed when asked for, or when a whole-model form already exists (the
+    artifact directory's or the store's: it is then preferred to the region entries)."""
+    if not config.enabled:
+        return False
+    return config.tiered.enabled or whole_directory(config, model, region_paths) is not None
+
+
+def region_paths_of(state: CompileState) -> list[str]:
+    return [r.path for g in state.plan.groups for r in g.regions]
 
 
 def install_tiers(model: nn.Module, state: CompileState, config: CompileConfig) -> TieredForward:
-    region_paths = [r.path for g in state.plan.groups for r in g.regions]
+    region_paths = region_paths_of(state)
     tiered = TieredForward(model, config, region_paths)
     exchange = getattr(state.job, "exchange", None)  # a job whose ranks share (torchkiln.jobs)
     if exchange is not None and exchange.world > 1:
         from torchkiln.tiered.job_tiers import JobTiers
 
         tiered.job = JobTiers(exchange)
-    if config.artifacts is not None and _whole_entry(config):
-        _load_existing(tiered, model, Path(config.artifacts).expanduser(), config)
+    existing = whole_directory(config, model, region_paths)
+    if existing is not None:
+        _load_existing(tiered, model, existing, config)
     if not config.tiered.enabled and tiered.form is None:
         tiered.state = "stopped"
     elif tiered.form is None:

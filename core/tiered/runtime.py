@@ -46,6 +46,7 @@ from torchkiln.tiered.governor import StepGovernor
 from torchkiln.tiered.hollow import dumps_hollow, unimportable_classes
 from torchkiln.tiered.process import BuilderProcess
 from torchkiln.tiered.tier_report import REGIONAL, WHOLE, TierReport
+from torchkiln.tiered.whole_store import whole_key, whole_store
 
 logger = logging.getLogger("torchkiln")
 
@@ -81,6 +82,9 @@ class TieredForward:
         self._regions: list[tuple[dict[str, Any], Any]] = []
         self._output: Path | None = None
         self._own_output = False
+        self.loaded_from: str | None = None
+        self._store_key: str | None = None
+        """The store key the first build's form is published under (``store=``), until it is."""
         self._depth = 0
         self._job_failure: dict[str, Any] | None = None
         self.builder_processes = 0
@@ -324,9 +328,14 @@ class TieredForward:
 
     def _request(self, model: nn.Module) -> dict[str, Any]:
         if self._output is None:  # once: a restarted builder writes where the first one did
+            store = whole_store(self.config) if self.form is None else None
             if self.config.artifacts is not None:
                 self._output = Path(self.config.artifacts).expanduser()
                 self._output.mkdir(parents=True, exist_ok=True)
+            elif store is not None:  # written aside, published when it has built
+                self._store_key = whole_key(self.config, model, self.region_paths)
+                self._output = store.staging(self._store_key)
+                self._own_output = True
             else:
                 self._output = Path(tempfile.mkdtemp(prefix="torchkiln-whole-"))
                 self._own_output = True
@@ -383,12 +392,25 @@ class TieredForward:
         if directory is None:
             assert self.builder is not None
             directory = Path(self.builder.workdir) if self._output is None else self._output
+            directory = self._publish(directory)
         try:
             self.switch(model, directory)
         except Exception as error:  # a form that cannot load must never fail the user's call
             self._stop_with(
                 f"the built whole-model form could not be loaded: {type(error).__name__}: {error}"
             )
+
+    def _publish(self, directory: Path) -> Path:
+        """Publish the first build's form in the store (when there is one): where another
+        writer was first, its form is kept and served. A later rebuild writes elsewhere, so a
+        published form never changes."""
+        store = whole_store(self.config)
+        if self._store_key is None or store is None or directory != self._output:
+            return directory
+        published = store.publish(directory, self._store_key)
+        self._say(f"the whole-model form is in the store: {published}")
+        self._store_key, self._output, self._own_output = None, None, False
+        return published
 
     # -- switching ------------------------------------------------------------------------------
 
@@ -404,8 +426,9 @@ class TieredForward:
         self._regions = self._region_forwards(model)
         self.state = "loaded" if loaded else "switched"
         self.reason = None
-        if loaded:  # from an artifact directory before any call: nothing to build
+        if loaded:  # from an artifact directory or the store before any call: nothing to build
             self.log_open = False
+            self.loaded_from = str(directory)
         if self.switched_at_call is None:  # the first switch (a rebuild's form replaces it)
             self.switched_at_call = sum(self.calls.values()) + 1
             if self.first_call_at is not None:
@@ -455,6 +478,7 @@ class TieredForward:
             build_seconds=self.build_result.get("seconds"),
             builder_peak_rss_mb=self.build_result.get("peak_rss_mb"),
             load_seconds=self.form.load_seconds if self.form is not None else None,
+            loaded_from=self.loaded_from,
             dropped_guards=dict(self.build_result.get("dropped_guards", {})),
             misses=self.misses,
             builds=self.builds,

@@ -54,6 +54,9 @@ class TierReport:
     """``tiered.max_slowdown`` (0: no bound)."""
     job_rank: int | None = None
     """In a job whose ranks share: this rank (rank 0 builds for all)."""
+    loaded_from: str | None = None
+    """The directory the form was loaded from when the model was compiled (``loaded``): an
+    artifact directory's, or the store's form for this model."""
 
     def lines(self) -> list[str]:
         out = [
@@ -61,7 +64,7 @@ class TierReport:
             f"{self.calls[REGIONAL]}, whole-model {self.calls[WHOLE]}"
         ]
         if self.state == "loaded":
-            out.append("  loaded from the artifact directory when compiled")
+            out.append(f"  loaded from {self.loaded_from} when compiled")
         elif self.switched_at_call is not None and self.seconds_to_switch is not None:
             out.append(
                 f"  switched before call {self.switched_at_call}, "

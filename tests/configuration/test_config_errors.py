@@ -23,7 +23,7 @@ from torchkiln.plugin import BackendSpec
 BOOLEANS = "allowed: 1/true/yes/on/0/false/no/off"
 TOP_LEVEL = (
     "allowed: backend, mode, fullgraph, dynamic, options, disable, regions, distributed, tiered, "
-    "job, on_region_error, cache_dir, remote_cache, artifacts, artifacts_strict, dispatch, progress, report"
+    "job, on_region_error, store, cache_dir, remote_cache, artifacts, artifacts_strict, dispatch, progress, report"
 )
 INDUCTOR_MODES = "allowed: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"
 

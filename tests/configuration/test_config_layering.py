@@ -339,6 +339,7 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "job.timeout": ("90", 90.0),
     "job.store": ("/tmp/kiln-store", "/tmp/kiln-store"),
     "on_region_error": ("EAGER", "eager"),
+    "store": ("/tmp/kiln-one-store", "/tmp/kiln-one-store"),
     "cache_dir": ("/tmp/kiln-cache", "/tmp/kiln-cache"),
     "remote_cache": ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
     "artifacts": ("/tmp/kiln-artifacts", "/tmp/kiln-artifacts"),
