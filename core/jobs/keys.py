@@ -5,7 +5,9 @@ The key covers the environment an artifact directory is keyed by (torch, Python,
 mode, options, dynamic, device type, dtype), the transformers release, the device's
 architecture (a GPU's name and compute capability; on the CPU, the vector ISA inductor may use
 and the C++ compiler), the group's class, the source of its classes, its parameter and buffer
-layout, the call's input specs and its kind (training or inference). Ranks whose keys are
+layout, the call's input specs and its kind (training or inference), and the device index:
+compiled code is bound to it (Dynamo's tensor guards compare it, inductor's code enters that
+device), so ranks on cuda:0 and cuda:1 of one node never run one entry. Ranks whose keys are
 equal receive one compile; a rank whose key differs compiles its own, and
 :func:`differing_fields` names why.
 """
@@ -67,6 +69,7 @@ def share_fields(
         **environment_key(config, module),
         "transformers": _release("transformers"),
         "architecture": device_architecture(_first_device(module)),
+        "device_index": _first_device(module).index,
         "group": group,
         "class": f"{type(module).__module__}.{type(module).__qualname__}",
         "code": code_hash(module),
@@ -85,3 +88,15 @@ def share_key(fields: Mapping[str, Any]) -> str:
 def differing_fields(mine: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
     """The names of the fields that differ, in key order (``structure``, ``inputs``, ...)."""
     return [name for name in mine if mine.get(name) != other.get(name)]
+
+
+def describe_difference(mine: Mapping[str, Any], other: Mapping[str, Any]) -> str:
+    """Why this rank's key differs from rank 0's, in words."""
+    differ = differing_fields(mine, other)
+    text = f"this rank's key differs from rank 0's in: {', '.join(differ)}"
+    if "device_index" in differ:
+        text += (
+            f" (device index {mine.get('device_index')} here, {other.get('device_index')} on "
+            "rank 0: compiled code is bound to its device index, so the entry cannot fit)"
+        )
+    return text

@@ -35,7 +35,7 @@ from torchkiln.artifacts.directory import ArtifactError
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.jobs.entry import build_entry, load_entry, pack_entry, remove_quietly, unpack_entry
 from torchkiln.jobs.exchange import JobExchange
-from torchkiln.jobs.keys import differing_fields, share_fields, share_key
+from torchkiln.jobs.keys import describe_difference, share_fields, share_key
 from torchkiln.jobs.store import JobStore
 from torchkiln.plugin_host.region_plan import RegionGroup
 
@@ -197,8 +197,7 @@ class SharedGroup:
         record.wait_seconds += time.perf_counter() - started
         me = exchange.rank
         if everyone[0]["key"] != key:
-            differ = differing_fields(fields, everyone[0]["fields"])
-            record.reason = f"this rank's key differs from rank 0's in: {', '.join(differ)}"
+            record.reason = describe_difference(fields, everyone[0]["fields"])
         directory: Path | None = None
         for plan in _plans(everyone):
             if me == plan.source:

@@ -13,7 +13,7 @@ from torchkiln._internals import dynamo
 from torchkiln.configuration.config import CompileConfig, DistributedConfig, JobConfig
 from torchkiln.examples import llama
 from torchkiln.jobs import job_share_for, sharing_problem
-from torchkiln.jobs.keys import differing_fields, share_fields, share_key
+from torchkiln.jobs.keys import describe_difference, differing_fields, share_fields, share_key
 
 SHAPE = {"depth": 2, "hidden_size": 32, "heads": 4, "kv_heads": 2, "intermediate_size": 64,
          "vocab_size": 128}  # fmt: skip
@@ -97,6 +97,21 @@ def test_the_key_names_every_field_that_differs() -> None:
     assert differing_fields(longer, base) == ["inputs"]
     with torch.no_grad():
         assert share_fields(CompileConfig(), "g", layer, (hidden,), {})["kind"] == "inference"
+
+
+def test_ranks_on_other_device_indices_key_apart_and_the_reason_says_why() -> None:
+    """Compiled code is bound to its device index (Dynamo's tensor guards compare it; inductor's
+    code enters that device), so cuda:0's entry never fits cuda:1: the key has the index, and
+    the reason names it. (Fields as two ranks of one 8-GPU node would compute them.)"""
+    layer = llama(**SHAPE).model.layers[0]
+    here = share_fields(CompileConfig(), "g", layer, (torch.randn(1, 8, 32),), {})
+    assert here["device_index"] is None  # the CPU has no index
+    cuda0, cuda1 = {**here, "device_index": 0}, {**here, "device_index": 1}
+    assert share_key(cuda0) != share_key(cuda1)
+    assert describe_difference(cuda1, cuda0) == (
+        "this rank's key differs from rank 0's in: device_index (device index 1 here, 0 on "
+        "rank 0: compiled code is bound to its device index, so the entry cannot fit)"
+    )
 
 
 @pytest.mark.parametrize("share", ["auto", "on"])
