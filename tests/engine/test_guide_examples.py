@@ -13,7 +13,7 @@ from torchkiln._internals.versions import feature_problem
 from torchkiln.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-GUIDES = [REPO / "docs" / "guide.md", REPO / "docs" / "tiered.md"]
+GUIDES = [REPO / "docs" / "guide.md", REPO / "docs" / "tiered.md", REPO / "docs" / "store.md"]
 EXAMPLES = REPO / "docs" / "examples"
 FENCE = re.compile(r"^```python\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 SOURCE = re.compile(r"\A# (?P<path>docs/examples/\S+\.py)\n")
@@ -39,7 +39,7 @@ def test_every_example_is_shown_verbatim() -> None:
         assert code == (REPO / path).read_text(), f"{path} differs from its block in the guide"
 
 
-EXAMPLE_FEATURES = {"tiered": "tiered compilation"}
+EXAMPLE_FEATURES = {"tiered": "tiered compilation", "store": "tiered compilation"}
 """Examples of a feature some supported torch releases lack: there, the example is refused with
 a ConfigError naming the feature and the release, which is what the test checks instead."""
 
