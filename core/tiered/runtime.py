@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-import shutil
 import sys
-import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -46,7 +44,7 @@ from torchkiln.tiered.governor import StepGovernor
 from torchkiln.tiered.hollow import dumps_hollow, unimportable_classes
 from torchkiln.tiered.process import BuilderProcess
 from torchkiln.tiered.tier_report import REGIONAL, WHOLE, TierReport
-from torchkiln.tiered.whole_store import whole_key, whole_store
+from torchkiln.tiered.whole_store import BuildOutput
 
 logger = logging.getLogger("torchkiln")
 
@@ -80,11 +78,8 @@ class TieredForward:
         self.seconds_to_switch: float | None = None
         self.build_result: dict[str, Any] = {}
         self._regions: list[tuple[dict[str, Any], Any]] = []
-        self._output: Path | None = None
-        self._own_output = False
+        self.output = BuildOutput(config, region_paths)
         self.loaded_from: str | None = None
-        self._store_key: str | None = None
-        """The store key the first build's form is published under (``store=``), until it is."""
         self._depth = 0
         self._job_failure: dict[str, Any] | None = None
         self.builder_processes = 0
@@ -327,18 +322,7 @@ class TieredForward:
         return builder
 
     def _request(self, model: nn.Module) -> dict[str, Any]:
-        if self._output is None:  # once: a restarted builder writes where the first one did
-            store = whole_store(self.config) if self.form is None else None
-            if self.config.artifacts is not None:
-                self._output = Path(self.config.artifacts).expanduser()
-                self._output.mkdir(parents=True, exist_ok=True)
-            elif store is not None:  # written aside, published when it has built
-                self._store_key = whole_key(self.config, model, self.region_paths)
-                self._output = store.staging(self._store_key)
-                self._own_output = True
-            else:
-                self._output = Path(tempfile.mkdtemp(prefix="torchkiln-whole-"))
-                self._own_output = True
+        output = self.output.directory(model, form_loaded=self.form is not None)
         families = [
             {
                 "kind": spec.kind,
@@ -354,7 +338,7 @@ class TieredForward:
             "config": self.config,
             "environment": environment_key(self.config, model),
             "region_paths": self.region_paths,
-            "output": str(self._output),
+            "output": str(output),
             "nice": self.config.tiered.nice,
             "threads": self.config.tiered.threads,
             "intra_op_threads": torch.get_num_threads(),
@@ -368,7 +352,7 @@ class TieredForward:
             result = self.builder.poll()
         else:  # every rank, every call until the switch: rank 0's result, or None
             mine = self._job_failure or (self.builder.poll() if self.builder else None)
-            agreed = self.job.agree(mine, self._output)
+            agreed = self.job.agree(mine, self.output.path)
             result = agreed["result"] if agreed is not None else None
             if result is not None and result.get("ok") and not self.job.builds_here:
                 directory = self.job.write(agreed["files"])
@@ -391,26 +375,14 @@ class TieredForward:
             return
         if directory is None:
             assert self.builder is not None
-            directory = Path(self.builder.workdir) if self._output is None else self._output
-            directory = self._publish(directory)
+            built = self.output.path
+            directory = self.output.publish(Path(self.builder.workdir) if built is None else built)
         try:
             self.switch(model, directory)
         except Exception as error:  # a form that cannot load must never fail the user's call
             self._stop_with(
                 f"the built whole-model form could not be loaded: {type(error).__name__}: {error}"
             )
-
-    def _publish(self, directory: Path) -> Path:
-        """Publish the first build's form in the store (when there is one): where another
-        writer was first, its form is kept and served. A later rebuild writes elsewhere, so a
-        published form never changes."""
-        store = whole_store(self.config)
-        if self._store_key is None or store is None or directory != self._output:
-            return directory
-        published = store.publish(directory, self._store_key)
-        self._say(f"the whole-model form is in the store: {published}")
-        self._store_key, self._output, self._own_output = None, None, False
-        return published
 
     # -- switching ------------------------------------------------------------------------------
 
@@ -455,8 +427,8 @@ class TieredForward:
         for builder in (self.builder, self.spare):
             if builder is not None:
                 builder.stop()
-        if self._own_output and self._output is not None and self.form is None:
-            shutil.rmtree(self._output, ignore_errors=True)
+        if self.form is None:
+            self.output.remove()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the builder has finished (tests, benchmarks); ``True`` if it has. In a

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 from torch import nn
@@ -36,3 +38,47 @@ def whole_store(config: CompileConfig) -> JobStore | None:
     if config.store is None:
         return None
     return JobStore(Path(config.store).expanduser(), section=WHOLE, marker=MANIFEST)
+
+
+class BuildOutput:
+    """Where the builder writes the whole-model form: the artifact directory (``artifacts=``),
+    else aside in the store (published once built), else a private temporary directory. One
+    per runtime: a restarted builder writes where the first one did, until a form is published;
+    a later rebuild then writes to a directory of its own, so a published form never changes."""
+
+    def __init__(self, config: CompileConfig, region_paths: list[str]):
+        self.config = config
+        self.region_paths = region_paths
+        self.path: Path | None = None
+        self.owned = False
+        """Whether torchkiln made :attr:`path` (removed at the end unless a form was loaded)."""
+        self.key: str | None = None
+        """The store key :attr:`path` is published under, until it is."""
+
+    def directory(self, model: nn.Module, form_loaded: bool) -> Path:
+        if self.path is not None:
+            return self.path
+        store = whole_store(self.config) if not form_loaded else None
+        if self.config.artifacts is not None:
+            self.path = Path(self.config.artifacts).expanduser()
+            self.path.mkdir(parents=True, exist_ok=True)
+        elif store is not None:
+            self.key = whole_key(self.config, model, self.region_paths)
+            self.path, self.owned = store.staging(self.key), True
+        else:
+            self.path, self.owned = Path(tempfile.mkdtemp(prefix="torchkiln-whole-")), True
+        return self.path
+
+    def publish(self, directory: Path) -> Path:
+        """The directory to load the built form from: the store's published entry (another
+        writer's, when it was first), or ``directory`` as it is."""
+        store = whole_store(self.config)
+        if self.key is None or store is None or directory != self.path:
+            return directory
+        published = store.publish(directory, self.key)
+        self.key, self.path, self.owned = None, None, False
+        return published
+
+    def remove(self) -> None:
+        if self.owned and self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
