@@ -3,7 +3,7 @@
 ``python -m torch.distributed.run --nproc_per_node=2 job_worker.py OUT_DIR SETTINGS_JSON``
 
 SETTINGS_JSON: ``backend``, ``store`` (a directory, ``{rank}`` and ``{node}`` filled in, or
-null), ``share``, ``strategy``, ``steps``, ``timeout`` and ``fault``: ``null``,
+null: ``job.store``), ``one_store`` (a directory: ``store=``, tiers off), ``share``, ``strategy``, ``steps``, ``timeout`` and ``fault``: ``null``,
 ``kill-source`` (rank 0 dies while it compiles), ``corrupt`` (rank 1 flips a byte of a kernel
 it received), ``differ`` (rank 1 builds a wider model), ``late`` (rank 1 reaches its first call after
 ``timeout``). Each rank trains a default-config Llama
@@ -77,15 +77,18 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     model = llama(**shape)
     store = settings.get("store")
     job = {"share": settings.get("share", "auto"), "timeout": settings.get("timeout", 120)}
+    places: dict[str, Any] = {"cache_dir": str(out_dir / f"inductor-cache-{rank}")}
     if store:
         job["store"] = store.format(rank=rank, node=node)
+    if settings.get("one_store"):  # store=: kernels and entries in one directory, no tiers
+        places = {"store": settings["one_store"], "tiered": {"enabled": False}}
     model = torchkiln.compile(
         model,
         backend=settings.get("backend", "aot_eager"),
         distributed=settings.get("strategy", "ddp"),
-        cache_dir=str(out_dir / f"inductor-cache-{rank}"),
         job=job,
         progress="off",
+        **places,
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     if settings.get("fault") == "late" and rank == 1:

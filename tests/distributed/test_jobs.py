@@ -80,6 +80,23 @@ def test_a_restarted_job_loads_every_group_from_the_store_and_compiles_nothing(
         assert again["losses"] == pytest.approx(first["losses"], rel=1e-5)
 
 
+def test_a_job_restarted_with_one_store_loads_its_kernels_and_entries_and_compiles_nothing(
+    tmp_path: Path,
+) -> None:
+    """``store=DIR`` alone (no job.store, no cache_dir): the same restart as above."""
+    store = tmp_path / "one-store"
+    cold = job(tmp_path, "cold", backend="inductor", one_store=str(store))
+    warm = job(tmp_path, "warm", backend="inductor", one_store=str(store))
+    assert roles(cold) == [["compiled"], ["received"]]
+    assert roles(warm) == [["store"], ["store"]]
+    assert [r["dynamo_graphs"] for r in warm] == [0, 0]
+    assert any((store / "kernels").iterdir())  # inductor's caches went into the store
+    assert len(list((store / "entries").iterdir())) == 1
+    assert warm[0]["first_step_cpu"] < 0.3 * cold[0]["first_step_cpu"]
+    for first, again in zip(cold, warm, strict=True):
+        assert again["losses"] == pytest.approx(first["losses"], rel=1e-5)
+
+
 def test_two_nodes_with_their_own_stores_the_second_compiles_nothing(tmp_path: Path) -> None:
     out = tmp_path / "nodes"
     out.mkdir()
