@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from torchkiln.bench.presets import (
@@ -189,6 +190,15 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(docs/jobs.md); uses --model, --depths (the first), --batch, --seq, --backend, --json",
     )
     p.add_argument(
+        "--store",
+        action="store_true",
+        help="instead of the grid: the one-store cell (docs/store.md): full torch.compile cold, "
+        "then the same script twice with store=DIR, each in a process of its own; the second "
+        "also alternates rounds with full compile in its process; uses --depths (the first), "
+        "--backend, --json; --check: exit non-zero unless the second process's compile and "
+        "first call take at most 0.1x full's cold ones and its steady state at most 1.02x",
+    )
+    p.add_argument(
         "--lengths",
         help="with --workload train: comma-separated sequence lengths, one drawn per step (a "
         "seeded generator: the same lengths for every strategy), as a padding collator gives "
@@ -223,6 +233,12 @@ def run_bench(args: argparse.Namespace) -> int:
     :data:`EXIT_TARGET_MISSED` when they did but a target is NOT met."""
     if args.ranks is not None:
         return _run_job_bench(args)
+    if args.store:
+        from torchkiln.bench.store_restart import bench_store
+
+        depth = int((args.depths or "16").split(",")[0])
+        json_path = Path(args.json_path) if args.json_path else None
+        return bench_store(depth, args.backend, 30, json_path, check=args.check)
     if args.lengths is not None:
         return _run_train_lengths(args)
     if args.from_json:

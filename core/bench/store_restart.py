@@ -1,0 +1,202 @@
+"""The one-store cell: the same script run twice with ``store=DIR``, against full compile.
+
+Three processes, one after the other, each with an inductor cache of its own: full
+``torch.compile`` cold; then ``torchkiln.compile(model, store=DIR)`` twice. Each process times
+its compile and first call; the second store run, which starts from what the first one stored,
+also alternates rounds with a full-compiled copy of the same model in the same process, so its
+steady-state ratio to full is free of the drift between processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from torchkiln.bench.settings import EXIT_TARGET_MISSED
+
+ROLES = ("full", "store-first", "store-again")
+BUILD_TIMEOUT = 1800.0
+
+
+def _model_and_inputs(depth: int) -> tuple[Any, Any]:
+    import torch
+
+    from torchkiln.examples import example_inputs, llama
+
+    torch.manual_seed(0)
+    model = llama(depth=depth)
+    return model, example_inputs(model)
+
+
+def _timed(call: Any) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def _alternate(first: Any, second: Any, rounds: int) -> tuple[float, float]:
+    """Median seconds of each callable, timed in alternating rounds."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        times[0].append(_timed(first))
+        times[1].append(_timed(second))
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def worker(role: str, store: str, depth: int, backend: str, rounds: int) -> dict[str, Any]:
+    """One process of the cell (``python -m torchkiln.bench.store_restart ROLE ...``)."""
+    import torch
+
+    import torchkiln
+    import torchkiln.tiered
+
+    model, inputs = _model_and_inputs(depth)
+    started = time.perf_counter()
+    if role == "full":
+        compiled = torch.compile(model, backend=backend)
+    else:
+        tiers = {"when": "always", "max_slowdown": 0}  # measure how soon, not the bound
+        compiled = torchkiln.compile(model, backend=backend, store=store, tiered=tiers)
+    compile_seconds = time.perf_counter() - started
+    with torch.no_grad():
+        first = _timed(lambda: compiled(inputs))
+        out: dict[str, Any] = {"role": role, "compile_seconds": compile_seconds}
+        out["first_call_seconds"] = first
+        if role != "full":
+            out.update(_until_whole(compiled, inputs))
+        if role == "store-again":
+            full = torch.compile(_model_and_inputs(depth)[0], backend=backend)
+            for _ in range(2):
+                full(inputs)
+            mine, theirs = _alternate(lambda: compiled(inputs), lambda: full(inputs), rounds)
+            out["steady_seconds"], out["full_steady_seconds"] = mine, theirs
+        else:
+            out["steady_seconds"] = statistics.median(
+                _timed(lambda: compiled(inputs)) for _ in range(rounds)
+            )
+    tiers = torchkiln.tiered.tiers(compiled) if role != "full" else None
+    if tiers is not None:
+        out["serving"], out["tiers_state"] = tiers.serving, tiers.state
+    return out
+
+
+def _until_whole(model: Any, inputs: Any) -> dict[str, Any]:
+    """Call the model until it serves whole-model (the first store run's builder finishes)."""
+    import torchkiln.tiered
+
+    started = time.perf_counter()
+    calls = 0
+    if torchkiln.tiered.tiers(model) is None:  # no tiers for this model (docs/store.md)
+        return {"calls_until_whole_model": None, "seconds_until_whole_model": None}
+    while torchkiln.tiered.tiers(model).serving != "whole-model":
+        if torchkiln.tiered.tiers(model).state == "stopped":
+            break
+        if time.perf_counter() - started > BUILD_TIMEOUT:
+            break
+        model(inputs)
+        calls += 1
+    return {
+        "calls_until_whole_model": calls,
+        "seconds_until_whole_model": time.perf_counter() - started,
+    }
+
+
+def run_cell(depth: int, backend: str, rounds: int, scratch: Path) -> list[dict[str, Any]]:
+    """Run the three processes; returns their results in order."""
+    results = []
+    store = scratch / "store"
+    for role in ROLES:
+        cache = scratch / f"inductor-{role}"
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHKILN_PROGRESS": "off"}
+        out = scratch / f"{role}.json"
+        command = [sys.executable, "-m", "torchkiln.bench.store_restart", role, str(store)]
+        command += [str(depth), backend, str(rounds), str(out)]
+        print(
+            f"torchkiln bench: store cell, {role} (depth {depth}) ...", file=sys.stderr, flush=True
+        )
+        subprocess.run(command, env=env, check=True)
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The cell's table: each process's first call against full compile's cold one."""
+    full = results[0]
+    rows = [
+        "| process | compile + first call | x full cold | steady | x full (alternating) | serving |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for result in results:
+        start = result["compile_seconds"] + result["first_call_seconds"]
+        cold = full["compile_seconds"] + full["first_call_seconds"]
+        alternating = (
+            f"{result['steady_seconds'] / result['full_steady_seconds']:.3f}x"
+            if "full_steady_seconds" in result
+            else "-"
+        )
+        rows.append(
+            f"| {result['role']} | {start:.2f} s | {start / cold:.3f}x | "
+            f"{result['steady_seconds'] * 1e3:.2f} ms | {alternating} | "
+            f"{result.get('serving', 'whole model')} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchkiln.bench.store_restart")
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("store")
+    parser.add_argument("depth", type=int)
+    parser.add_argument("backend")
+    parser.add_argument("rounds", type=int)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    result = worker(args.role, args.store, args.depth, args.backend, args.rounds)
+    args.out.write_text(json.dumps(result))
+    return 0
+
+
+TARGETS = (("start", 0.1), ("steady", 1.02))
+"""The second store run against full compile: its compile and first call over full's cold
+ones, and its steady state over full's in alternating rounds (docs/store.md)."""
+
+
+def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
+    full, again = results[0], results[-1]
+    cold = full["compile_seconds"] + full["first_call_seconds"]
+    start = again["compile_seconds"] + again["first_call_seconds"]
+    return {"start": start / cold, "steady": again["steady_seconds"] / again["full_steady_seconds"]}
+
+
+def bench_store(
+    depth: int, backend: str, rounds: int, json_path: Path | None, check: bool = False
+) -> int:
+    """``torchkiln bench --store``: the cell, its table and targets, and its JSON."""
+    from torchkiln.bench.environment import collect_environment
+    from torchkiln.bench.execute import write_json_atomically
+
+    with tempfile.TemporaryDirectory(prefix="torchkiln-bench-store-") as scratch:
+        results = run_cell(depth, backend, rounds, Path(scratch))
+    print(table(results))
+    found = ratios(results)
+    missed = [name for name, limit in TARGETS if found[name] > limit]
+    for name, limit in TARGETS:
+        verdict = "met" if found[name] <= limit else "NOT met"
+        print(f"target: second run's {name} <= {limit}x full's: {found[name]:.3f}x ({verdict})")
+    if json_path is not None:
+        document = {"depth": depth, "backend": backend, "results": results, "ratios": found}
+        document["environment"] = collect_environment("cpu")
+        write_json_atomically(json_path, document)
+    return EXIT_TARGET_MISSED if check and missed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
