@@ -82,9 +82,9 @@ def worker(role: str, store: str, depth: int, backend: str, rounds: int) -> dict
             out["steady_seconds"] = statistics.median(
                 _timed(lambda: compiled(inputs)) for _ in range(rounds)
             )
-    tiers = torchkiln.tiered.tiers(compiled) if role != "full" else None
-    if tiers is not None:
-        out["serving"], out["tiers_state"] = tiers.serving, tiers.state
+    report = torchkiln.tiered.tiers(compiled) if role != "full" else None
+    if report is not None:
+        out["serving"], out["tiers_state"] = report.serving, report.state
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -37,7 +38,7 @@ def expand_store(
         return config, expanded
     root = Path(config.store).expanduser()
     origin = implied_source(sources)
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     if config.cache_dir is None:
         changes["cache_dir"] = str(root / KERNELS)
         expanded["cache_dir"] = origin
