@@ -211,3 +211,19 @@ def remote_cache_counts() -> dict[str, dict[str, int]]:
         name: {"hit": stat.hit, "miss": stat.miss, "put": stat.put, "exception": stat.exception}
         for name, stat in cache_stats._stats.items()
     }
+
+
+def mode_options(mode: str, dynamic: bool | None = None) -> dict[str, Any]:
+    """The inductor settings ``torch.compile(mode=mode, dynamic=dynamic)`` applies, as the
+    ``options`` dict that applies the same ones.
+
+    Calls ``torch._inductor.list_mode_options(mode, dynamic)``, which is what torch's own
+    inductor wrapper applies for a mode (``_TorchCompileInductorWrapper.apply_mode``) and what
+    ``torch.compile``'s docstring points to; no public API lists a mode's settings. Needed
+    where ``options`` must carry a key of ``torch.compile``'s own (``guard_filter_fn``)
+    beside a mode, which ``torch.compile`` refuses. ``"default"`` is ``{}``.
+    Verified: torch 2.13, 2.14.
+    """
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode, dynamic))

@@ -52,6 +52,7 @@ from torchkiln.artifacts.directory import (
     write_manifest,
 )
 from torchkiln.artifacts.isa_probe import recorded_probes
+from torchkiln.artifacts.whole_build import check_savable_backend
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import REGION_ATTR, decompile, state_of
 from torchkiln.engine.plan_check import select_plan
@@ -59,7 +60,7 @@ from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
 from torchkiln.engine.trace_settings import trace_settings_of
-from torchkiln.plugin_host.default_manager import get_plugin_manager
+from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
 from torchkiln.plugin_host.plugin_manager import PluginManager
 from torchkiln.plugin_host.region_plan import RegionGroup
 
@@ -124,18 +125,6 @@ def kind_context(model: nn.Module, kind: str) -> Iterator[None]:
     finally:
         for module, training in modes.items():
             module.training = training
-
-
-def _check_backend(config: CompileConfig, plugins: PluginManager) -> None:
-    declared = plugins.backend(config.backend)
-    spec = declared.spec if declared is not None else None
-    if spec is None or not getattr(spec, "precompile", False):
-        who = f"plugin {declared.plugin!r}" if declared is not None else "no plugin"
-        raise ArtifactError(
-            f"backend {config.backend!r} cannot be precompiled: {who} does not declare it "
-            "serialisable (BackendSpec.precompile); `torchkiln plugins` lists the backends "
-            "that can (inductor, aot_eager)"
-        )
 
 
 @contextlib.contextmanager
@@ -249,13 +238,16 @@ def _precompile_whole(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     directory: Path,
+    plugins: PluginManager,
 ) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    from torchkiln.artifacts.whole_build import Family, build_whole
+    """The whole model, one function per kind, compiled by the backend's own plugin (the
+    ``compile_region`` of ``plugins``' declaring plugin, as for the groups)."""
+    from torchkiln.artifacts.whole_build import WHOLE_GROUP, Family, build_whole
 
     families = [Family(kind, kind == "training", args, kwargs) for kind in kinds]
     region_paths = [region.path for group in plan.groups for region in group.regions]
-    built, skipped = build_whole(model, families, config, directory, region_paths)
-    return built.to_dict(), [{"group": "<whole model>", **s} for s in skipped]
+    built, skipped = build_whole(model, families, config, directory, region_paths, plugins)
+    return built.to_dict(), [{"group": WHOLE_GROUP, **s} for s in skipped]
 
 
 def _target_directory(path: str | Any) -> Path:
@@ -349,7 +341,7 @@ def precompile(
     config: ConfigArg = None,
     *,
     kinds: Sequence[str] = KINDS,
-    plugins: PluginManager | None = None,
+    plugins: PluginsArg = None,
     whole: bool = False,
     **options: Any,
 ) -> PrecompileResult:
@@ -364,6 +356,8 @@ def precompile(
         in one step at the end, so a failed or interrupted precompile leaves them as they were.
         A non-empty directory that is not an artifact directory is refused untouched.
     :param config: as :func:`torchkiln.compile`; ``options`` are ``CompileConfig`` fields.
+    :param plugins: as :func:`torchkiln.compile` (a manager, or plugin objects); the configured
+        backend's plugin compiles the groups and, with ``whole``, the whole model.
     :param kinds: ``inference`` (eval mode, no grad) and/or ``training`` (train mode, forward
         and backward). The model's modes are restored afterwards.
     :param whole: also compile the whole model, one function per kind (the form tiered
@@ -388,10 +382,10 @@ def precompile(
             "precompile expects the plain model; this one is compiled by torchkiln "
             "(torchkiln.decompile(model) first)"
         )
-    pm = (plugins or get_plugin_manager()).ensure_loaded()
+    pm = as_plugin_manager(plugins).ensure_loaded()
     resolved = resolve_config(config, plugins=pm, **options)
     cfg = attrs.evolve(resolved.config, fullgraph=True, artifacts=None, progress="off")
-    _check_backend(cfg, pm)
+    check_savable_backend(cfg, pm)
     plan = select_plan(model, resolved, pm)
     if plan.nested:
         raise ArtifactError(
@@ -444,7 +438,9 @@ def _compile_into(
         finally:
             decompile(model)
         whole_entry = (
-            _precompile_whole(model, plan, cfg, kinds, args, kwargs, directory) if whole else None
+            _precompile_whole(model, plan, cfg, kinds, args, kwargs, directory, pm)
+            if whole
+            else None
         )
     manifest = Manifest(environment=environment, skipped=recorder.skipped, cpu_isa=probes or None)
     if whole_entry is not None:

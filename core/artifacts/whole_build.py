@@ -4,6 +4,14 @@ Used by the tiered builder process (:mod:`torchkiln.tiered.builder`) on a hollow
 model, and by ``torchkiln precompile --whole`` on the model itself. Each family of calls
 (:mod:`torchkiln.tiered.calls`) becomes one ``aot_compile`` of :func:`whole_model_forward` with
 ``fullgraph=True``, the guards filtered as :mod:`torchkiln.artifacts.whole_guards` explains.
+
+The function is compiled by the configured backend's own plugin, as a region group is: its
+``compile_region`` gets :func:`whole_model_forward`, the whole model as a one-region group and
+the configuration with ``fullgraph=True`` and the guard filter in ``options`` (where
+``torch.compile`` takes it out, whatever the backend). ``torch.compile`` takes ``mode`` or
+``options``, never both, so an inductor ``mode`` reaches it as the settings that mode stands for
+(:func:`whole_config`). The backend must declare ``BackendSpec(precompile=True)``
+(:func:`check_savable_backend`).
 """
 
 from __future__ import annotations
@@ -19,9 +27,9 @@ import attrs
 import torch
 from torch import nn
 
-from torchkiln._internals import cache_entries
+from torchkiln._internals import cache_entries, inductor
 from torchkiln._internals.aot_artifacts import installed_module_globals
-from torchkiln.artifacts.directory import input_spec, structure_hash
+from torchkiln.artifacts.directory import ArtifactError, input_spec, structure_hash
 from torchkiln.artifacts.whole_guards import GuardFilter, referenced_files
 from torchkiln.artifacts.whole_model import (
     WHOLE_DIR,
@@ -33,6 +41,11 @@ from torchkiln.artifacts.whole_model import (
     whole_code_hash,
 )
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.plugin_host.plugin_manager import PluginManager
+from torchkiln.plugin_host.region_plan import Region, RegionGroup
+
+WHOLE_GROUP = "<whole model>"
+"""The name of the one-region group the whole model is compiled as (and of its skipped entries)."""
 
 MAX_DEPTH = 6
 """How deep objects' attributes are walked for tensors (a cache's layers' keys are at 3)."""
@@ -123,18 +136,81 @@ class Family:
     dynamic: dict[str, tuple[int, ...]] = attrs.Factory(dict)
 
 
-def _compile_one(
-    model: nn.Module, family: Family, config: CompileConfig, guard_filter: GuardFilter
-) -> Any:
-    options = {**dict(config.options), "guard_filter_fn": guard_filter}
-    compiled: Any = torch.compile(
-        whole_model_forward,
-        backend=config.backend,
-        mode=config.mode,
-        fullgraph=True,
-        dynamic=config.dynamic,
-        options=options,
+def check_savable_backend(config: CompileConfig, plugins: PluginManager) -> None:
+    """Refuse a backend whose compiled functions cannot be saved (no plugin declares it, or
+    its ``BackendSpec`` lacks ``precompile=True``), by name.
+
+    :raises ArtifactError: naming the backend, its plugin and the backends that can save.
+    """
+    declared = plugins.backend(config.backend)
+    if declared is not None and declared.spec.precompile:
+        return
+    savable = sorted(
+        name for name, d in plugins.backends(include_torch=False).items() if d.spec.precompile
     )
+    who = f"plugin {declared.plugin!r}" if declared is not None else "no plugin"
+    raise ArtifactError(
+        f"backend {config.backend!r} cannot be precompiled: {who} does not declare it "
+        "serialisable (BackendSpec.precompile); `torchkiln plugins` lists the backends "
+        f"that can ({', '.join(savable)})"
+    )
+
+
+def whole_config(config: CompileConfig, guard_filter: GuardFilter) -> CompileConfig:
+    """The configuration the backend's ``compile_region`` gets for the whole model:
+    ``fullgraph=True`` (``aot_compile`` refuses graph breaks) and ``guard_filter`` as the
+    ``guard_filter_fn`` option.
+
+    ``torch.compile`` refuses ``mode`` beside ``options``, and the guard filter can only be
+    given in ``options``; so for inductor a ``mode`` becomes the inductor settings it stands
+    for (what ``torch.compile`` itself applies for it), and ``mode`` is ``None``.
+
+    :raises ArtifactError: a ``mode`` for another backend (torch has no settings to put in its
+        place).
+    """
+    options = {**dict(config.options), "guard_filter_fn": guard_filter}
+    mode = config.mode
+    if mode is not None:
+        if config.backend != "inductor":
+            raise ArtifactError(
+                f"mode {mode!r} for backend {config.backend!r}: the whole-model form needs a "
+                "guard filter (torch.compile options guard_filter_fn), and torch.compile takes "
+                "a mode or options, not both; only inductor's modes can be given as options. "
+                "Leave mode unset for the whole-model form"
+            )
+        options = {**inductor.mode_options(mode, config.dynamic), **options}
+        mode = None
+    return attrs.evolve(config, fullgraph=True, mode=mode, options=options)
+
+
+def whole_group(model: nn.Module) -> RegionGroup:
+    """The whole model as the one region of a group (``compile_region``'s ``group``)."""
+    return RegionGroup(
+        WHOLE_GROUP,
+        (Region("", model, WHOLE_GROUP),),
+        "the whole model as one function (the whole-model form)",
+    )
+
+
+def _compile_one(
+    model: nn.Module,
+    family: Family,
+    config: CompileConfig,
+    plugins: PluginManager,
+    group: RegionGroup,
+) -> Any:
+    """``config`` is :func:`whole_config`'s."""
+    compiled = plugins.compile_region(
+        fn=whole_model_forward, group=group, config=config, backend=config.backend
+    )
+    if not callable(getattr(compiled, "aot_compile", None)):
+        declared = plugins.backend(config.backend)
+        who = f"plugin {declared.plugin!r}" if declared is not None else "its plugin"
+        raise ArtifactError(
+            f"compile_region of {who} for backend {config.backend!r} returned "
+            f"{type(compiled).__name__}, not a torch.compile function (no aot_compile), "
+            "though the backend declares precompile=True"
+        )
     model.train(family.training)
     mark_dynamic(family.args, family.kwargs, family.dynamic)
     with torch.set_grad_enabled(family.kind == "training"), warnings.catch_warnings():
@@ -148,14 +224,19 @@ def build_whole(
     config: CompileConfig,
     directory: Path,
     region_paths: list[str],
+    plugins: PluginManager,
 ) -> tuple[WholeArtifacts, list[dict[str, str]]]:
-    """Compile ``model`` for each family into ``directory/whole/``.
+    """Compile ``model`` for each family into ``directory/whole/``, with the configured
+    backend's ``compile_region`` as ``plugins`` serve it (:func:`check_savable_backend` first).
 
     :return: the ``whole`` manifest entry (its ``entries`` may be empty) and, per family that
         failed, ``{"kind", "reason"}``.
+    :raises ArtifactError: a backend that cannot save.
     """
+    check_savable_backend(config, plugins)
     (directory / WHOLE_DIR).mkdir(parents=True, exist_ok=True)
     guard_filter = GuardFilter(region_paths)
+    group = whole_group(model)
     entries: list[WholeEntry] = []
     skipped: list[dict[str, str]] = []
     training = model.training
@@ -163,7 +244,8 @@ def build_whole(
         for index, family in enumerate(families):
             started = time.perf_counter()
             try:
-                aot = _compile_one(model, family, config, guard_filter)
+                cfg = whole_config(config, guard_filter)
+                aot = _compile_one(model, family, cfg, plugins, group)
             except Exception as error:  # one family failing is recorded, the others go on
                 skipped.append({"kind": family.kind, "reason": _reason(error)})
                 continue

@@ -10,6 +10,14 @@ thread counts, compiles the whole
 model into the output directory's ``whole`` entry and writes ``result.json``: what it built,
 how long it took, its peak resident memory, or the error. Dynamo runs only here, on this
 process's main thread (it is not thread-safe: pytorch issues 118260 and 136833).
+
+The whole model is compiled by the configured backend's own plugin (its ``compile_region``),
+served by this process's plugin manager: the built-ins and the installed ``torchkiln`` entry
+points, under the same ``TORCHKILN_*`` plugin controls (the environment and ``sys.path`` are
+the user's process's). A plugin that exists only as an object in the user's process
+(``torchkiln.compile(plugins=[obj])``, a manager of its own) cannot reach this process; a
+backend no plugin here declares, or one that cannot save, fails the build with a result that
+says so (:func:`plugin_problem`).
 """
 
 from __future__ import annotations
@@ -139,14 +147,41 @@ def warm_up(model: Any, family: dict[str, Any]) -> None:
         model.train(training)
 
 
+def plugin_problem(config: Any, plugins: Any) -> str | None:
+    """Why this process's ``plugins`` cannot build with ``config.backend`` (``None``: they
+    can): no plugin here declares it, or its plugin does not declare it savable."""
+    from torchkiln.artifacts.directory import ArtifactError
+    from torchkiln.artifacts.whole_build import check_savable_backend
+
+    if plugins.backend(config.backend) is None:
+        return (
+            f"backend {config.backend!r} is not declared by any plugin the builder process "
+            "loads (the built-in plugins and the installed `torchkiln` entry points)"
+            f"{plugins.missing_hint()}; a plugin passed as an object "
+            "(torchkiln.compile(plugins=[...]) or a PluginManager of your own) exists only in "
+            "your process; install it as a `torchkiln` entry point for tiered compilation to "
+            "build the whole-model form with it"
+        )
+    try:
+        check_savable_backend(config, plugins)
+    except ArtifactError as error:
+        return str(error)
+    return None
+
+
 def build(workdir: Path) -> dict[str, Any]:
     from torchkiln.artifacts.cache import apply_cache_dir
     from torchkiln.artifacts.directory import KERNELS_DIR
     from torchkiln.artifacts.isa_probe import recorded_probes
     from torchkiln.artifacts.whole_build import Family, build_whole
+    from torchkiln.plugin_host.default_manager import get_plugin_manager
     from torchkiln.tiered.hollow import loads_hollow
 
     request = loads_hollow((workdir / REQUEST).read_bytes())
+    plugins = get_plugin_manager().ensure_loaded()
+    problem = plugin_problem(request["config"], plugins)
+    if problem is not None:
+        return {"ok": False, "error": problem, "peak_rss_mb": _peak_rss_mb()}
     _limit(request["nice"], request["intra_op_threads"])
     output = Path(request["output"])
     model = loads_hollow(request["model"])
@@ -166,10 +201,12 @@ def build(workdir: Path) -> dict[str, Any]:
         if record:
             with recorded_probes(probes):
                 whole, skipped = build_whole(
-                    model, families, config, output, request["region_paths"]
+                    model, families, config, output, request["region_paths"], plugins
                 )
         else:
-            whole, skipped = build_whole(model, families, config, output, request["region_paths"])
+            whole, skipped = build_whole(
+                model, families, config, output, request["region_paths"], plugins
+            )
     request["cpu_isa"] = probes or None
     _write_manifest(output, request, whole, skipped)
     return {

@@ -148,3 +148,16 @@ def test_remote_cache_counts() -> None:
     cache_stats.put("TorchkilnContractProbe")
     after = inductor.remote_cache_counts()["TorchkilnContractProbe"]
     assert after == {"hit": 0, "miss": 0, "put": after["put"], "exception": 0} and after["put"] >= 1
+
+
+def test_mode_options() -> None:
+    assert inductor.mode_options("default") == {}
+    settings = inductor.config().get_config_copy()
+    for mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        for dynamic in (None, False, True):
+            options = inductor.mode_options(mode, dynamic)
+            assert options, mode  # every non-default mode sets something
+            unknown = set(options) - set(settings)
+            assert not unknown, (mode, unknown)  # names torch.compile(options=...) takes
+    assert inductor.mode_options("max-autotune-no-cudagraphs")["max_autotune"] is True
+    assert "triton.cudagraphs" not in inductor.mode_options("max-autotune-no-cudagraphs")
