@@ -28,7 +28,7 @@ recompile_reasons; _.wrap_distributed; _compiles
 _.direct_calls
 # KernelTemplate._template_from_string: torch reads the attribute it is set on (core/artifacts/deferred_templates.py)
 _._template_from_string
-# pickle.Pickler calls reducer_override for every object (core/tiered/hollow.py)
+# pickle.Pickler calls reducer_override for every object (core/tiered/weightless.py)
 _.reducer_override
 # called by transformers' decoder layers on the cache views handed to compiled blocks
 # (plugins/transformers_nested.py's NestedLayerCache)

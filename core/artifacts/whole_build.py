@@ -1,6 +1,6 @@
 """Compiling the whole model ahead of time into an artifact directory's ``whole`` entry.
 
-Used by the tiered builder process (:mod:`torchkiln.tiered.builder`) on a hollow copy of the
+Used by the tiered builder process (:mod:`torchkiln.tiered.builder`) on a weightless copy of the
 model, and by ``torchkiln precompile --whole`` on the model itself. Each family of calls
 (:mod:`torchkiln.tiered.calls`) becomes one ``aot_compile`` of :func:`whole_model_forward` with
 ``fullgraph=True``, the guards filtered as :mod:`torchkiln.artifacts.whole_guards` explains.
@@ -109,7 +109,7 @@ def contiguous_state(value: Any, depth: int = 0) -> int:
 
 
 def mark_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any], dims: dict[str, Any]) -> int:
-    """Mark ``dims`` dynamic on the tensors of a call (the builder's hollow copy); returns how
+    """Mark ``dims`` dynamic on the tensors of a call (the builder's weightless copy); returns how
     many tensors were marked."""
     marked = 0
     for path, leaf in walk((args, kwargs), "", 0):

@@ -24,7 +24,7 @@ from torch import nn
 from torchkiln._internals import dynamo
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine import compile_events
-from torchkiln.engine.dynamo_metrics import CompileRecord, MetricsMark
+from torchkiln.engine.dynamo_metrics import CompileRecord, HeldRecords
 from torchkiln.plugin_host.region_plan import Region, RegionPlan
 
 STATE_ATTR = "_torchkiln_compiled"
@@ -161,7 +161,7 @@ class CompileState:
     """Named causes the plugins declared (``ReportCause``), tried before the built-in ones."""
     providers: dict[str, str] = attrs.Factory(dict)
     """``backend`` / ``selector`` -> the plugin that served it (the report names them)."""
-    records_before: MetricsMark | None = None
+    records_before: HeldRecords | None = None
     """Dynamo's records from before this compile (never this model's)."""
     later_records: dict[str, tuple[str, CompileRecord]] = attrs.Factory(dict)
     """Compile id -> (group, record) of compiles after the first calls, as reports saw them
@@ -177,7 +177,7 @@ class CompileState:
     """The module this state lives on: decompiling through another object that holds all of
     its regions (PEFT's merged model) also clears it there."""
 
-    def settle(self, region_state: RegionState, status: str) -> None:
+    def set_status(self, region_state: RegionState, status: str) -> None:
         """Set a region's status, keeping :attr:`pending` right."""
         self.pending += (status == "pending") - (region_state.status == "pending")
         region_state.status = status

@@ -55,7 +55,7 @@ def _record(metrics: Any) -> CompileRecord:
     )
 
 
-def all_records(since: MetricsMark | None = None) -> list[CompileRecord]:
+def all_records(since: HeldRecords | None = None) -> list[CompileRecord]:
     """Every compilation Dynamo still remembers (it keeps the most recent ones only); with
     ``since``, only those recorded after that mark."""
     return [
@@ -64,7 +64,7 @@ def all_records(since: MetricsMark | None = None) -> list[CompileRecord]:
 
 
 @attrs.frozen
-class MetricsMark:
+class HeldRecords:
     """The compilation records Dynamo held at one moment. Compile ids restart after
     ``torch._dynamo.reset()``, so records are told apart by identity; the mark holds them,
     so no later record can reuse an id."""
@@ -73,11 +73,11 @@ class MetricsMark:
     ids: frozenset[int] = attrs.field(repr=False)
 
     @classmethod
-    def now(cls) -> MetricsMark:
+    def now(cls) -> HeldRecords:
         held = tuple(dynamo.compilation_metrics())
         return cls(held, frozenset(map(id, held)))
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> MetricsMark:
+    def __deepcopy__(self, memo: dict[int, Any]) -> HeldRecords:
         return self  # the same records before a copy as before its original
 
 

@@ -1,4 +1,4 @@
-"""The end of a region's first call: its status settled, Dynamo's records of the call kept,
+"""The end of a region's first call: its status set, Dynamo's records of the call kept,
 and a failure handled by the region error policy (``on_region_error``): raised, or the region
 run eagerly with the reason recorded.
 """
@@ -30,9 +30,9 @@ def _resume_compiling(region_state: RegionState) -> None:
         frame_strategy.resume_compiling(code)
 
 
-def settle(region_state: RegionState, status: str) -> None:
+def set_status(region_state: RegionState, status: str) -> None:
     if region_state.owner is not None:
-        region_state.owner.settle(region_state, status)
+        region_state.owner.set_status(region_state, status)
     else:
         region_state.status = status
     if status == "compiled":
@@ -79,10 +79,10 @@ def handle_failure(
         raise eager_error from None  # eager fails too: the input is wrong, not the compile
     region_state.fallback_reason = describe_failure(error)
     if policy == "raise":
-        settle(region_state, "failed")
+        set_status(region_state, "failed")
         module.__dict__["forward"] = shim  # the next call tries again (and says how it went)
         raise RegionCompileError(region.path, region.group, error, plugin) from error
-    settle(region_state, "eager")
+    set_status(region_state, "eager")
     if region_state.owner is not None:
         region_state.owner.failed_groups.setdefault(region.group, region_state)
     print(
@@ -100,7 +100,7 @@ def run_eagerly_after_sibling(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    settle(region_state, "eager")
+    set_status(region_state, "eager")
     region_state.fallback_reason = (
         f"not retried: group {failed.region.group!r} failed to compile at "
         f"{failed.region.display_path}: {failed.fallback_reason}"

@@ -43,20 +43,20 @@ from torchkiln.engine.compile_state import (
     state_of,
 )
 from torchkiln.engine.double_compile import first_call_check, group_function_check
-from torchkiln.engine.dynamo_metrics import MetricsMark, Window
+from torchkiln.engine.dynamo_metrics import HeldRecords, Window
 from torchkiln.engine.first_call import (
     close_window,
     describe_failure,
     first_line,
     handle_failure,
     run_eagerly_after_sibling,
-    settle,
+    set_status,
 )
 from torchkiln.engine.progress import ProgressObserver
 from torchkiln.engine.trace_settings import with_trace_settings
 from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
-from torchkiln.plugin_host.plugin_faults import bad_result, culprit, raised_in
+from torchkiln.plugin_host.plugin_faults import bad_result, plugin_at_fault, raised_in
 from torchkiln.plugin_host.region_plan import RegionGroup, RegionPlan
 
 
@@ -253,7 +253,7 @@ class Compiler:
                 if dynamo.has_static_address_tag(tensor)
             ),
             pending=self.plan.region_count,
-            records_before=MetricsMark.now(),
+            records_before=HeldRecords.now(),
         )
         state.root = weakref.ref(root)
         compile_events.install()
@@ -333,7 +333,7 @@ class Compiler:
             state.regions.append(region_state)
             object.__setattr__(module, REGION_ATTR, region_state)
             if error is not None:
-                state.settle(region_state, "eager")
+                state.set_status(region_state, "eager")
                 region_state.fallback_reason = (
                     f"compile_region failed: {type(error).__name__}: {first_line(error)}"
                 )
@@ -428,7 +428,9 @@ class Compiler:
         except Exception as error:
             if in_hook:
                 raise  # a group hook's own error (strict artifacts), not a compile failure
-            plugin = culprit(self.plugins, "compile_region", error) or self._backend_plugin()
+            plugin = (
+                plugin_at_fault(self.plugins, "compile_region", error) or self._backend_plugin()
+            )
             if self.config.on_region_error == "raise":
                 raise RegionCompileError(
                     group.regions[0].path, group.name, error, plugin
@@ -480,7 +482,7 @@ class Compiler:
                 else:
                     with first_call_dynamo_settings(shared_by):
                         output = compiled(*args, **kwargs)
-                    settle(region_state, "compiled")
+                    set_status(region_state, "compiled")
             except Exception as error:
                 output = handle_failure(
                     module, region_state, shim, error, policy, plugin, args, kwargs

@@ -21,7 +21,7 @@ def _code(function: Any) -> CodeType | None:
     return getattr(function, "__code__", None)
 
 
-def culprit(pm: Any, hook_name: str, error: BaseException) -> str | None:
+def plugin_at_fault(pm: Any, hook_name: str, error: BaseException) -> str | None:
     """The plugin whose ``hook_name`` implementation ``error`` was raised in (the outermost
     one on the traceback), else ``None``."""
     caller = getattr(pm.hook, hook_name, None)
@@ -43,7 +43,7 @@ def culprit(pm: Any, hook_name: str, error: BaseException) -> str | None:
 
 def raised_in(pm: Any, hook_name: str, error: Exception, owner: str | None = None) -> PluginError:
     """The :class:`PluginError` for ``error`` raised by a ``hook_name`` implementation."""
-    plugin = culprit(pm, hook_name, error) or owner
+    plugin = plugin_at_fault(pm, hook_name, error) or owner
     who = f"plugin {plugin!r}" if plugin else "a plugin"
     return PluginError(
         f"{who} raised in {hook_name}(): {type(error).__name__}: {error}",

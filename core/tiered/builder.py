@@ -3,7 +3,7 @@
 The user's process starts it when the model is compiled, before any call: it imports torch
 and the model's modules (``preload.json``, seconds that would otherwise delay the build) and
 waits for a line on standard input. At the first call the user's process writes ``WORKDIR`` (a
-directory only its user can write): ``request.pkl`` (the hollow model, the calls to compile
+directory only its user can write): ``request.pkl`` (the weightless model, the calls to compile
 for, the configuration, the output directory), then sends the line; standard input closed
 without one means no build is wanted, and the process exits. It then lowers its priority and
 thread counts, compiles the whole
@@ -127,14 +127,14 @@ def warm_up(model: Any, family: dict[str, Any]) -> None:
     The user's process has run the model before it asks for a build, and libraries initialise
     global state lazily on a first call (transformers registers each model class for output
     capturing); Dynamo guards on that state, so the trace must see it as the user's process
-    has it. Fake tensors carry metadata only: nothing reads the hollow weights.
+    has it. Fake tensors carry metadata only: nothing reads the weights.
     """
     import torch
 
     from torchkiln._internals.fake_tensor import fake_tensor_mode
-    from torchkiln.tiered.hollow import loads_hollow
+    from torchkiln.tiered.weightless import loads_weightless
 
-    args, kwargs = loads_hollow(family["call"])
+    args, kwargs = loads_weightless(family["call"])
     training = model.training
     model.train(family["training"])
     try:
@@ -175,23 +175,23 @@ def build(workdir: Path) -> dict[str, Any]:
     from torchkiln.artifacts.isa_probe import recorded_probes
     from torchkiln.artifacts.whole_build import Family, build_whole
     from torchkiln.plugin_host.default_manager import get_plugin_manager
-    from torchkiln.tiered.hollow import loads_hollow
+    from torchkiln.tiered.weightless import loads_weightless
 
-    request = loads_hollow((workdir / REQUEST).read_bytes())
+    request = loads_weightless((workdir / REQUEST).read_bytes())
     plugins = get_plugin_manager().ensure_loaded()
     problem = plugin_problem(request["config"], plugins)
     if problem is not None:
         return {"ok": False, "error": problem, "peak_rss_mb": _peak_rss_mb()}
     _limit(request["nice"], request["intra_op_threads"])
     output = Path(request["output"])
-    model = loads_hollow(request["model"])
+    model = loads_weightless(request["model"])
     replay_construction_state(
-        model, loads_hollow(request["registry"]) if request.get("registry") else None
+        model, loads_weightless(request["registry"]) if request.get("registry") else None
     )
     families = []
     for family in request["families"]:
         warm_up(model, family)
-        args, kwargs = loads_hollow(family["call"])
+        args, kwargs = loads_weightless(family["call"])
         families.append(Family(family["kind"], family["training"], args, kwargs, family["dynamic"]))
     started = time.perf_counter()
     probes: dict[str, Any] = {}

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from torchkiln.artifacts.whole_build import walk
-from torchkiln.tiered.hollow import dumps_hollow
+from torchkiln.tiered.weightless import dumps_weightless
 
 
 def _structure_of(leaf: Any) -> Any:
@@ -79,12 +79,12 @@ class CallLog:
     limit: int = 4
     specs: list[CallSpec] = attrs.Factory(list)
     calls: list[bytes] = attrs.Factory(list)
-    """Each call's ``(args, kwargs)``, pickled hollow when seen: a KV cache is the same object
+    """Each call's ``(args, kwargs)``, pickled weightless when seen: a KV cache is the same object
     call after call, grown in place, so it is captured at the call it belongs to."""
 
     def add(self, spec: CallSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.specs.append(spec)
-        self.calls.append(dumps_hollow((args, kwargs)))
+        self.calls.append(dumps_weightless((args, kwargs)))
 
     def ready(self) -> bool:
         if len(self.specs) >= self.limit:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.tiered.builder import GO, PRELOAD, REQUEST, RESULT, SYS_PATH
-from torchkiln.tiered.hollow import dumps_hollow
+from torchkiln.tiered.weightless import dumps_weightless
 
 IDLE_CHECK_SECONDS = 0.25
 IDLE_CPU_SHARE = 0.1
@@ -61,7 +61,7 @@ class BuilderProcess:
 
     def start(self, request: dict[str, Any]) -> None:
         """Write the request and tell the waiting child to build it."""
-        (self.workdir / REQUEST).write_bytes(dumps_hollow(request))
+        (self.workdir / REQUEST).write_bytes(dumps_weightless(request))
         self.started = True
         assert self.process.stdin is not None
         try:

@@ -2,7 +2,7 @@
 
 Calls go to the **regional** tier first (the class's ``forward``, whose blocks run their
 regionally compiled code). At the start of the first call a builder process starts compiling the
-whole model from a hollow copy, for that call's shapes: a training or serving loop repeats its
+whole model from a weightless copy, for that call's shapes: a training or serving loop repeats its
 first call, and the build then runs beside the regional compile instead of after it. If the
 next calls show more (a family of calls whose sizes change, as decode steps do, or another kind
 of call; :class:`~torchkiln.tiered.calls.CallLog` says when enough was seen), the builder is
@@ -41,9 +41,9 @@ from torchkiln.tiered.calls import (
 )
 from torchkiln.tiered.decision import Machine, builder_problem, core_left_free
 from torchkiln.tiered.governor import StepGovernor
-from torchkiln.tiered.hollow import dumps_hollow, unimportable_classes
 from torchkiln.tiered.process import BuilderProcess
 from torchkiln.tiered.tier_report import REGIONAL, WHOLE, TierReport
+from torchkiln.tiered.weightless import dumps_weightless, unimportable_classes
 from torchkiln.tiered.whole_store import BuildOutput
 
 logger = logging.getLogger("torchkiln")
@@ -60,7 +60,7 @@ class TieredForward:
         self.log_open = True
         """Whether calls are still being observed (until the log is ready, or its limit)."""
         self.builder: BuilderProcess | None = None
-        self.spare: BuilderProcess | None = None
+        self.prestarted: BuilderProcess | None = None
         """A builder started at compile time, importing what it needs until the first call."""
         self.built_for: list[Any] = []
         """The families (:meth:`CallLog.families`) the current builder compiles for."""
@@ -250,7 +250,7 @@ class TieredForward:
         if builder_problem(self.config, Machine.now(model)) is not None:
             return  # decided again at the first call, which says why
         if saved_functions_supported() and not unimportable_classes(model):
-            self.spare = self._new_builder(model)
+            self.prestarted = self._new_builder(model)
 
     def _start_builder(self, model: nn.Module) -> None:
         if not saved_functions_supported():
@@ -293,13 +293,13 @@ class TieredForward:
                 return
             self._stop_with(failure)
             return
-        spare, self.spare = self.spare, None
-        if spare is None or spare.process.poll() is not None:  # none started, or it died
-            if spare is not None:
-                spare.stop()
-            spare = self._new_builder(model)
-        spare.start(request)
-        self.builder = spare
+        prestarted, self.prestarted = self.prestarted, None
+        if prestarted is None or prestarted.process.poll() is not None:  # none started, or it died
+            if prestarted is not None:
+                prestarted.stop()
+            prestarted = self._new_builder(model)
+        prestarted.start(request)
+        self.builder = prestarted
         self.builds += 1
         self.pending = True
         if self.form is None:
@@ -333,7 +333,7 @@ class TieredForward:
             for spec, index, dims in self.built_for
         ]
         return {
-            "model": dumps_hollow(model),
+            "model": dumps_weightless(model),
             "families": families,
             "config": self.config,
             "environment": environment_key(self.config, model),
@@ -424,7 +424,7 @@ class TieredForward:
 
     def stop(self) -> None:
         """Stop the builder and remove a directory torchkiln made for it (decompile, exit)."""
-        for builder in (self.builder, self.spare):
+        for builder in (self.builder, self.prestarted):
             if builder is not None:
                 builder.stop()
         if self.form is None:
@@ -479,7 +479,7 @@ def _output_registry() -> bytes | None:
     """transformers' output-capturing registry as this process has it, in order (the builder
     replays it: the saved guards index it by position)."""
     registry = can_record_registry()
-    return dumps_hollow(list(dict.items(registry))) if isinstance(registry, dict) else None
+    return dumps_weightless(list(dict.items(registry))) if isinstance(registry, dict) else None
 
 
 def saved_functions_supported() -> bool:

@@ -228,18 +228,18 @@ def test_tiered_is_selectable_from_yaml_and_the_environment(tmp_path, monkeypatc
         resolve_config()
 
 
-def test_hollow_copies_have_no_weight_memory_and_keep_ties_and_small_values():
-    from torchkiln.tiered.hollow import dumps_hollow, loads_hollow
+def test_weightless_copies_have_no_weight_memory_and_keep_ties_and_small_values():
+    from torchkiln.tiered.weightless import dumps_weightless, loads_weightless
 
     model = torch.nn.Sequential(torch.nn.Embedding(300, 64), torch.nn.Linear(64, 300))
     model[1].weight = model[0].weight  # tied, as in GPT-2
     ids = torch.arange(12)
-    copied, copied_ids = loads_hollow(dumps_hollow((model, ids)))
+    copied, copied_ids = loads_weightless(dumps_weightless((model, ids)))
     assert copied[1].weight is copied[0].weight
     assert all(p.untyped_storage().nbytes() == 0 for p in copied.parameters())
     assert copied[0].weight.shape == (300, 64) and copied[0].weight.requires_grad
     assert torch.equal(copied_ids, ids)
-    assert len(pickle.dumps(model)) > 50 * len(dumps_hollow(model))
+    assert len(pickle.dumps(model)) > 50 * len(dumps_weightless(model))
 
 
 @pytest.mark.needs_feature("tiered compilation")
@@ -247,15 +247,15 @@ def test_the_builder_process_starts_at_compile_time_and_ends_with_decompile(toke
     # Started before any call, it has imported torch and the model's modules by the first.
     model = _compiled()
     runtime = model.__dict__["forward"]
-    spare = runtime.spare
-    assert spare is not None and spare.process.poll() is None and runtime.builder is None
+    prestarted = runtime.prestarted
+    assert prestarted is not None and prestarted.process.poll() is None and runtime.builder is None
     with torch.no_grad():
         model(tokens)
-    assert runtime.builder is spare and runtime.spare is None and spare.started
+    assert runtime.builder is prestarted and runtime.prestarted is None and prestarted.started
     torchkiln.decompile(model)
-    assert spare.process.poll() is not None  # stopped with the model's compilation
+    assert prestarted.process.poll() is not None  # stopped with the model's compilation
 
     never_called = _compiled()
-    waiting = never_called.__dict__["forward"].spare
+    waiting = never_called.__dict__["forward"].prestarted
     torchkiln.decompile(never_called)
     assert waiting.process.wait(timeout=60) is not None and waiting.result is None

@@ -1,12 +1,12 @@
 """Sending a model's structure to another process without its weights.
 
-A *hollow* tensor has the shape, strides, dtype, device and ``requires_grad`` of the tensor it
+A *weightless* tensor has the shape, strides, dtype, device and ``requires_grad`` of the tensor it
 stands for, and no memory: its storage is resized to zero bytes, as FSDP does with a freed
 unsharded parameter. Dynamo and inductor trace and compile from tensor metadata only, so a
-builder process can compile the whole model from hollow parameters. Nothing reads them: a
+builder process can compile the whole model from weightless parameters. Nothing reads them: a
 kernel that did would fail loudly (a zero-byte storage), never compute on stale data.
 
-:func:`dumps_hollow` pickles any object graph (the model, a call's arguments, a KV cache) with
+:func:`dumps_weightless` pickles any object graph (the model, a call's arguments, a KV cache) with
 every tensor larger than :data:`SMALL_TENSOR_BYTES` replaced by its description; small tensors
 (token ids, positions, masks) keep their values, since tracing may branch on them. Shared
 tensors (tied embeddings) stay shared: the pickle memo sees the same object twice.
@@ -26,7 +26,7 @@ SMALL_TENSOR_BYTES = 1 << 16
 """Tensors up to this size keep their values in the pickle (64 KiB)."""
 
 
-def hollow_tensor(
+def weightless_tensor(
     shape: tuple[int, ...],
     stride: tuple[int, ...],
     dtype: torch.dtype,
@@ -80,7 +80,7 @@ class _HollowPickler(pickle.Pickler):
         if type(obj) not in (torch.Tensor, nn.Parameter) or id(obj) in self._detached:
             return NotImplemented
         if obj.device.type == "meta" or type(obj) is nn.Parameter or not _small(obj):
-            return hollow_tensor, _description(obj)
+            return weightless_tensor, _description(obj)
         detached = obj.detach()
         self._detached[id(detached)] = detached
         return _plain_copy, (detached, obj.requires_grad)
@@ -90,8 +90,8 @@ def _none() -> None:
     return None
 
 
-def dumps_hollow(obj: Any) -> bytes:
-    """``obj`` pickled with large tensors (and every parameter) hollow.
+def dumps_weightless(obj: Any) -> bytes:
+    """``obj`` pickled with large tensors (and every parameter) weightless.
 
     :raises pickle.PicklingError: something in ``obj`` cannot be pickled (a lambda hook, a
         class defined in ``__main__`` is pickled by reference and fails only when loaded:
@@ -102,8 +102,8 @@ def dumps_hollow(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def loads_hollow(data: bytes) -> Any:
-    """The object :func:`dumps_hollow` pickled, its large tensors hollow. Only for data this
+def loads_weightless(data: bytes) -> Any:
+    """The object :func:`dumps_weightless` pickled, its large tensors weightless. Only for data this
     process's parent wrote into a directory only this user can write (see the builder)."""
     return pickle.loads(data)
 
