@@ -4,41 +4,11 @@ The manager holds the state (registered, installed and failed plugins, cached de
 the steps it takes are in :mod:`.entry_point_loading`, :mod:`.plugin_checks`,
 :mod:`.declaration_collection`, :mod:`.name_serving` and :mod:`.plugin_listing`.
 
-Environment variables (read when a manager is created):
-
-``TORCHKILN_DISABLE_PLUGIN_AUTOLOAD=1``
-    load no plugin from the ``torchkiln`` entry-point group.
-``TORCHKILN_PLUGINS=a,b``
-    load only these external plugins. Names are **entry-point names** (the key in a
-    distribution's ``[project.entry-points.torchkiln]`` table), not distribution names.
-``TORCHKILN_DISABLED_PLUGINS=x,y``
-    block these: entry-point names of external plugins, or registered names of built-ins
-    (``torchkiln.tensorrt``).
-
-Names in both lists are matched case-insensitively (``TorchKiln.TensorRT`` blocks
-``torchkiln.tensorrt``). A name that matches no built-in and no installed entry point is
-reported with a ``RuntimeWarning`` (with the closest known name) when plugins load.
-
-Precedence does not depend on when plugins are registered, nor on the order Python finds
-installed distributions: plugins registered with :meth:`PluginManager.register` first (the
-last registered first of all), then installed (entry-point) plugins in the order
-``TORCHKILN_PLUGINS`` names them, else by entry-point name (case-insensitively, ``a`` before
-``b``), then the built-ins. The first in that order is called first, and its declarations win a
-name declared twice; ``tryfirst`` / ``trylast`` on a ``hookimpl`` move it within that order.
-(``register`` loads the entry points first if they are due, so a framework that registers its
-plugin before the first compile gets the same order as one that registers after.)
-
-A plugin whose ``declare_*`` hook raises or returns something else than a list of its spec
-type is quarantined: unregistered, listed in :attr:`PluginManager.failed` (``torchkiln
-plugins`` shows it as FAILED with the reason), its names unknown with that reason, and every
-other plugin unaffected. A plugin that declares a name without the hook that serves it
-(``compile_region``, ``select_regions``, ``wrap_distributed``) does not provide that name:
-using it is refused when the configuration is validated, like an unknown name.
-``TORCHKILN_STRICT_PLUGINS=1``
-    a plugin that fails to import, to validate or to declare raises
-    :class:`~torchkiln.PluginError` instead of being skipped (or quarantined) with a warning.
-``TORCHKILN_TRACE_PLUGINS=1``
-    print each hook call, its arguments and its result to stderr.
+The environment controls (``TORCHKILN_DISABLE_PLUGIN_AUTOLOAD``, ``TORCHKILN_PLUGINS``,
+``TORCHKILN_DISABLED_PLUGINS``, ``TORCHKILN_STRICT_PLUGINS``, ``TORCHKILN_TRACE_PLUGINS``),
+the precedence of plugins (registered, then installed, then built-ins; the first called wins
+a name declared twice) and the quarantine of a plugin whose ``declare_*`` hook fails are
+documented in docs/plugins.md, where users read them.
 """
 
 from __future__ import annotations
