@@ -50,7 +50,7 @@ class ConfigError(TorchkilnError, ValueError):
 class PluginError(TorchkilnError):
     """A plugin failed to load, declared something invalid, or raised inside a hook.
 
-    ``plugin`` and ``hook`` name the plugin_at_fault when torchkiln knows them.
+    ``plugin`` and ``hook`` name the plugin at fault when torchkiln knows them.
     """
 
     def __init__(self, message: str, *, plugin: str | None = None, hook: str | None = None):
