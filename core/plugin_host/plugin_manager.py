@@ -310,7 +310,7 @@ class PluginManager(pluggy.PluginManager):
                 result, twice = collect_declarations(self, hook_name, kind, self.call_impl)
             except DeclarationFailed as error:
                 self._quarantine(error)  # raises under TORCHKILN_STRICT_PLUGINS=1
-                continue  # the plugin_at_fault is gone: ask the others again
+                continue  # the plugin at fault is gone: ask the others again
             break
         for message in twice:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
