@@ -5,8 +5,8 @@ run eagerly with the reason recorded.
 
 from __future__ import annotations
 
-import sys
 import time
+import warnings
 from typing import Any
 
 from torch import nn
@@ -15,6 +15,10 @@ from torchkiln._internals import dynamo, frame_strategy
 from torchkiln.engine.compile_state import RegionState, restore_forward
 from torchkiln.engine.dynamo_metrics import Window
 from torchkiln.errors import RegionCompileError, TorchkilnError
+
+
+class RegionFallbackWarning(RuntimeWarning):
+    """A region that failed to compile runs eagerly (``on_region_error: eager``)."""
 
 
 def _is_compile_failure(error: BaseException) -> bool:
@@ -85,10 +89,11 @@ def handle_failure(
     set_status(region_state, "eager")
     if region_state.owner is not None:
         region_state.owner.failed_groups.setdefault(region.group, region_state)
-    print(
+    warnings.warn(
         f"torchkiln: region {region.display_path} ({region.group}) runs eagerly: "
         f"{region_state.fallback_reason}",
-        file=sys.stderr,
+        RegionFallbackWarning,
+        stacklevel=2,
     )
     return output
 
