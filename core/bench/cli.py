@@ -36,7 +36,6 @@ from torchkiln.bench.settings import (
     STRATEGIES,
     WORKLOADS,
 )
-from torchkiln.configuration.config import DISPATCH_CHOICES
 
 DESCRIPTION = f"""\
 Measure the cold start, warm start and steady state of each compile strategy
@@ -122,13 +121,6 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"torch.compile mode of every compiled strategy: {', '.join(MODES)} (default: "
         "default). CUDA-graph modes need --device cuda (refused on the CPU, where torch would "
         "ignore them)",
-    )
-    p.add_argument(
-        "--dispatch",
-        default=None,
-        choices=DISPATCH_CHOICES,
-        help="how the torchkiln strategies dispatch steady-state region calls (the dispatch "
-        "setting, docs/guide.md 'Steady state'; default: direct)",
     )
     p.add_argument(
         "--budget-minutes",

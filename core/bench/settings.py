@@ -89,14 +89,12 @@ def default_strategies(backend: str = "inductor") -> tuple[str, ...]:
 RELEASE_FEATURES = {
     "precompiled": "precompiled artifacts",
     "tiered": "tiered compilation",
-    "direct": "dispatch 'direct'",
-    "reduced": "dispatch 'direct'",
 }
-"""Strategies and dispatch settings some supported torch releases lack: the feature they need."""
+"""Strategies some supported torch releases lack: the feature they need."""
 
 
 def release_problem(name: str) -> str | None:
-    """Why this torch cannot run strategy or dispatch setting ``name`` (``None``: it can)."""
+    """Why this torch cannot run strategy ``name`` (``None``: it can)."""
     from torchkiln._internals.versions import feature_problem
 
     feature = RELEASE_FEATURES.get(name)
@@ -331,10 +329,10 @@ def make_settings(
                 "builder"
             )
         chosen = tuple(s for s in chosen if s != "precompiled")
-    for name, option in [*((s, "--strategies") for s in chosen), (dispatch, "--dispatch")]:
-        problem = release_problem(name) if name else None
+    for name in chosen:
+        problem = release_problem(name)
         if problem is not None:
-            raise BenchError(f"{option} {name}: {problem}")
+            raise BenchError(f"--strategies {name}: {problem}")
     if new_tokens < 2:
         raise BenchError(
             f"--new-tokens {new_tokens}: must be >= 2 (a first token and a decode step)"

@@ -406,21 +406,9 @@ def test_documented_commands_are_valid() -> None:
         assert plan_from_args(args).runs
 
 
-@pytest.mark.needs_feature("dispatch 'direct'")  # "reduced" is direct dispatch too
-def test_dispatch_reaches_the_torchkiln_strategies_workers(tmp_path: Path) -> None:
-    code, data = _bench_json(
-        tmp_path, "--strategies", "regional", "--no-warm", "--backend", "eager",
-        "--dispatch", "reduced",
-    )  # fmt: skip
-    assert code == 0
-    (cell,) = data["cells"]
-    assert cell["failure"] is None and cell["steady_failure"] is None
-    assert cell["cold"]["dispatch"] == "reduced"
-
-
-def test_an_unknown_dispatch_is_refused_by_the_parser() -> None:
+def test_the_removed_dispatch_option_is_refused_by_the_parser() -> None:
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["bench", "--dispatch", "fast"])
+        build_parser().parse_args(["bench", "--dispatch", "direct"])
 
 
 def test_a_tiered_cell_gets_its_own_table_with_its_four_figures() -> None:
@@ -479,18 +467,16 @@ def test_until_whole_model_records_each_calls_figure_while_the_builder_runs(
     assert figures["seconds_to_whole_model"] is not None and figures["state"] == "switched"
 
 
-def test_a_strategy_or_dispatch_this_torch_lacks_is_refused_by_name_and_release(
+def test_a_strategy_this_torch_lacks_is_refused_by_name_and_release(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from torchkiln._internals import versions
     from torchkiln.bench.settings import BenchError, default_strategies, make_settings
 
-    for name in ("tiered compilation", "dispatch 'direct'"):
+    for name in ("tiered compilation",):
         feature = versions.FEATURES[name]
         missing = versions.Feature(feature.name, feature.needs, "9.9", lambda: False)
         monkeypatch.setitem(versions.FEATURES, name, missing)
     assert "tiered" not in default_strategies("inductor")
     with pytest.raises(BenchError, match=r"^--strategies tiered: tiered compilation needs .*9\.9"):
         make_settings(strategies="full,regional,tiered")
-    with pytest.raises(BenchError, match=r"^--dispatch reduced: dispatch 'direct' needs"):
-        make_settings(dispatch="reduced")
