@@ -22,11 +22,11 @@ inputs = example_inputs(fresh_model(), batch=1, seq=16)
 with torch.no_grad():
     expected = fresh_model()(inputs).logits
 
-# The first run: regional at once, a builder compiles the whole model beside it ("when":
-# "always" because this example waits for it; auto decides by the cores left free).
-model = torchkiln.compile(
-    fresh_model(), backend="aot_eager", store=store, tiered={"when": "always"}
-)
+# The first run: regional at once, a builder compiles the whole model beside it. A store turns
+# the tiers on by itself; "always" because this example waits for the builder (auto decides by
+# the cores left free), "enabled" so that a torch without tiers refuses it by name.
+tiered_options = {"enabled": True, "when": "always"}
+model = torchkiln.compile(fresh_model(), backend="aot_eager", store=store, tiered=tiered_options)
 with torch.no_grad():
     torch.testing.assert_close(model(inputs).logits, expected)
     torchkiln.tiered.wait(model)  # a real run simply goes on
@@ -35,9 +35,7 @@ torchkiln.decompile(model)
 
 # The next run (a restarted script, another rank, another node sharing the directory): the
 # same call, nothing else to do. It starts from the whole-model form the first run stored.
-model = torchkiln.compile(
-    fresh_model(), backend="aot_eager", store=store, tiered={"when": "always"}
-)
+model = torchkiln.compile(fresh_model(), backend="aot_eager", store=store, tiered=tiered_options)
 with torch.no_grad():
     torch.testing.assert_close(model(inputs).logits, expected)
 tiers = torchkiln.tiered.tiers(model)

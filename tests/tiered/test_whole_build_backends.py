@@ -133,6 +133,7 @@ def test_a_mode_torch_cannot_express_as_options_is_refused_by_name() -> None:
         whole_config(CompileConfig(backend="acme", mode="fast"), GuardFilter([]))
 
 
+@pytest.mark.needs_feature("precompiled artifacts")
 def test_precompile_whole_refuses_a_backend_that_cannot_save(tokens, tmp_path) -> None:
     with pytest.raises(ArtifactError, match=r"backend 'counting_aot' cannot be precompiled"):
         torchkiln.precompile(
@@ -167,12 +168,12 @@ def test_precompile_whole_compiles_through_the_backends_own_plugin(tokens, tmp_p
     assert (WHOLE_GROUP, True, True) in plugin.calls  # fullgraph, the guard filter in options
     assert ("LlamaDecoderLayer", True, False) in plugin.calls
 
-    model = torchkiln.compile(
-        tiny_llama(),
-        backend="counting_aot",
-        plugins=[plugin],
-        artifacts=str(tmp_path / "artifacts"),
-    )
+    _loads_whole_first(tokens, tmp_path, backend="counting_aot", plugins=[plugin])
+
+
+def _loads_whole_first(tokens, tmp_path, **options) -> None:
+    """A model compiled with the artifact directory serves its first call whole-model, exactly."""
+    model = torchkiln.compile(tiny_llama(), artifacts=str(tmp_path / "artifacts"), **options)
     out = _logits(model, tokens)
     tiers = torchkiln.tiered.tiers(model)
     assert tiers.state == "loaded" and tiers.calls == {"regional": 0, "whole-model": 1}, tiers
@@ -228,13 +229,7 @@ def test_precompile_whole_with_an_inductor_mode(tokens, tmp_path) -> None:
     )
     assert not result.skipped, result.summary()  # was: "Either mode or options can be ..."
     assert [e["kind"] for e in result.manifest.whole["entries"]] == ["inference"]
-    model = torchkiln.compile(
-        tiny_llama(), backend="inductor", mode=MODE, artifacts=str(tmp_path / "artifacts")
-    )
-    out = _logits(model, tokens)
-    tiers = torchkiln.tiered.tiers(model)
-    assert tiers.state == "loaded" and tiers.calls == {"regional": 0, "whole-model": 1}, tiers
-    torch.testing.assert_close(out, _logits(tiny_llama(), tokens))
+    _loads_whole_first(tokens, tmp_path, backend="inductor", mode=MODE)
 
 
 @pytest.mark.slow
