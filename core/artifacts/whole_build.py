@@ -29,6 +29,7 @@ from torch import nn
 
 from torchkiln._internals import cache_entries, inductor
 from torchkiln._internals.aot_artifacts import installed_module_globals
+from torchkiln._internals.hub_kernels import name_function_modules
 from torchkiln.artifacts.directory import ArtifactError, input_spec, structure_hash
 from torchkiln.artifacts.whole_guards import GuardFilter, referenced_files
 from torchkiln.artifacts.whole_model import (
@@ -234,6 +235,7 @@ def build_whole(
     :raises ArtifactError: a backend that cannot save.
     """
     check_savable_backend(config, plugins)
+    name_function_modules(type(module).__module__ for module in model.modules())
     (directory / WHOLE_DIR).mkdir(parents=True, exist_ok=True)
     guard_filter = GuardFilter(region_paths)
     group = whole_group(model)

@@ -15,6 +15,7 @@ MODULES = [
     "dynamo",
     "fake_tensor",
     "fsdp",
+    "hub_kernels",
     "inductor",
     "nn_module",
     "transformers",
