@@ -10,7 +10,6 @@ from typing import Any
 import attrs
 from torch import nn
 
-from torchkiln._internals.hub_kernels import name_function_modules
 from torchkiln.artifacts.cache import apply_cache_dir, check_cache_dir
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.store_layout import tiers_implied
@@ -193,9 +192,6 @@ def _values_changed(error: Exception, changed: list[str]) -> PluginError:
 def _compile_checked(
     model: nn.Module, cfg: CompileConfig, region_plan: RegionPlan, pm: PluginManager
 ) -> Any:
-    # Before any trace: code that calls a Hugging Face kernels function module can then be
-    # saved (region entries, precompiled and whole-model forms; torchkiln._internals.hub_kernels).
-    name_function_modules(type(module).__module__ for module in model.modules())
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
     if cfg.enabled and cfg.artifacts is not None:
         from torchkiln.artifacts.precompiled import artifact_group_loader

@@ -29,6 +29,7 @@ import attrs
 from torch import nn
 
 from torchkiln._internals import dynamo
+from torchkiln._internals.hub_kernels import name_function_modules
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine import compile_events
 from torchkiln.engine.compile_state import (
@@ -242,6 +243,9 @@ class Compiler:
             raise TorchkilnError(
                 "this model is already compiled by torchkiln; call torchkiln.decompile(model) first"
             )
+        # Before any trace: code that calls a Hugging Face kernels function module can then be
+        # saved (region entries, precompiled and whole-model forms; _internals.hub_kernels).
+        name_function_modules(type(module).__module__ for module in root.modules())
         state = CompileState(
             self.plan,
             self.config,
