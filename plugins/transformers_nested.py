@@ -344,7 +344,7 @@ def prepare_group(
     """
     if plan.selector != HIERARCHICAL or not group.nested:
         return None
-    forwards = []
+    forwards: list[tuple[nn.Module, Callable[..., Any]]] = []
     for nested_group in group.nested:
         split = nested_blocks(nested_group)
         if split is None:

@@ -13,8 +13,9 @@ import attrs
 
 from torchkiln.bench.plan import BenchPlan
 from torchkiln.bench.presets import Step, mode_name
-from torchkiln.bench.runner import BUDGET_GRACE_SECONDS, worker_command
+from torchkiln.bench.runner import BUDGET_GRACE_SECONDS
 from torchkiln.bench.settings import BenchSettings, Cell
+from torchkiln.bench.worker_process import worker_command
 
 
 @attrs.frozen

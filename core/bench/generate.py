@@ -9,8 +9,7 @@ token each. A streamer records when each token comes out, which gives
 * the time per decoded token: the gaps between later tokens (the steady-state number, the
   median gap of a call).
 
-Full ``torch.compile`` is applied in place (``model.compile()``): ``torch.compile(model)``
-returns a wrapper whose ``generate`` would run the original, uncompiled forward.
+Full ``torch.compile`` is applied in place (``Strategies.generation_target``).
 """
 
 from __future__ import annotations
@@ -43,17 +42,6 @@ class TokenClock:
         return [later - earlier for earlier, later in itertools.pairwise(tokens)]
 
 
-def generation_target(
-    strategy: str, model: Any, backend: str, apply: Callable[..., Any], mode: str | None = None
-) -> Any:
-    """The module whose ``generate`` is timed under ``strategy`` (``apply`` passes ``mode`` to
-    the other compiled strategies itself)."""
-    if strategy == "full":
-        model.compile(backend=backend, mode=mode)
-        return model
-    return apply(strategy, model, backend)
-
-
 def generate_once(target: Any, inputs: Any, new_tokens: int) -> tuple[TokenClock, Any]:
     """One greedy ``generate`` of exactly ``new_tokens`` tokens."""
     import torch
@@ -78,14 +66,15 @@ def tokens_differing(tokens: Any, reference: Any) -> int:
     return int((tokens != reference).sum().item())
 
 
-def first_token(
-    args: Any, build: Callable[[Any], tuple[Any, Any]], apply: Callable[..., Any]
-) -> tuple[dict[str, Any], Any]:
+def first_token(args: Any) -> tuple[dict[str, Any], Any]:
     """Apply the strategy and time ``generate`` up to its first token, then the whole call; a
-    few more calls catch later recompiles (the decode steps compile on the first call)."""
+    few more calls catch later recompiles (the decode steps compile on the first call).
+    Returns the record and the module that generated."""
+    from torchkiln.bench.strategies import Strategies, build
+
     model, inputs = build(args)
     started = time.perf_counter()
-    target = generation_target(args.strategy, model, args.backend, apply, args.mode)
+    target = Strategies.of(args).generation_target(args.strategy, model)
     clock, tokens = generate_once(target, inputs, args.new_tokens)
     finished = time.perf_counter()
     tiered = None
@@ -100,7 +89,7 @@ def first_token(
 
         tiered = until_whole_model(again, model, started, time.perf_counter, per_token)
     later = [generate_once(target, inputs, args.new_tokens)[0] for _ in range(args.warmup)]
-    steady_calls = getattr(args, "steady_iters", 0) if getattr(args, "steady_here", False) else 0
+    steady_calls = args.steady_iters if args.steady_here else 0
     steady = [steady_decode(target, inputs, args.new_tokens)() for _ in range(steady_calls)]
     reference_model, _ = build(args)  # fresh and eager: same seed, same weights
     _, reference = generate_once(reference_model, inputs, args.new_tokens)

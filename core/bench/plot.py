@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from torchkiln.bench.runner import CellResult
+from torchkiln.bench.results import CellResult
 from torchkiln.bench.settings import BenchError
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.bench.presets import mode_name
-from torchkiln.bench.runner import CellResult, RunFailure
+from torchkiln.bench.results import CellResult, RunFailure
 from torchkiln.bench.settings import EXIT_TARGET_MISSED, BenchError, Cell
 from torchkiln.bench.table import render_all
 from torchkiln.bench.targets import Target, check_targets, missed

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torchkiln.bench.runner import CellResult
+from torchkiln.bench.results import CellResult
 from torchkiln.bench.targets import Target
 from torchkiln.bench.tiered import TIERED_HEADER, TIERED_LEGEND, tiered_rows
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from torchkiln.bench.runner import CellResult
+from torchkiln.bench.results import CellResult
 from torchkiln.bench.tiered import tiered_targets
 
 LARGE_DEPTHS = (16, 32)

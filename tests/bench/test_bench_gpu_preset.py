@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from torchkiln.bench import execute, worker
+from torchkiln.bench import execute
 from torchkiln.bench.dry_run import parameter_count, planned_cells
 from torchkiln.bench.plan import plan_from_args
-from torchkiln.bench.runner import CellResult, RunFailure
+from torchkiln.bench.results import CellResult, RunFailure
 from torchkiln.bench.settings import BenchError, Cell, accelerate_available, make_settings
 from torchkiln.cli.commands import build_parser, main
 
@@ -229,27 +229,28 @@ class _Recorder:
 
 
 def test_mode_reaches_every_compiled_strategy(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchkiln.bench.generate import generation_target
+    from torchkiln.bench.strategies import Strategies
     from torchkiln.examples import toy
 
     mode = "max-autotune-no-cudagraphs"
+    strategies = Strategies("inductor", mode)
     compile_ = _Recorder(torch.compile)
     monkeypatch.setattr(torch, "compile", compile_)
-    worker._apply_strategy("full", toy(1), "inductor", mode=mode)
+    strategies.apply("full", toy(1))
     assert compile_.calls == [{"backend": "inductor", "mode": mode}]
     for strategy in ("regional", "hierarchical"):
-        assert worker._config(strategy, "inductor", mode=mode).mode == mode
+        assert strategies.config(strategy).mode == mode
     model = toy(1)
     model_compile = _Recorder(model.compile)
     monkeypatch.setattr(model, "compile", model_compile)
-    generation_target("full", model, "inductor", worker._apply_strategy, mode)
+    assert strategies.generation_target("full", model) is model
     assert model_compile.calls == [{"backend": "inductor", "mode": mode}]
     if accelerate_available():
         import accelerate.utils
 
         regions = _Recorder(accelerate.utils.compile_regions)
         monkeypatch.setattr(accelerate.utils, "compile_regions", regions)
-        worker._apply_strategy("accelerate", toy(1), "inductor", mode=mode)
+        strategies.apply("accelerate", toy(1))
         assert regions.calls == [{"backend": "inductor", "mode": mode}]
 
 

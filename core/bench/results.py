@@ -1,0 +1,112 @@
+"""What a bench run keeps of each cell (its workers' records, or why there are none), and the
+one writer of every JSON file the bench leaves (results, worker records, the JSON documents)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from torchkiln.bench.settings import Cell
+
+
+def write_result(path: str | Path, document: Any) -> None:
+    """Write ``document`` as JSON to a temporary file beside ``path``, then rename it: a reader
+    (or a run killed mid-write) sees the previous complete file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(json.dumps(document, indent=1) + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+@attrs.define
+class RunFailure:
+    """Why one worker run produced no result."""
+
+    run: str
+    """``precompile``, ``cold``, ``warm`` or ``steady``."""
+    returncode: int | None
+    """``None`` when it was stopped for running past the timeout."""
+    message: str
+    stderr_tail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.define
+class CellResult:
+    """One cell's measurements (the workers' JSON) or its failure."""
+
+    cell: Cell
+    cold: dict[str, Any] | None = None
+    warm: dict[str, Any] | None = None
+    failure: RunFailure | None = None
+    steady_samples: list[float] | None = None
+    """This strategy's timed calls in the shared steady-state run of its depth and batch."""
+    steady_failure: str | None = None
+    precompile: dict[str, Any] | None = None
+    """``precompiled`` cells: the precompile run's JSON (seconds, entries, skipped)."""
+    skipped: str | None = None
+    """Why the cell was not started (``time budget``); it has no numbers and no failure."""
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and self.cold is not None
+
+    @property
+    def cold_first_call(self) -> float | None:
+        return self.cold["first_call_seconds"] if self.cold else None
+
+    @property
+    def warm_first_call(self) -> float | None:
+        return self.warm["first_call_seconds"] if self.warm else None
+
+    @property
+    def steady(self) -> float | None:
+        """Median steady-state call time (from the shared steady-state run)."""
+        return statistics.median(self.steady_samples) if self.steady_samples else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "depth": self.cell.depth,
+            "batch": self.cell.batch,
+            "strategy": self.cell.strategy,
+            "cold_first_call_seconds": self.cold_first_call,
+            "warm_first_call_seconds": self.warm_first_call,
+            "steady_median_seconds": self.steady,
+            "steady_min_seconds": min(self.steady_samples) if self.steady_samples else None,
+            "steady_seconds": self.steady_samples,
+            "steady_failure": self.steady_failure,
+            "cold": self.cold,
+            "warm": self.warm,
+            "failure": self.failure.to_dict() if self.failure else None,
+            "precompile": self.precompile,
+            "skipped": self.skipped,
+        }
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> CellResult:
+        """Back from :meth:`to_dict`'s record."""
+        failure = record.get("failure")
+        return cls(
+            Cell(record["depth"], record["batch"], record["strategy"]),
+            cold=record.get("cold"),
+            warm=record.get("warm"),
+            failure=RunFailure(**failure) if failure else None,
+            steady_samples=record.get("steady_seconds"),
+            steady_failure=record.get("steady_failure"),
+            precompile=record.get("precompile"),
+            skipped=record.get("skipped"),
+        )
