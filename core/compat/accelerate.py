@@ -18,7 +18,10 @@ flags. Changed, because Accelerate's behaviour is a defect there (see
 * ``nn.Linear`` and other ``torch.nn`` built-ins really compile (``Module.compile()``, which
   Accelerate's DeepSpeed and FSDP2 variants use, silently compiles nothing for them on torch
   2.11 to 2.13);
-* unwrapping never modifies the prepared model;
+* unwrapping never modifies the prepared model, and ``keep_torch_compile=False`` returns the
+  model itself (still compiled);
+* a second ``compile_regions`` returns the model as it is (a double-compile warning when
+  its options differ);
 * a false ``ACCELERATE_DYNAMO_USE_DYNAMIC`` leaves ``dynamic=None``.
 
 ``install()`` makes an unmodified ``Accelerator`` use these (see

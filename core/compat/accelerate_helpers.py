@@ -45,6 +45,7 @@ from torchkiln.compat.unwrap import (
     unwrap_containers,
 )
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine import double_compile
 from torchkiln.engine.compile_state import CompileState, region_state_of, state_of
 
 __all__ = [
@@ -187,11 +188,14 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
         ``disable``); torchkiln ``CompileConfig`` fields (``regions``, ``on_region_error``,
         ``cache_dir`` ...) are accepted too.
     :return: ``module`` itself; ``module._orig_mod is module``, so code that reads
-        ``_orig_mod`` keeps working, and ``state_dict()`` keys are unchanged.
+        ``_orig_mod`` keeps working, and ``state_dict()`` keys are unchanged. On a model
+        already compiled by torchkiln, ``module`` as it is: silently if it was compiled here
+        with the same options, else as a double compile (docs/double-compile.md).
     """
-    state = _compile_in_place(module, compile_kwargs)
-    set_orig_mod(module, module)  # not a submodule: never in state_dict() or children()
-    if state is not None:  # torchkiln.decompile takes it away again
+    compiled, state = _compile_in_place(module, compile_kwargs)
+    if compiled:  # a model compiled before is returned as it is
+        set_orig_mod(module, module)  # not a submodule: never in state_dict() or children()
+    if compiled and state is not None:  # torchkiln.decompile takes it away again
         state.restore.append(lambda: drop_orig_mod(module))
     return module
 
@@ -199,7 +203,7 @@ def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
 def compile_regions_deepspeed(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     """Accelerate's DeepSpeed variant (it gets ``engine.module``): the same in-place regional
     compile as :func:`compile_regions`. Returns ``module`` (Accelerate returns ``None``)."""
-    _compile_in_place(module, compile_kwargs)
+    _compile_in_place(module, compile_kwargs, "compile_regions_deepspeed")
     return module
 
 
@@ -207,17 +211,34 @@ def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module
     """Accelerate's FSDP2 variant (called before ``fully_shard``): the same in-place regional
     compile as :func:`compile_regions`. Block classes, hooks and paths stay as they are, so
     ``fully_shard``'s hooks added afterwards run around the compiled blocks."""
-    _compile_in_place(module, compile_kwargs)
+    _compile_in_place(module, compile_kwargs, "compile_regions_fsdp2")
     return module
 
 
-def _compile_in_place(module: nn.Module, compile_kwargs: Mapping[str, Any]) -> CompileState | None:
+# Compiled model -> the torchkiln options compile_regions compiled it with.
+_COMPILED_WITH: weakref.WeakKeyDictionary[nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _compile_in_place(
+    module: nn.Module, compile_kwargs: Mapping[str, Any], name: str = "compile_regions"
+) -> tuple[bool, CompileState | None]:
+    """Compile the model inside ``module`` once. A second call, on the model or on a wrapper
+    of it (``prepare`` twice, ``DataParallel`` after compiling), returns it as it is: silently
+    with the options it was compiled with here, else as a double compile (warned or raised by
+    ``TORCHKILN_ON_DOUBLE_COMPILE``). The same on the import path and under ``install()``.
+    Returns whether it compiled now, and the model's compile state."""
     import torchkiln
 
     target = unwrap_containers(module)
-    torchkiln.compile(target, **torchkiln_options(compile_kwargs))
+    options = torchkiln_options(compile_kwargs)
+    if torchkiln.is_compiled(target):
+        if _COMPILED_WITH.get(target) != options:
+            double_compile.report(f"{name}(backend={options['backend']!r})", stacklevel=3)
+        return False, state_of(target)
+    torchkiln.compile(target, **options)
+    _COMPILED_WITH[target] = options
     _remember_regions(target)
-    return state_of(target)
+    return True, state_of(target)
 
 
 def torchkiln_options(compile_kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -319,9 +340,11 @@ def extract_model_from_parallel(
 
     Never modifies ``model``:
 
-    * ``keep_torch_compile=False`` on a torchkiln-compiled model returns an uncompiled twin
-      that shares every parameter and buffer with it (compile is in place, so there is no
-      untouched original to hand back); on a ``torch.compile`` wrapper, its ``_orig_mod``;
+    * ``keep_torch_compile=False`` on a torchkiln-compiled model returns the model itself, the
+      same object on every call, its regions still compiled (compile is in place: there is no
+      other original, and ``unwrapped is model`` and hooks registered on it hold); run it
+      eagerly with ``torch.compiler.set_stance("force_eager")``. On a ``torch.compile``
+      wrapper: its ``_orig_mod``;
     * ``keep_fp32_wrapper=False`` drops the autocast wrapper ``Accelerator.prepare`` put on
       ``forward`` from a copy of the root, not from the prepared model;
     * with ``keep_torch_compile=True`` around a wrapper (``torch.compile(DDP(model))``) the
@@ -338,9 +361,7 @@ def extract_model_from_parallel(
         )
     optimized = model if isinstance(model, dynamo.optimized_module_type()) else None
     plain = unwrap_containers(dynamo.original_module(model) if optimized is not None else model)
-    if not keep_torch_compile and live_regions(state_of(plain)):
-        plain = uncompiled_twin(plain, drop_fp32_wrapper=not keep_fp32_wrapper)
-    elif not keep_fp32_wrapper:
+    if not keep_fp32_wrapper:
         plain = _without_fp32_wrapper_keeping_compile(plain)
     if optimized is None or not keep_torch_compile:
         return plain

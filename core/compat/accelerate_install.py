@@ -35,7 +35,6 @@ import os
 import sys
 import threading
 import types
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +44,6 @@ from torch import nn
 from torchkiln._internals import dynamo
 from torchkiln._internals.accelerate import has_orig_mod
 from torchkiln.compat.accelerate_settings import ENV_DYNAMIC, parse_truth
-from torchkiln.compat.unwrap import unwrap_containers
 from torchkiln.engine import double_compile
 
 REPLACED = (
@@ -63,9 +61,6 @@ ACCELERATE_MODULES = ("accelerate.accelerator", "accelerate.utils.fsdp_utils")
 
 _LOCK = threading.Lock()
 _active: Installation | None = None
-# Models compiled by the installed compile_regions: Accelerate preparing one again is no
-# double compile, only a repeated prepare (evaluation, a second fit).
-_COMPILED_HERE: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 @attrs.define(eq=False)
@@ -218,19 +213,8 @@ def _replacements(originals: dict[str, Any]) -> dict[str, Any]:
 
 def _compiling(compile_function: Callable[..., nn.Module], name: str) -> Callable[..., Any]:
     def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
-        import torchkiln
-
-        target = unwrap_containers(module)
-        if torchkiln.is_compiled(target):
-            if target not in _COMPILED_HERE:
-                double_compile.report(
-                    f"Accelerate's prepare ({name} with "
-                    f"backend={compile_kwargs.get('backend', 'inductor')!r})",
-                    stacklevel=3,
-                )
-            return module  # already compiled by torchkiln: left as it is
+        # a model compiled already is returned as on the import path (_compile_in_place)
         compile_function(module, **launcher_dynamic_unforced(compile_kwargs))
-        _COMPILED_HERE.add(target)
         return module
 
     compile_regions.__name__ = compile_regions.__qualname__ = name

@@ -1,12 +1,12 @@
 """Unwrapping without touching the prepared model.
 
 ``extract_model_from_parallel`` hands back the plain module behind DDP, DataParallel, FSDP
-(v1) or a DeepSpeed engine and, on request, a version of it without torch.compile or without
-the mixed-precision ``forward`` wrapper. torchkiln compiles in place, so "without compile"
-cannot be a reference to an untouched original: it is an *uncompiled twin*, a new module
-tree that shares every parameter, buffer and untouched submodule with the prepared model
-and copies only the modules that carry a compiled ``forward`` (and their ancestors). The
-prepared model is never modified.
+(v1) or a DeepSpeed engine and, on request, a version of it without the mixed-precision
+``forward`` wrapper: a copy of the root sharing its children. Where the wrapper is inside the
+root's compiled code (a model compiled whole), the copy is an *uncompiled twin*, a new module
+tree that shares every parameter, buffer and untouched submodule with the prepared model and
+copies only the modules that carry a compiled ``forward`` (and their ancestors). The prepared
+model is never modified.
 """
 
 from __future__ import annotations

@@ -173,7 +173,10 @@ def test_unwrap_keeping_compile_is_the_compiled_model() -> None:
     assert extract_model_from_parallel(model, keep_torch_compile=True) is model
 
 
-def test_unwrap_without_compile_is_an_uncompiled_twin_sharing_weights() -> None:
+def test_unwrap_without_compile_is_the_model_itself_and_its_hooks_fire_compiled() -> None:
+    """The Trainer's ``unwrap_model(model, keep_torch_compile=False) is not model`` and a hook
+    registered on the unwrapped module: identity holds, and the hook fires in the compiled
+    run; ``set_stance("force_eager")`` runs it eagerly."""
     model = compile_regions(gpt2_model(), backend="eager")
     ids = token_ids()
     expected = logits(model, ids)
@@ -181,27 +184,30 @@ def test_unwrap_without_compile_is_an_uncompiled_twin_sharing_weights() -> None:
 
     plain = extract_model_from_parallel(model, keep_torch_compile=False)
 
-    assert plain is not model
-    assert not has_compiled_regions(plain) and not is_compiled_module(plain.transformer.h[0])
-    assert "_orig_mod" not in plain.__dict__
-    assert "forward" not in plain.transformer.h[0].__dict__
-    assert plain.lm_head.weight is model.lm_head.weight  # shared, not copied
-    assert plain.transformer.h[0].attn.c_attn.weight is model.transformer.h[0].attn.c_attn.weight
-    assert list(plain.state_dict()) == list(model.state_dict())
+    assert plain is model and extract_model_from_parallel(model, keep_torch_compile=False) is plain
+    seen: list[tuple[int, ...]] = []
+
+    def record(module: nn.Module, args: object, output: object) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        seen.append(tuple(hidden.shape[:2]))
+
+    handle = plain.transformer.h[0].register_forward_hook(record)
     torch.testing.assert_close(logits(plain, ids), expected)
-    assert compiled_graphs() == graphs  # the twin ran eagerly
-    # ... and the prepared model is exactly as it was: still compiled, still itself.
-    assert compiled_region_paths(model) == GPT2_REGIONS
+    assert seen == [tuple(ids.shape)] and compiled_graphs() == graphs  # compiled, no retrace
     assert is_compiled_module(model.transformer.h[0]) and model._orig_mod is model
+    assert compiled_region_paths(model) == GPT2_REGIONS
+    with torch.compiler.set_stance("force_eager"):
+        torch.testing.assert_close(logits(plain, ids), expected)
+    assert len(seen) == 2
+    handle.remove()
 
 
 def test_unwrap_reaches_through_data_parallel() -> None:
     model = compile_regions(llama_model(), backend="eager")
     wrapped = nn.DataParallel(model)
     assert extract_model_from_parallel(wrapped) is model
-    twin = extract_model_from_parallel(wrapped, keep_torch_compile=False)
-    assert twin is not model and not has_compiled_regions(twin)
-    assert wrapped.module is model
+    assert extract_model_from_parallel(wrapped, keep_torch_compile=False) is model
+    assert wrapped.module is model and has_compiled_regions(model)
 
 
 def test_unwrap_of_a_torch_compile_wrapper() -> None:
