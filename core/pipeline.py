@@ -14,6 +14,7 @@ from torchkiln.artifacts.cache import apply_cache_dir, check_cache_dir
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.store_layout import tiers_implied
 from torchkiln.distributed import attach, check_result, distributed_result
+from torchkiln.engine.adapter_placement import warn_adapters_outside_blocks
 from torchkiln.engine.compile_state import (
     STATE_ATTR,
     CompileState,
@@ -140,6 +141,8 @@ def _compile_all(
         if cfg.enabled
         else RegionPlan("none", (), reason="compilation off")
     )
+    if cfg.enabled:
+        warn_adapters_outside_blocks(model, region_plan)
     if cfg.enabled and cfg.cache_dir is not None:
         check_cache_dir(cfg.cache_dir)
     if cfg.enabled and cfg.tiered.enabled and tiers_implied(resolved.sources):

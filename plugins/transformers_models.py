@@ -61,6 +61,7 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln._internals.hub_kernels import unrouted_forward
 from torchkiln._internals.transformers import active_collector
 from torchkiln.plugin import (
     CompileConfig,
@@ -497,14 +498,34 @@ def prepare_group(
     """
     specs = tuple(layer_caches)
     blocks = [model.get_submodule(region.path) for region in group.regions]
+    # Only for checkpointed blocks: an instance forward on a submodule is guarded by identity,
+    # so a saved entry (store, precompile) would not load in another process.
+    checkpointed = [block for block in blocks if getattr(block, "gradient_checkpointing", False)]
+    forwards = tuple(pair for block in checkpointed for pair in unrouted_forwards(block))
     indices = group_indices(group, blocks, specs)
-    if indices is None:
-        return None
-    adapter = block_adapter(group.name, blocks, indices, specs, plan_depth(model, plan, specs))
-    if adapter is None:
-        return None
+    adapter = (
+        block_adapter(group.name, blocks, indices, specs, plan_depth(model, plan, specs))
+        if indices is not None
+        else None
+    )
+    if adapter is None or indices is None:
+        return GroupPreparation(forwards=forwards) if forwards else None
     settings = functools.partial(layer_index_dynamic, indices.names)
     return GroupPreparation(
         wrap_call=adapter.wrap_call,
         trace_settings=settings if MARK_LAYER_INDEX_DYNAMIC else None,
+        forwards=forwards,
     )
+
+
+def unrouted_forwards(block: nn.Module) -> list[tuple[nn.Module, Callable[..., Any]]]:
+    """Submodules of ``block`` (attention, with transformers 5.25) whose forward Hugging Face
+    ``kernels`` wraps to route its function modules, each with the forward it wrapped. The
+    wrapper stores to a global object inside the block: a side effect that Dynamo refuses
+    inside a higher-order op (a checkpointed block breaks the graph there) and that stops a
+    nested block's reuse. With no kernel installed the original forward computes the same
+    (:func:`torchkiln._internals.hub_kernels.unrouted_forward`)."""
+    found = (
+        (module, unrouted_forward(module)) for module in block.modules() if module is not block
+    )
+    return [(module, forward) for module, forward in found if forward is not None]

@@ -51,9 +51,12 @@ import torch
 from torch import nn
 
 from torchkiln._internals import dynamo
-from torchkiln._internals.hub_kernels import unrouted_forward
 from torchkiln.plugin import CompileConfig, GroupPreparation, RegionGroup, RegionPlan, hookimpl
-from torchkiln.plugins.transformers_models import cache_parameter, is_transformers_module
+from torchkiln.plugins.transformers_models import (
+    cache_parameter,
+    is_transformers_module,
+    unrouted_forwards,
+)
 
 HIERARCHICAL = "hierarchical"
 
@@ -355,14 +358,5 @@ def prepare_group(
             owner = layer_index_owner(region.module)
             forward = functools.partial(split.forward, owner, region.module)
             forwards.append((region.module, forward))
-            forwards.extend(_unrouted_forwards(region.module))
+            forwards.extend(unrouted_forwards(region.module))
     return GroupPreparation(forwards=tuple(forwards)) if forwards else None
-
-
-def _unrouted_forwards(block: nn.Module) -> list[tuple[nn.Module, Callable[..., Any]]]:
-    """Submodules (attention, with transformers 5.25) whose forward ``kernels`` wraps to route
-    its function modules: the wrapper stores to a global inside the block, and Dynamo reuses no
-    nested block with a side effect. With no kernel installed the original forward computes the
-    same (:func:`torchkiln._internals.hub_kernels.unrouted_forward`)."""
-    found = ((module, unrouted_forward(module)) for module in block.modules())
-    return [(module, forward) for module, forward in found if forward is not None]

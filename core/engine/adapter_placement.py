@@ -1,0 +1,61 @@
+"""LoRA adapters outside the repeated blocks: said once, when the model is compiled.
+
+PEFT's hot-swap (``hotswap_adapter`` after ``prepare_model_for_compiled_hotswap``) copies a new
+adapter's weights into the tensors the compiled code already reads, so a regionally compiled
+model serves another adapter without compiling again. An adapter on a module outside the
+repeated blocks (``lm_head``, the embeddings) is compiled only where the plan has a region
+for it, and otherwise runs eagerly: a user serving many adapters should know which.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+from torch import nn
+
+from torchkiln.plugin_host.region_plan import RegionPlan
+
+
+class AdapterPlacementWarning(UserWarning):
+    """A LoRA adapter targets modules outside the model's repeated blocks."""
+
+
+def adapter_layers(model: nn.Module) -> Iterator[str]:
+    """Paths of PEFT's LoRA layers in ``model``: modules holding ``lora_A`` (a ``ModuleDict``
+    of the adapters by name) beside the ``base_layer`` they wrap; imports nothing."""
+    for path, module in model.named_modules():
+        lora = getattr(module, "lora_A", None)
+        if isinstance(lora, nn.ModuleDict) and isinstance(
+            getattr(module, "base_layer", None), nn.Module
+        ):
+            yield path
+
+
+def _inside(path: str, region: str) -> bool:
+    return region == "" or path == region or path.startswith(region + ".")
+
+
+def warn_adapters_outside_blocks(model: nn.Module, plan: RegionPlan) -> list[str]:
+    """Warn (:class:`AdapterPlacementWarning`) about LoRA layers outside every repeated block,
+    each with where it runs: in a region of its own (compiled) or eagerly. Returns their
+    paths."""
+    blocks = [r.path for g in plan.groups if len(g.regions) > 1 for r in g.regions]
+    if not blocks:  # compiled whole, or nothing repeated: no block to be outside of
+        return []
+    regions = [r.path for r in plan.regions()]
+    outside = [p for p in adapter_layers(model) if not any(_inside(p, b) for b in blocks)]
+    if not outside:
+        return []
+    where = [
+        f"{p} ({'compiled in a region of its own' if any(_inside(p, r) for r in regions) else 'eager'})"
+        for p in outside
+    ]
+    warnings.warn(
+        f"LoRA adapter layers outside the repeated blocks: {', '.join(where)}. Hot-swapping "
+        "adapters still compiles nothing new; the eager ones run uncompiled "
+        "(docs/migrating-from-accelerate.md#lora-adapters).",
+        AdapterPlacementWarning,
+        stacklevel=4,
+    )
+    return outside

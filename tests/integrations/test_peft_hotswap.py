@@ -1,0 +1,76 @@
+"""PEFT LoRA adapters on a regionally compiled default-config Llama: hot-swapping adapter B in
+for A compiles nothing new and gives eager's outputs with B; adapters outside the repeated
+blocks are named by an ``AdapterPlacementWarning``."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import torchkiln
+from torchkiln.engine.adapter_placement import AdapterPlacementWarning
+from torchkiln.examples import example_inputs, llama
+
+peft = pytest.importorskip("peft")
+hotswap = pytest.importorskip("peft.utils.hotswap")
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo(reset_dynamo: None) -> None:
+    """Graph counts are this test's own."""
+
+
+def base() -> torch.nn.Module:
+    torch.manual_seed(0)  # the same base weights every time
+    return llama(depth=2, hidden_size=64, heads=4, kv_heads=2, intermediate_size=128,
+                 vocab_size=256).eval()  # fmt: skip
+
+
+def save_adapter(directory: Path, seed: int, targets: list[str]) -> str:
+    model = base()
+    torch.manual_seed(seed)  # the adapter's own random (non-zero) weights
+    config = peft.LoraConfig(r=4, target_modules=targets, init_lora_weights=False)
+    peft.get_peft_model(model, config).save_pretrained(str(directory / str(seed)))
+    return str(directory / str(seed))
+
+
+def test_hotswapping_an_adapter_compiles_nothing_and_matches_eager(tmp_path: Path) -> None:
+    targets = ["q_proj", "v_proj"]
+    first, second = save_adapter(tmp_path, 1, targets), save_adapter(tmp_path, 2, targets)
+    ids = example_inputs(base(), batch=1, seq=8)
+    with torch.no_grad():
+        expected = peft.PeftModel.from_pretrained(base(), second).eval()(ids).logits
+        before = peft.PeftModel.from_pretrained(base(), first).eval()(ids).logits
+
+    model = peft.PeftModel.from_pretrained(base(), first).eval()
+    hotswap.prepare_model_for_compiled_hotswap(model, target_rank=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AdapterPlacementWarning)  # all inside the blocks
+        torchkiln.compile(model, backend="aot_eager", progress="off")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+    graphs = counters["stats"]["unique_graphs"]
+    report = torchkiln.report(model)
+    assert [r.graphs for r in report.regions if ".layers." in r.path] == [1, 0]  # one for both
+
+    hotswap.hotswap_adapter(model, second, adapter_name="default")
+    with torch.no_grad():
+        swapped = model(ids).logits
+    assert counters["stats"]["unique_graphs"] == graphs  # no new graph for adapter B
+    torch.testing.assert_close(swapped, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(swapped, before)
+
+
+def test_an_adapter_on_lm_head_is_named_with_where_it_runs(tmp_path: Path) -> None:
+    adapter = save_adapter(tmp_path, 1, ["q_proj", "lm_head"])
+    model = peft.PeftModel.from_pretrained(base(), adapter).eval()
+    with pytest.warns(AdapterPlacementWarning) as caught:
+        torchkiln.compile(model, backend="eager", progress="off")
+    message = str(caught[0].message)
+    assert message.startswith("LoRA adapter layers outside the repeated blocks: ")
+    assert "base_model.model.lm_head (" in message and "q_proj" not in message
+    assert caught[0].filename == __file__
