@@ -4,10 +4,7 @@ after every cell, then the tables, the targets and the plot."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,26 +13,13 @@ from torchkiln.bench.environment import collect_environment
 from torchkiln.bench.plan import BenchPlan
 from torchkiln.bench.presets import mode_name
 from torchkiln.bench.replay import exit_status
+from torchkiln.bench.results import write_result
 from torchkiln.bench.runner import BenchProgress, CellResult, count_steps, run_bench_cells
 from torchkiln.bench.settings import BenchSettings, check_device
 from torchkiln.bench.table import render_all
 from torchkiln.bench.targets import Target, check_targets
 
 JSON_FORMAT_VERSION = 1
-
-
-def write_json_atomically(path: Path, document: dict[str, Any]) -> None:
-    """Write to a temporary file beside ``path``, then rename: a reader (or a run killed
-    mid-write) sees the previous complete document or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(json.dumps(document, indent=1) + "\n")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _run_document(settings: BenchSettings, results: list[CellResult]) -> dict[str, Any]:
@@ -120,7 +104,7 @@ class _Execution:
         if self.plan.json_path:
             wall = time.perf_counter() - self.started
             document = bench_document(self.plan, self.environment, self.results, wall, complete)
-            write_json_atomically(Path(self.plan.json_path), document)
+            write_result(Path(self.plan.json_path), document)
 
     def run(self, cache_root: str | None) -> None:
         steps = self.plan.steps()

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.bench.presets import mode_name
-from torchkiln.bench.results import CellResult, RunFailure
-from torchkiln.bench.settings import EXIT_TARGET_MISSED, BenchError, Cell
+from torchkiln.bench.results import CellResult
+from torchkiln.bench.settings import EXIT_TARGET_MISSED, BenchError
 from torchkiln.bench.table import render_all
 from torchkiln.bench.targets import Target, check_targets, missed
 
@@ -19,21 +19,6 @@ def exit_status(failed: bool, targets: list[Target], check: bool) -> int:
     if failed:
         return 1
     return EXIT_TARGET_MISSED if check and missed(targets) else 0
-
-
-def cell_result(record: dict[str, Any]) -> CellResult:
-    """A :class:`CellResult` back from its JSON record (``CellResult.to_dict``)."""
-    failure = record.get("failure")
-    return CellResult(
-        Cell(record["depth"], record["batch"], record["strategy"]),
-        cold=record.get("cold"),
-        warm=record.get("warm"),
-        failure=RunFailure(**failure) if failure else None,
-        steady_samples=record.get("steady_seconds"),
-        steady_failure=record.get("steady_failure"),
-        precompile=record.get("precompile"),
-        skipped=record.get("skipped"),
-    )
 
 
 def load_runs(
@@ -52,7 +37,9 @@ def load_runs(
     if not isinstance(document, dict) or "torchkiln_bench" not in document:
         raise BenchError(f"--from-json {path}: not written by torchkiln bench --json")
     runs = document.get("runs") or [document]
-    return document, [(run["settings"], [cell_result(c) for c in run["cells"]]) for run in runs]
+    return document, [
+        (run["settings"], [CellResult.from_dict(c) for c in run["cells"]]) for run in runs
+    ]
 
 
 def replay(path: str, plot_path: str | None, *, check: bool = False) -> int:

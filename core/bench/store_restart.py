@@ -181,7 +181,7 @@ def bench_store(
 ) -> int:
     """``torchkiln bench --store``: the cell, its table and targets, and its JSON."""
     from torchkiln.bench.environment import collect_environment
-    from torchkiln.bench.execute import write_json_atomically
+    from torchkiln.bench.results import write_result
 
     with tempfile.TemporaryDirectory(prefix="torchkiln-bench-store-") as scratch:
         results = run_cell(depth, backend, rounds, Path(scratch))
@@ -194,7 +194,7 @@ def bench_store(
     if json_path is not None:
         document = {"depth": depth, "backend": backend, "results": results, "ratios": found}
         document["environment"] = collect_environment("cpu")
-        write_json_atomically(json_path, document)
+        write_result(json_path, document)
     return EXIT_TARGET_MISSED if check and missed else 0
 
 

@@ -220,18 +220,18 @@ def test_every_column_is_explained_in_the_output(tmp_path: Path) -> None:
 def test_check_exits_3_on_a_missed_target_and_0_without(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from torchkiln.bench.execute import write_json_atomically
+    from torchkiln.bench.results import write_result
 
     document = {"torchkiln_bench": 1, "environment": {}, "complete": True,
                 "settings": {"model": "llama", "seq": 128, "backend": "inductor",
                              "workload": "forward"},
                 "cells": [r.to_dict() for r in _grid()]}  # fmt: skip
     path = tmp_path / "bench.json"
-    write_json_atomically(path, document)
+    write_result(path, document)
     assert main(["bench", "--from-json", str(path)]) == 0
     assert main(["bench", "--from-json", str(path), "--check"]) == 3  # regional steady: 1.025x
     good = [r for r in _grid() if r.cell.strategy not in ("regional", "hierarchical")]
-    write_json_atomically(path, document | {"cells": [r.to_dict() for r in good]})
+    write_result(path, document | {"cells": [r.to_dict() for r in good]})
     assert main(["bench", "--from-json", str(path), "--check"]) == 0
     capsys.readouterr()
 

@@ -145,13 +145,13 @@ def test_budget_skips_the_rest_and_json_is_written_after_every_cell(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     written: list[dict[str, Any]] = []
-    real_write = execute.write_json_atomically
+    real_write = execute.write_result
 
     def keep_a_copy(path: Path, document: dict[str, Any]) -> None:
         real_write(path, document)
         written.append(json.loads(path.read_text()))  # what a reader sees at that moment
 
-    monkeypatch.setattr(execute, "write_json_atomically", keep_a_copy)
+    monkeypatch.setattr(execute, "write_result", keep_a_copy)
     out = tmp_path / "bench.json"
     # 0.005 min = 0.3 s: the first cell starts, its worker alone takes longer than that.
     code = main(["bench", "--model", "toy", "--depths", "1", "--batch", "1", "--seq", "8",
