@@ -72,14 +72,19 @@ def loads_into_a_plain_model(checkpoint_dir: Path, trained: torch.nn.Module) -> 
 
 
 @pytest.fixture(scope="module")
-def eager_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    return losses(train(tmp_path_factory.mktemp("eager")))
+def eager_trainer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return train(tmp_path_factory.mktemp("eager"))
+
+
+@pytest.fixture(scope="module")
+def eager_losses(eager_trainer: Any) -> list[float]:
+    return losses(eager_trainer)
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("fresh_accelerate")
 def test_trainer_torch_compile_switch_compiles_regionally_with_install(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, eager_losses: list[float]
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, eager_losses: list[float], eager_trainer: Any
 ) -> None:
     monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "1")
     with install():
@@ -92,6 +97,20 @@ def test_trainer_torch_compile_switch_compiles_regionally_with_install(
     print(torchkiln.report(model))  # the regions compiled, in the test log
     assert losses(trainer) == pytest.approx(eager_losses, rel=1e-5)
     loads_into_a_plain_model(tmp_path / f"checkpoint-{STEPS}", model)
+    # Evaluation: the same model object, its blocks compiled for inference (no gradients: new
+    # graphs, none of them eager) and eager's loss.
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    with install():
+        metrics = trainer.evaluate(TokenData())
+    report = torchkiln.report(model)
+    # Dynamo's own count: one new graph per region group (4: blocks, embeddings, norm, lm_head)
+    assert trainer.model is model and counters["stats"]["unique_graphs"] == graphs + 4
+    assert {r.status for r in report.regions} == {"compiled"}
+    assert metrics["eval_loss"] == pytest.approx(
+        eager_trainer.evaluate(TokenData())["eval_loss"], rel=1e-5
+    )
 
 
 @pytest.mark.slow
