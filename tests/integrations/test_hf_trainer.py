@@ -107,6 +107,7 @@ def test_trainer_torch_compile_switch_compiles_regionally_with_install(
     report = torchkiln.report(model)
     # Dynamo's own count: one new graph per region group (4: blocks, embeddings, norm, lm_head)
     assert trainer.model is model and counters["stats"]["unique_graphs"] == graphs + 4
+    assert sum(r.later_graphs for r in report.regions) == 4  # the report says the same
     assert {r.status for r in report.regions} == {"compiled"}
     assert metrics["eval_loss"] == pytest.approx(
         eager_trainer.evaluate(TokenData())["eval_loss"], rel=1e-5
