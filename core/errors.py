@@ -82,3 +82,9 @@ class DistributedError(TorchkilnError):
 class JobError(DistributedError):
     """The ranks of a job could not share a compile: a rank did not reach the same point, or
     did not send what it compiled, within ``job.timeout``; the message names the rank."""
+
+
+class PartialCompileWarning(RuntimeWarning):
+    """Part of a region's call runs outside its compiled code: a method run eagerly at a graph
+    break on every call, or a nested block traced again at every call site. Outputs stay
+    exact; the warning says what it costs and why, once per group and reason."""

@@ -53,6 +53,7 @@ import contextlib
 import functools
 import inspect
 import sys
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -67,6 +68,7 @@ from torchkiln.plugin import (
     CompileConfig,
     GroupPreparation,
     LayerCacheSpec,
+    PartialCompileWarning,
     RegionGroup,
     RegionPlan,
     hookimpl,
@@ -324,9 +326,10 @@ class BlockAdapter:
         if key in self.notes:
             return
         self.notes[key] = reason
-        print(
+        warnings.warn(
             f"torchkiln: transformers adapter: group {self.group!r}: {reason}, {consequence}",
-            file=sys.stderr,
+            PartialCompileWarning,
+            stacklevel=2,
         )
 
     def wrap_call(self, compiled: Callable[..., Any]) -> Callable[..., Any]:

@@ -42,7 +42,7 @@ the same module wins (see :class:`~torchkiln.plugin.GroupPreparation`). Disable 
 from __future__ import annotations
 
 import functools
-import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +51,14 @@ import torch
 from torch import nn
 
 from torchkiln._internals import dynamo
-from torchkiln.plugin import CompileConfig, GroupPreparation, RegionGroup, RegionPlan, hookimpl
+from torchkiln.plugin import (
+    CompileConfig,
+    GroupPreparation,
+    PartialCompileWarning,
+    RegionGroup,
+    RegionPlan,
+    hookimpl,
+)
 from torchkiln.plugins.transformers_models import (
     cache_parameter,
     is_transformers_module,
@@ -285,7 +292,7 @@ class NestedBlocks:
         return layer, ""
 
     def _note(self, reason: str) -> None:
-        """Say once per group and reason on stderr: at trace time under Dynamo (no graph
+        """Warn once per group and reason (:class:`~torchkiln.plugin.PartialCompileWarning`): at trace time under Dynamo (no graph
         break, nothing in the graph), else right away."""
         message = (
             f"torchkiln: transformers nested blocks: group {self.group!r}: {reason}, so the "
@@ -302,7 +309,7 @@ _SAID: set[str] = set()
 def _say(message: str) -> None:
     if message not in _SAID:
         _SAID.add(message)
-        print(message, file=sys.stderr)
+        warnings.warn(message, PartialCompileWarning, stacklevel=2)
 
 
 def _say_while_tracing(ctx: Any) -> None:
