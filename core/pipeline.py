@@ -197,16 +197,17 @@ def _compile_checked(
 ) -> Any:
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
     if cfg.enabled and cfg.artifacts is not None:
-        from torchkiln.artifacts.precompiled import artifact_group_loader
+        from torchkiln.artifacts.precompiled import ArtifactSource
 
-        compiler.group_loader = artifact_group_loader(cfg, pm)
+        source = ArtifactSource(cfg.artifacts, cfg.artifacts_strict, cfg, pm, cfg.cache_dir)
+        compiler.sources.append(source)
     job_share, job_report = (None, None)
     if cfg.enabled:
         from torchkiln.jobs import job_share_for
 
         job_share, job_report = job_share_for(cfg, region_plan, pm, cfg.progress != "off")
     if job_share is not None:
-        compiler.group_loader = job_share.loader
+        compiler.sources.append(job_share)
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
     strategy = cfg.distributed.strategy
     declared = pm.distributed_strategies().get(strategy)

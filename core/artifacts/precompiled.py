@@ -1,20 +1,18 @@
 """Loading precompiled artifacts into :func:`torchkiln.compile` (``artifacts=DIR``).
 
-:class:`ArtifactLoader` checks the directory's environment against the configuration and the
-model once, then, per region group, checks the group's code and layout and loads its compiled
-functions. The group's forward becomes a :class:`PrecompiledGroup`: on each call it evaluates
-the saved guards of each loaded function (torch's C++ guard manager, the same check Dynamo
-runs) and calls the first that matches; no Dynamo frame is entered. A call no artifact fits
-(another shape, grad mode, dtype) is never run by a wrong function: it warns once and goes to
-the group's normally compiled function, which traces and compiles as usual (under
-``artifacts_strict`` it raises instead). That function is built on the first such call, not
-before: a group whose calls all fit never builds a ``torch.compile`` wrapper, so loading does
-not import the backend's compile stack (inductor's ``compile_fx``) for nothing.
+:class:`ArtifactSource` checks the directory's environment against the configuration and the
+model once, then, per region group at compile time, checks the group's code and layout and
+loads its compiled functions: a source of the group's code
+(:class:`~torchkiln.engine.group_runtime.GroupCode` serves them, each call checked by their
+saved guards). A call no artifact fits (another shape, grad mode, dtype) is never run by a
+wrong function: it warns once and the backend compiles the group for such calls (under
+``artifacts_strict`` it raises instead).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -29,7 +27,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.artifacts.directory import (
     KERNELS_DIR,
     MANIFEST,
@@ -47,6 +44,7 @@ from torchkiln.artifacts.directory import (
 )
 from torchkiln.artifacts.isa_probe import answered_probes, machine_local
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.group_runtime import CodeSource, GroupCall, Loaded
 from torchkiln.plugin_host.region_plan import RegionGroup
 
 logger = logging.getLogger("torchkiln")
@@ -107,83 +105,55 @@ def _write_new_file(target: Path, relative: PurePosixPath, data: bytes) -> bool:
     return True
 
 
-class PrecompiledGroup:
-    """A group's forward ``fn(module, *args, **kwargs)`` served by loaded functions.
+def load_functions(
+    shared: Callable[..., Any],
+    payloads: list[tuple[str, bytes]],
+    cpu_isa: Any,
+    backend: str | None,
+) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """Saved functions (``(kind, bytes)``, each checked already) loaded for the group function
+    ``shared``, with the closure its guards read; the kernels must be in the cache already."""
+    closure = closure_data(shared)
+    functions = []
+    # Loading the first function loads its kernels, and inductor probes the CPU first.
+    with answered_probes(cpu_isa), _templates_deferred(backend):
+        for kind, payload in payloads:
+            fn = torch.compiler.load_compiled_function(io.BytesIO(payload), external_data=closure)
+            functions.append((kind, fn))
+    names = shared.__code__.co_freevars
+    return functions, {name: closure[f"closure:{name}"] for name in names}
 
-    Each call builds the frame locals torch's guards read (``module``, ``args``, ``kwargs``
-    and the closure) and calls the first loaded function whose guards pass
-    (:class:`~torchkiln._internals.cache_entries.GuardTable`).
-    """
+
+def _templates_deferred(backend: str | None) -> contextlib.AbstractContextManager[None]:
+    """Inductor: its kernel templates, which a loaded function never renders, are parsed on
+    first use rather than while the generated module imports them."""
+    if backend != "inductor":
+        return contextlib.nullcontext()
+    from torchkiln.artifacts.deferred_templates import deferred_templates
+
+    return deferred_templates()
+
+
+class ArtifactSource(CodeSource):
+    """Per compiled model: the directory checked once, groups loaded one by one."""
 
     def __init__(
         self,
-        group: str,
-        entries: list[tuple[str, Any]],
-        closure: dict[str, Any],
-        compile_group: Callable[[], Callable[..., Any]],
+        directory: str,
         strict: bool,
-        quiet: bool = False,
+        config: CompileConfig,
+        plugins: Any,
+        cache_dir: str | None = None,
     ):
-        self.group = group
-        self.kinds = [kind for kind, _ in entries]
-        self._table = loaded_guard_table(fn for _, fn in entries)
-        self._closure = closure
-        self._compile_group = compile_group
-        self._fallback: Callable[..., Any] | None = None
-        """The group's normally compiled function, built by the first call that needs it."""
-        self._strict = strict
-        self._quiet = quiet
-        """Log, not warn, a call no loaded function fits (a job's shared entry covers the
-        first call only: other shapes compile on the rank as usual, and the report counts them)."""
-        self.hits = 0
-        self.misses = 0
-        self.miss_reason: str | None = None
-
-    def __call__(self, module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
-        f_locals = {**self._closure, "module": module, "args": args, "kwargs": kwargs}
-        fn = self._table.find(f_locals)
-        if fn is not None:
-            self.hits += 1
-            return fn(module, *args, **kwargs)
-        return self._miss(f_locals, module, args, kwargs)
-
-    def _miss(
-        self, f_locals: dict[str, Any], module: nn.Module, args: Any, kwargs: dict[str, Any]
-    ) -> Any:
-        self.misses += 1
-        if self.miss_reason is None:
-            failures = self._table.first_failures(f_locals)
-            self.miss_reason = "; ".join(
-                f"{kind}: {(failed or 'guards pass')[:300]}"
-                for kind, failed in zip(self.kinds, failures, strict=True)
-            )
-            message = (
-                f"torchkiln: precompiled group {self.group!r} does not fit this call "
-                f"({self.miss_reason}); compiling it normally for such calls"
-            )
-            if self._strict:
-                raise ArtifactError(message + " (artifacts_strict is set, so this is an error)")
-            if self._quiet:
-                logger.info("%s", message)
-            else:
-                warnings.warn(message, ArtifactWarning, stacklevel=4)
-        elif self._strict:
-            raise ArtifactError(f"precompiled group {self.group!r} does not fit this call")
-        if self._fallback is None:
-            self._fallback = self._compile_group()
-        return self._fallback(module, *args, **kwargs)
-
-
-class ArtifactLoader:
-    """Per compiled model: the directory checked once, groups loaded one by one."""
-
-    def __init__(self, directory: str, strict: bool, cache_dir: str | None = None):
         self.directory = Path(directory).expanduser()
+        self.name = f"artifacts {self.directory}"
         self.strict = strict
+        self.config = config
+        self.plugins = plugins
         self.cache_dir = cache_dir
         """The model's ``cache_dir`` (the kernels go there), else the cache in force."""
         self.manifest: Manifest | None = None
-        self.loaded: dict[str, PrecompiledGroup] = {}
+        self.loaded: dict[str, Loaded] = {}
         self.rejected: dict[str, str] = {}
         """Group name -> why its artifacts were not used."""
         self.load_seconds = 0.0
@@ -226,20 +196,15 @@ class ArtifactLoader:
         self.manifest = manifest
         return True
 
-    def load_group(
-        self,
-        group: RegionGroup,
-        shared: Callable[..., Any],
-        compile_group: Callable[[], Callable[..., Any]],
-        config: CompileConfig,
-        plugins: Any,
-    ) -> PrecompiledGroup | None:
-        """The group served by its loaded functions when its artifacts fit (``compile_group``
-        builds the normally compiled function for the calls they do not fit), else ``None``
-        after a warning (an error under ``strict``): the group compiles as usual."""
+    def load(self, call: GroupCall) -> Loaded | None:
+        return self.loaded.get(call.group.name)
+
+    def attach(self, group: RegionGroup, shared: Callable[..., Any]) -> bool:
+        """Whether the group's artifacts fit and loaded, else ``False`` after a warning (an
+        error under ``strict``): the group compiles as usual."""
         module = group.regions[0].module
-        if not self.check(module, config, plugins):
-            return None
+        if not self.check(module, self.config, self.plugins):
+            return False
         assert self.manifest is not None
         saved = self.manifest.group(group.name)
         reason = _group_mismatch(saved, module, self.manifest)
@@ -247,7 +212,7 @@ class ArtifactLoader:
             assert saved is not None
             try:
                 started = time.perf_counter()
-                precompiled = self._load(saved, shared, compile_group)
+                precompiled = self._load(saved, shared)
                 self.load_seconds += time.perf_counter() - started
             except ArtifactError as error:  # refused by the integrity check: nothing was loaded
                 reason = str(error)[:500]
@@ -255,24 +220,20 @@ class ArtifactLoader:
                 reason = f"loading failed: {type(error).__name__}: {error}"[:500]
             else:
                 self.loaded[group.name] = precompiled
+                kinds = [kind for kind, _ in precompiled.functions]
                 logger.info(
                     "torchkiln: group %r loaded from %s (%d precompiled functions: %s)",
                     group.name,
                     self.directory,
-                    len(precompiled.kinds),
-                    ", ".join(precompiled.kinds),
+                    len(kinds),
+                    ", ".join(kinds),
                 )
-                return precompiled
+                return True
         self.rejected[group.name] = reason
         self._reject(f"group {group.name!r}", reason)
-        return None
+        return False
 
-    def _load(
-        self,
-        saved: GroupArtifacts,
-        shared: Callable[..., Any],
-        compile_group: Callable[[], Callable[..., Any]],
-    ) -> PrecompiledGroup:
+    def _load(self, saved: GroupArtifacts, shared: Callable[..., Any]) -> Loaded:
         from torchkiln.artifacts.cache import current_cache_dir
 
         assert self.manifest is not None
@@ -282,28 +243,28 @@ class ArtifactLoader:
             target = Path(self.cache_dir or current_cache_dir()).expanduser().resolve()
             copy_kernels(self.directory, self.manifest.kernels, target)
             self._kernels_copied = True
-        closure = closure_data(shared)
-        entries = []
-        # Loading the first function loads its kernels, and inductor probes the CPU first.
-        with answered_probes(self.manifest.cpu_isa), self._templates_deferred():
-            for entry, payload in zip(saved.entries, data, strict=True):
-                fn = torch.compiler.load_compiled_function(
-                    io.BytesIO(payload), external_data=closure
-                )
-                entries.append((entry.kind, fn))
-        names = shared.__code__.co_freevars
-        frame_closure = {name: closure[f"closure:{name}"] for name in names}
-        return PrecompiledGroup(saved.name, entries, frame_closure, compile_group, self.strict)
+        functions, closure = load_functions(
+            shared,
+            [(entry.kind, payload) for entry, payload in zip(saved.entries, data, strict=True)],
+            self.manifest.cpu_isa,
+            self.manifest.environment.get("backend"),
+        )
+        return Loaded(self.name, functions, closure, functools.partial(self._miss, saved.name))
 
-    def _templates_deferred(self) -> contextlib.AbstractContextManager[None]:
-        """Inductor: its kernel templates, which a loaded function never renders, are parsed
-        on first use rather than while the generated module imports them."""
-        assert self.manifest is not None
-        if self.manifest.environment.get("backend") != "inductor":
-            return contextlib.nullcontext()
-        from torchkiln.artifacts.deferred_templates import deferred_templates
-
-        return deferred_templates()
+    def _miss(self, group: str, reason: str | None) -> None:
+        """A call no loaded function fits: warned once (the backend compiles such calls), an
+        error on every call under ``strict``."""
+        if reason is None:
+            if self.strict:
+                raise ArtifactError(f"precompiled group {group!r} does not fit this call")
+            return
+        message = (
+            f"torchkiln: precompiled group {group!r} does not fit this call ({reason}); "
+            "compiling it normally for such calls"
+        )
+        if self.strict:
+            raise ArtifactError(message + " (artifacts_strict is set, so this is an error)")
+        warnings.warn(message, ArtifactWarning, stacklevel=5)
 
 
 def _group_mismatch(
@@ -324,20 +285,3 @@ def _group_mismatch(
     if saved.structure_hash != structure_hash(module):
         return "the group's parameters or buffers differ in names, shapes or dtypes"
     return None
-
-
-def artifact_group_loader(config: CompileConfig, plugins: Any) -> Callable[..., Any]:
-    """The :class:`~torchkiln.engine.region_compiler.Compiler` group loader for ``config.artifacts``."""
-    assert config.artifacts is not None
-    loader = ArtifactLoader(config.artifacts, config.artifacts_strict, config.cache_dir)
-
-    def load(
-        group: RegionGroup,
-        shared: Callable[..., Any],
-        compile_group: Callable[[], Any],
-        compile_savable: Callable[[], Any],
-    ) -> PrecompiledGroup | None:
-        return loader.load_group(group, shared, compile_group, config, plugins)
-
-    load.loader = loader  # type: ignore[attr-defined]
-    return load

@@ -309,7 +309,7 @@ def _looks_like_torchkiln_region(module: nn.Module) -> bool:
     region = region_state_of(module)
     if region is not None and region.status in LIVE_STATUSES:
         return True  # torchkiln's own record of the region (its forward is named "forward")
-    if getattr(forward, "__qualname__", "").startswith("Compiler._first_call_shim."):
+    if getattr(forward, "__qualname__", "").startswith("first_call_step."):
         return True
     function = getattr(forward, "__func__", None)
     return getattr(forward, "__self__", None) is module and getattr(

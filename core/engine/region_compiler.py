@@ -9,8 +9,7 @@ Unlike ``nn.Module.compile()`` this also compiles ``torch.nn`` built-ins (``nn.L
 ``torch/nn``, so each group is compiled through a small function of its own (a fresh code
 object per group, hence one Dynamo cache per group shared by all of its regions).
 
-The first call of each region goes through a shim that times it, reads Dynamo's records,
-applies the region error policy and reports progress; it then installs the compiled function.
+What a region's call does then is :mod:`torchkiln.engine.group_runtime`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import time
 import types
 import warnings
 import weakref
@@ -43,15 +41,14 @@ from torchkiln.engine.compile_state import (
     ran_eagerly,
     state_of,
 )
-from torchkiln.engine.double_compile import first_call_check, group_function_check
-from torchkiln.engine.dynamo_metrics import HeldRecords, Window
-from torchkiln.engine.first_call import (
-    close_window,
+from torchkiln.engine.double_compile import group_function_check
+from torchkiln.engine.dynamo_metrics import HeldRecords
+from torchkiln.engine.group_runtime import (
+    CodeSource,
+    GroupCode,
     describe_failure,
+    first_call_step,
     first_line,
-    handle_failure,
-    run_eagerly_after_sibling,
-    set_status,
 )
 from torchkiln.engine.progress import ProgressObserver
 from torchkiln.engine.trace_settings import with_trace_settings
@@ -197,17 +194,6 @@ GroupHook = Callable[[RegionGroup, Callable[..., Any], Callable[..., Any]], Call
 function ``compile_region`` returned for the group's shared function (before any
 ``GroupPreparation.wrap_call``); what it returns is installed for every region of the group."""
 
-GroupLoader = Callable[[RegionGroup, Callable[..., Any], Callable[[], Any], Callable[[], Any]], Any]
-"""``loader(group, group_function, compile_group, compile_savable) -> function or None``: serves
-a group's shared function without compiling it (precompiled artifacts, a job's shared entries).
-``compile_savable()`` returns the group function under ``compile_region`` with ``fullgraph``
-set, which ``aot_compile`` can save. ``compile_group()`` returns the
-group's normally compiled function (``compile_region``, then every group hook); the loader
-calls it only when a call needs it, so a group it serves builds no ``torch.compile`` wrapper
-(nor imports the backend's compile stack) until then. ``None``: the group compiles as usual.
-What it returns is installed like a hook's result; errors it raises propagate as they are."""
-
-
 class Compiler:
     """Compiles one plan's regions in place."""
 
@@ -222,7 +208,9 @@ class Compiler:
         self.group_hooks: list[GroupHook] = []
         """Each may replace a group's compiled function (precompiled artifacts do). Errors they
         raise propagate as they are (they are not compile failures of the region)."""
-        self.group_loader: GroupLoader | None = None
+        self.sources: list[CodeSource] = []
+        """Where a group's code may come from before the backend compiles it, in order (the
+        store or a peer rank, a precompiled directory): :class:`GroupCode` asks them."""
         self._backend_owner: str | Missing | None = MISSING
 
     def __call__(self, root: nn.Module) -> None:
@@ -321,10 +309,10 @@ class Compiler:
         state.code_names[group.name] = shared.__code__.co_name
         state.codes[group.name] = shared.__code__
         hooks = list(self.group_hooks)
-        loaded = self._load(shared, group, preparations, hooks)
+        sources = [source for source in self.sources if source.attach(group, shared)]
         compiled_shared, error = (
-            (loaded, None)
-            if loaded is not None
+            (self._group_code(shared, group, preparations, hooks, sources), None)
+            if sources
             else self._compile(shared, group, preparations, hooks)
         )
         if error is None:
@@ -353,9 +341,17 @@ class Compiler:
                     compiled = _wrap_call(compiled, preparations, group.name)
                 compiled = _named_forward(compiled)
                 wrapper_code = own.__code__.co_name
-            module.__dict__["forward"] = types.MethodType(
-                self._first_call_shim(compiled, index, wrapper_code), module
+            step = first_call_step(
+                compiled,
+                group,
+                len(self.plan.groups),
+                wrapper_code,
+                self.progress,
+                self.config.on_region_error,
+                self._backend_plugin(),
+                functools.partial(first_call_dynamo_settings, len(group.regions)),
             )
+            module.__dict__["forward"] = types.MethodType(step, module)
 
     def _layer_caches(self) -> tuple[Any, ...]:
         """Every plugin's ``declare_layer_caches`` declarations (for ``prepare_group``)."""
@@ -370,16 +366,16 @@ class Compiler:
             )
         return self._backend_owner
 
-    def _load(
+    def _group_code(
         self,
         fn: RegionFunction,
         group: RegionGroup,
         preparations: list[GroupPreparation],
         hooks: list[GroupHook],
-    ) -> RegionFunction | None:
-        """The group loader's function for ``group``, or ``None`` (compile it)."""
-        if self.group_loader is None:
-            return None
+        sources: list[CodeSource],
+    ) -> GroupCode:
+        """The group served by its sources' code; the backend compiles only for the calls it
+        does not fit (no ``torch.compile`` wrapper, nor the backend's stack, until then)."""
 
         def compile_group() -> RegionFunction:
             # No wrap_call here: it is around the loaded function, which calls this one.
@@ -402,7 +398,7 @@ class Compiler:
             )
             return with_trace_settings(compiled, preparations)
 
-        return self.group_loader(group, fn, compile_group, compile_savable)
+        return GroupCode(group, fn, sources, compile_group, compile_savable)
 
     def _compile(
         self,
@@ -440,78 +436,6 @@ class Compiler:
                     group.regions[0].path, group.name, error, plugin
                 ) from error
             return fn, error
-
-    def _first_call_shim(
-        self, compiled_function: Callable[..., Any], group_index: int, wrapper_code: str
-    ) -> Callable[..., Any]:
-        """``first_call(module, *args, **kwargs)``, installed bound to the region's module.
-
-        Everything per region comes from the module it is bound to (its ``REGION_ATTR``), never
-        from this closure: ``copy.deepcopy(model)`` rebinds bound methods, so a copy made before
-        the first call runs the copy's own weights and fills the copy's report.
-
-        The shim stays installed until a first call *finishes*: interrupted (``Ctrl-C``), failed
-        on the user's own error, or failed to compile under the ``raise`` policy, the next call
-        is a first call again, so the region's status always says what happened last.
-        """
-        group_count = len(self.plan.groups)
-        progress = self.progress
-        policy = self.config.on_region_error
-        shared_by = len(self.plan.groups[group_index].regions)
-        comptime = dynamo.comptime_function()
-        check = first_call_check(self.plan.groups[group_index].name)
-        plugin = self._backend_plugin()
-
-        def first_call(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
-            comptime(check)  # only another compile ever traces this shim: a double compile
-            region_state: RegionState = module.__dict__[REGION_ATTR]
-            state = region_state.owner
-            shim = module.__dict__["forward"]
-            compiled = types.MethodType(compiled_function, module)
-            region = region_state.region
-            compile_events.install()  # again, in case torch._dynamo.reset() dropped it
-            progress.start(region, region_state.group_index, group_count)
-            window = Window.open()
-            eager_before = (region_state.eager_calls, region_state.first_eager)
-            started = time.perf_counter()
-            module.__dict__["forward"] = compiled  # recursion and re-entry see the final state
-            try:
-                failed = (
-                    state.failed_groups.get(region.group)
-                    if policy == "eager" and state is not None
-                    else None
-                )
-                if failed is not None and failed is not region_state:
-                    output = run_eagerly_after_sibling(module, region_state, failed, args, kwargs)
-                else:
-                    with first_call_dynamo_settings(shared_by):
-                        output = compiled(*args, **kwargs)
-                    set_status(region_state, "compiled")
-            except Exception as error:
-                output = handle_failure(
-                    module, region_state, shim, error, policy, plugin, args, kwargs
-                )
-            except BaseException:
-                module.__dict__["forward"] = shim  # interrupted: the next call starts over
-                raise
-            finally:
-                if module.__dict__.get("forward") is shim:
-                    # Not finished (interrupted, or the user's own error): the next call is a
-                    # first call again, and what this one ran does not count.
-                    region_state.eager_calls, region_state.first_eager = eager_before
-                close_window(region_state, window, wrapper_code, started)
-                if region_state.status != "pending":
-                    progress.done(
-                        region, region_state.first_call_seconds or 0.0,
-                        region_state.status == "compiled",
-                    )  # fmt: skip
-                if state is not None and state.pending == 0 and not state.first_calls_done:
-                    state.first_calls_done = True
-                    for callback in state.on_first_calls_done:
-                        callback(state)
-            return output
-
-        return _named_forward(first_call)
 
 
 def _wrap_traced(forward: RegionFunction, preparations: list[GroupPreparation]) -> RegionFunction:

@@ -12,7 +12,6 @@ copied, unpickled or imported.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import pickle
@@ -23,7 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from torchkiln.artifacts.cache import apply_cache_dir, current_cache_dir
@@ -37,9 +35,9 @@ from torchkiln.artifacts.directory import (
     read_entry,
     stored_file,
 )
-from torchkiln.artifacts.isa_probe import answered_probes, recorded_probes
+from torchkiln.artifacts.isa_probe import recorded_probes
 from torchkiln.artifacts.precompile import plain_module
-from torchkiln.artifacts.precompiled import PrecompiledGroup, copy_kernels
+from torchkiln.artifacts.precompiled import copy_kernels, load_functions
 from torchkiln.engine.trace_settings import trace_settings_of
 
 META = "meta.json"
@@ -122,15 +120,8 @@ def unpack_entry(message: bytes, directory: Path) -> None:
     (directory / META).write_text(json.dumps(content["meta"], indent=1))
 
 
-def load_entry(
-    directory: Path,
-    group: str,
-    shared: Callable[..., Any],
-    compile_group: Callable[[], Callable[..., Any]],
-    cache_dir: str | None,
-) -> PrecompiledGroup:
-    """The group served by the entry in ``directory`` (calls it does not fit compile the
-    group normally, on this rank).
+def load_entry(directory: Path, shared: Callable[..., Any], cache_dir: str | None) -> Any:
+    """The entry's kind, loaded function and closure (:func:`load_functions`).
 
     :raises ArtifactError: a file that does not match the metadata (nothing was loaded).
     """
@@ -141,21 +132,8 @@ def load_entry(
         read_entry(directory, kernel)
     target = Path(cache_dir or current_cache_dir()).expanduser().resolve()
     copy_kernels(directory, kernels, target)
-    closure = closure_data(shared)
-    with answered_probes(meta.get("cpu_isa")), _templates_deferred(meta):
-        fn = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=closure)
-    frame_closure = {name: closure[f"closure:{name}"] for name in shared.__code__.co_freevars}
-    return PrecompiledGroup(
-        group, [(meta["kind"], fn)], frame_closure, compile_group, strict=False, quiet=True
-    )
-
-
-def _templates_deferred(meta: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
-    if meta.get("fields", {}).get("backend") != "inductor":
-        return contextlib.nullcontext()
-    from torchkiln.artifacts.deferred_templates import deferred_templates
-
-    return deferred_templates()
+    backend = meta.get("fields", {}).get("backend")
+    return load_functions(shared, [(meta["kind"], data)], meta.get("cpu_isa"), backend)
 
 
 def remove_quietly(directory: Path) -> None:

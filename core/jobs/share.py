@@ -21,6 +21,7 @@ that failure, and every rank then compiles the group normally.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import time
@@ -29,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from torch import nn
 
 from torchkiln.artifacts.directory import ArtifactError
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode, Loaded
 from torchkiln.jobs.entry import build_entry, load_entry, pack_entry, remove_quietly, unpack_entry
 from torchkiln.jobs.exchange import JobExchange
 from torchkiln.jobs.keys import describe_difference, share_fields, share_key
@@ -118,19 +119,22 @@ class JobReport:
         return [head, *(f"  {g.line()}" for g in self.groups)]
 
 
-class JobShare:
-    """Per compiled model: the exchange, the store, and one :class:`GroupShare` per group."""
+class JobShare(CodeSource):
+    """Per compiled model: the exchange, the store, and one :class:`GroupShare` per group; a
+    source of each group's code (its first call shares)."""
+
+    name = "job"
 
     def __init__(self, config: CompileConfig, progress: bool):
         self.config = config
         self.exchange = JobExchange(config.job.timeout, progress)
         self.store = JobStore(config.job.store) if config.job.store else None
         self.groups: dict[str, GroupShare] = {}
-        self.served: dict[str, SharedGroup] = {}
+        self.codes: dict[str, GroupCode] = {}
 
     def report(self) -> JobReport:
-        for name, served in self.served.items():
-            self.groups[name].fitted_calls, self.groups[name].other_calls = served.counts()
+        for name, code in self.codes.items():
+            self.groups[name].fitted_calls, self.groups[name].other_calls = code.hits, code.misses
         return JobReport(
             self.exchange.rank,
             self.exchange.world,
@@ -140,52 +144,27 @@ class JobShare:
             tuple(self.groups.values()),
         )
 
-    def loader(
-        self,
-        group: RegionGroup,
-        shared: Callable[..., Any],
-        compile_group: Callable[[], Callable[..., Any]],
-        compile_savable: Callable[[], Any],
-    ) -> SharedGroup:
-        record = self.groups.setdefault(group.name, GroupShare(group.name))
-        served = self.served[group.name] = SharedGroup(
-            self, record, shared, compile_group, compile_savable
-        )
-        return served
+    def attach(self, group: RegionGroup, shared: Callable[..., Any]) -> bool:
+        self.groups.setdefault(group.name, GroupShare(group.name))
+        return True
+
+    def load(self, call: GroupCall) -> Loaded | None:
+        self.codes[call.group.name] = call.code
+        return _GroupSharing(self, self.groups[call.group.name], call).share()
 
 
-class SharedGroup:
-    """The function installed for a group: its first call shares, later calls are served by
-    what the first call loaded (or compiled)."""
+class _GroupSharing:
+    """One group's first call on this rank: agree on keys, send or receive, load."""
 
-    def __init__(
-        self,
-        job: JobShare,
-        record: GroupShare,
-        shared: Callable[..., Any],
-        compile_group: Callable[[], Callable[..., Any]],
-        compile_savable: Callable[[], Any],
-    ):
+    def __init__(self, job: JobShare, record: GroupShare, call: GroupCall):
         self.job = job
         self.record = record
-        self.shared = shared
-        self.compile_group = compile_group
-        self.compile_savable = compile_savable
-        self.served: Callable[..., Any] | None = None
+        self.call = call
 
-    def __call__(self, module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
-        if self.served is None:
-            self.served = self._first(module, args, kwargs)
-        return self.served(module, *args, **kwargs)
-
-    def counts(self) -> tuple[int, int]:
-        served = self.served
-        return getattr(served, "hits", 0), getattr(served, "misses", 0)
-
-    def _first(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        job, record = self.job, self.record
+    def share(self) -> Loaded | None:
+        job, record, call = self.job, self.record, self.call
         exchange, store = job.exchange, job.store
-        fields = share_fields(job.config, record.group, module, args, kwargs)
+        fields = share_fields(job.config, record.group, call.module, call.args, call.kwargs)
         key = share_key(fields)
         record.key = key
         found = store.find(key) if store is not None else None
@@ -201,7 +180,7 @@ class SharedGroup:
         directory: Path | None = None
         for plan in _plans(everyone):
             if me == plan.source:
-                directory = self._send(plan, fields, module, args, kwargs, found)
+                directory = self._send(plan, fields, found)
             elif me in plan.receivers:
                 directory = self._receive(plan)
             elif plan.receivers:  # another key's broadcast: every rank takes part
@@ -214,9 +193,6 @@ class SharedGroup:
         self,
         plan: _Plan,
         fields: dict[str, Any],
-        module: nn.Module,
-        args: Any,
-        kwargs: Any,
         found: Path | None,
     ) -> Path | None:
         """The source's part: read or build the entry, send it to the ranks that lack it.
@@ -224,7 +200,7 @@ class SharedGroup:
         record, exchange = self.record, self.job.exchange
         directory, failure = found, None
         if directory is None:
-            directory, failure = self._build(fields, module, args, kwargs)
+            directory, failure = self._build(fields)
         if plan.receivers:
             message = pack_entry(directory) if directory is not None else None
             started = time.perf_counter()
@@ -259,14 +235,18 @@ class SharedGroup:
         record.role, record.source = "received", plan.source
         return self._keep(staging)
 
-    def _build(
-        self, fields: dict[str, Any], module: nn.Module, args: Any, kwargs: Any
-    ) -> tuple[Path | None, str | None]:
-        record = self.record
+    def _build(self, fields: dict[str, Any]) -> tuple[Path | None, str | None]:
+        record, call = self.record, self.call
         staging = self._staging(record.key)
         try:
             record.compile_seconds = build_entry(
-                staging, fields, self.compile_savable(), self.shared, module, args, kwargs
+                staging,
+                fields,
+                call.build_savable(),
+                call.shared,
+                call.module,
+                call.args,
+                call.kwargs,
             )
         except Exception as error:  # sent to the others; every rank then compiles normally
             remove_quietly(staging)
@@ -288,16 +268,14 @@ class SharedGroup:
         self.record.stored = True
         return store.publish(staging, self.record.key)
 
-    def _load(self, directory: Path | None) -> Callable[..., Any]:
+    def _load(self, directory: Path | None) -> Loaded | None:
         record, job = self.record, self.job
         if directory is None:
             record.role = "local"
-            return self.compile_group()
+            return None
         started = time.perf_counter()
         try:
-            served = load_entry(
-                directory, record.group, self.shared, self.compile_group, job.config.cache_dir
-            )
+            functions, closure = load_entry(directory, self.call.shared, job.config.cache_dir)
         except Exception as error:
             record.reason = (
                 f"what rank {record.source} compiled could not be loaded here "
@@ -306,12 +284,13 @@ class SharedGroup:
             record.role = "local"
             if isinstance(error, ArtifactError) and job.store is not None and record.stored:
                 job.store.discard(record.key)
-            return self.compile_group()
+            return None
         finally:
             record.load_seconds = time.perf_counter() - started
             if job.store is None:
                 remove_quietly(directory)  # kernels copied, function loaded: nothing needs it
-        return served
+        source = "store" if record.role == "store" else f"rank {record.source}"
+        return Loaded(source, functions, closure, functools.partial(_other_call, record.group))
 
 
 @attrs.frozen
@@ -332,6 +311,13 @@ def _plans(everyone: list[dict[str, Any]]) -> list[_Plan]:
         receivers = tuple(r for r in ranks if r != source and not everyone[r]["stored"])
         plans.append(_Plan(key, source, receivers))
     return plans
+
+
+def _other_call(group: str, reason: str | None) -> None:
+    """A call the shared entry does not fit (it covers the first call's shapes and kind only):
+    the rank compiles it as usual, logged (the report counts them)."""
+    if reason is not None:
+        logger.info("torchkiln: group %r's shared entry does not fit this call (%s)", group, reason)
 
 
 def _what(group: str, source: int) -> str:

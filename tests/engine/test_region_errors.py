@@ -13,7 +13,7 @@ import torch
 from engine_zoo import HybridModel, NestedListModel, graphs_compiled, token_ids
 
 import torchkiln
-from torchkiln.engine.first_call import RegionFallbackWarning
+from torchkiln.engine.group_runtime import RegionFallbackWarning
 from torchkiln.plugin import BackendSpec, RegionGroup
 
 BOOM = "the broken backend refuses this graph"
