@@ -167,12 +167,15 @@ class CompileState:
     """Compile id -> (group, record) of compiles after the first calls, as reports saw them
     (Dynamo keeps only its most recent records)."""
     tiered: Any = None
+    """The tiered runtime (:class:`torchkiln.tiered.runtime.TieredForward`), when installed."""
     remote_cache: Any = None
     """``remote_cache``: the :class:`torchkiln.artifacts.remote_cache.RemoteCacheWatch`."""
     job: Any = None
     """Compiling once per job: the :class:`torchkiln.jobs.share.JobShare` serving the groups,
     or a :class:`torchkiln.jobs.share.JobReport` saying why the ranks do not share."""
-    """The tiered runtime (:class:`torchkiln.tiered.runtime.TieredForward`), when installed."""
+    group_codes: dict[str, Any] = attrs.Factory(dict)
+    """Group -> its :class:`~torchkiln.engine.group_runtime.GroupCode`, for a group served by
+    a source's code (the report names each one's state)."""
     root: weakref.ref[nn.Module] | None = attrs.field(default=None, repr=False)
     """The module this state lives on: decompiling through another object that holds all of
     its regions (PEFT's merged model) also clears it there."""

@@ -136,11 +136,12 @@ class GroupCode:
         if self.state != "serving":
             return f"{self.group.name}: {self.state}"
         assert self.loaded is not None
-        kinds = ", ".join(kind for kind, _ in self.loaded.functions)
+        functions = self.loaded.functions
+        kinds = ", ".join(dict.fromkeys(kind for kind, _ in functions))
         built = f"; {self.misses} compiled by the backend" if self.misses else ""
         return (
-            f"{self.group.name}: serving from {self.loaded.source} ({kinds}): "
-            f"{self.hits} calls fit{built}"
+            f"{self.group.name}: serving from {self.loaded.source} ({len(functions)} "
+            f"functions: {kinds}): {self.hits} calls fit{built}"
         )
 
     def _first(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

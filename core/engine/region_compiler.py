@@ -315,6 +315,8 @@ class Compiler:
             if sources
             else self._compile(shared, group, preparations, hooks)
         )
+        if isinstance(compiled_shared, GroupCode):
+            state.group_codes[group.name] = compiled_shared
         if error is None:
             compiled_shared = _wrap_call(compiled_shared, preparations, group.name)
         compiled_shared = _named_forward(compiled_shared)  # once per group, not per region

@@ -124,6 +124,10 @@ class CompileReport:
     remote_cache: Any = None
     """``remote_cache``: torch's remote-cache traffic since compile and whether the server
     answers (:class:`torchkiln.artifacts.remote_cache.RemoteCacheReport`)."""
+    served_from: tuple[str, ...] = ()
+    """Per group served by a source's code (the store, a peer rank, a precompiled directory):
+    ``pending`` before its first call, else where the code came from, the calls it served and
+    those the backend compiled (or ``compiled``: no source had code for it)."""
     job: Any = None
     """Compiling once per job: what each group's first call did on this rank
     (:class:`torchkiln.jobs.share.JobReport`); ``None`` outside a job."""
@@ -154,10 +158,8 @@ class CompileReport:
         }
 
     def __str__(self) -> str:
-        try:
-            from torchkiln.reporting.report_table import render_report
-        except ImportError:
-            return _plain_table(self)
+        from torchkiln.reporting.report_table import render_report
+
         return render_report(self)
 
 
@@ -462,6 +464,7 @@ def build_report(
         causes=all_causes,
         tiers=state.tiered.report() if state.tiered is not None else None,
         job=_job_report(state.job),
+        served_from=tuple(code.line() for code in state.group_codes.values()),
         remote_cache=state.remote_cache.report() if state.remote_cache is not None else None,
         backend_plugin=state.providers.get("backend"),
         selector_plugin=state.providers.get("selector"),
@@ -471,48 +474,3 @@ def build_report(
 def _job_report(job: Any) -> Any:
     """The job's report: a live share reports itself, a decision not to share is one."""
     return job.report() if hasattr(job, "report") else job
-
-
-def _plain_table(report: CompileReport) -> str:
-    header = (
-        "region",
-        "group",
-        "status",
-        "graphs",
-        "compile s",
-        "breaks",
-        "recompiles",
-        "cache hits",
-    )
-    rows = [header] + [
-        (
-            r.path or "<root>",
-            r.group,
-            r.status + (" (reused)" if r.reused else ""),
-            str(r.graphs),
-            f"{r.compile_seconds:.2f}",
-            str(r.graph_break_count),
-            str(r.recompiles),
-            str(r.cache_hits),
-        )
-        for r in report.regions
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [report.title]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
-    for r in report.regions:
-        if r.fallback_reason:
-            lines.append(f"  {r.path or '<root>'}: {r.fallback_reason}")
-        if r.recompile_limit_hit:
-            lines.append(
-                f"  {r.path or '<root>'}: hit Dynamo's recompile limit; later calls run eagerly"
-            )
-    for group, reasons in report.later_recompiles.items():
-        lines.append(
-            f"  group {group}: {len(reasons)} compile(s) after the first calls: {reasons[-1]}"
-        )
-    if report.remote_cache is not None:
-        lines += report.remote_cache.lines()
-    if report.job is not None:
-        lines += report.job.lines()
-    return "\n".join(lines)

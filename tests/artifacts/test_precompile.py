@@ -176,6 +176,23 @@ def test_a_call_the_artifacts_do_not_fit_warns_once_and_compiles(artifacts: Path
         torch.testing.assert_close(out, model(other))
 
 
+def test_the_report_names_where_each_group_s_code_came_from(artifacts: Path) -> None:
+    model = _compiled(artifacts)
+    assert torchkiln.report(model).served_from == ("Block: pending",)
+    with torch.no_grad():
+        model(inputs())  # fits: 3 blocks, one group, no frame traced
+        model(inputs())
+    assert frames_compiled() == 0
+    line = f"Block: serving from artifacts {artifacts} (3 functions: inference, training): 6 calls fit"
+    assert torchkiln.report(model).served_from == (line,)
+    with pytest.warns(ArtifactWarning), torch.no_grad():
+        model(inputs(batch=5))  # fits none: the backend compiles the group for it
+    assert frames_compiled() >= 1
+    served = torchkiln.report(model).served_from[0]
+    assert served.endswith("6 calls fit; 3 compiled by the backend")
+    assert f"code of group {served}" in str(torchkiln.report(model))
+
+
 def test_a_changed_module_attribute_is_caught_by_the_guards(artifacts: Path) -> None:
     model = _compiled(artifacts)
     for block in model.blocks:
