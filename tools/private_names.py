@@ -3,10 +3,10 @@
 A private name here is one that starts with an underscore (not a dunder) and that torchkiln's own
 code never defines: an attribute read or written (``x._stance``), a name given as a string to
 ``getattr``/``setattr``/``hasattr``/``delattr``, a private module imported (``torch._dynamo``) or
-a private name imported from a module. Names torchkiln defines itself (functions, classes,
-assignments, arguments, ``self._x = ...``) outside the adapter are its own and pass; a name the
-adapter sets on another library's object (``KernelTemplate._template_from_string = ...``) stays
-that library's. :data:`ALLOWED` lists the few private names of the standard library that pass.
+a private name imported from a module. A name the same file defines (functions, classes,
+assignments, arguments, ``self._x = ...``) is its own and passes; a name defined in another file
+does not (a ``self._orig_mod`` somewhere must not let ``model._orig_mod`` pass everywhere), nor
+one the adapter sets on another library's object (``KernelTemplate._template_from_string``). :data:`ALLOWED` lists the few private names of the standard library that pass.
 
 Only ``core/_internals/`` (``torchkiln._internals``) may touch them: that package is the one adapter
 between torchkiln and the private parts of torch, transformers and accelerate. Run by ``tox -e
@@ -103,16 +103,12 @@ def main(argv: list[str]) -> int:
     roots = [Path(arg) for arg in argv] or [Path("core"), Path("plugins")]
     files = sorted(path for root in roots for path in root.rglob("*.py"))
     trees = {path: ast.parse(path.read_text(), str(path)) for path in files}
-    own: set[str] = set()
-    for path, tree in trees.items():
-        if ADAPTER not in path.parents:
-            own |= defined_names(tree)
     found = [
         f"{path}:{line}: {name}"
         for path, tree in trees.items()
         if ADAPTER not in path.parents
         for line, name in sorted(set(used_private_names(tree)))
-        if "." in name or name not in own
+        if "." in name or name not in defined_names(tree)
     ]
     for line in found:
         print(line)

@@ -47,6 +47,11 @@ def test_reports_uses_outside_the_adapter_and_passes_the_adapter_and_getframe(
                 def set_parser(owner, parser):
                     owner._template_from_string = parser
             """,
+            "core/engine/other.py": """
+                class Elsewhere:
+                    def __init__(self):
+                        self._orig_mod = None  # defined here: no pass for other files
+            """,
             "core/engine/uses.py": """
                 import sys
                 import torch._dynamo.utils
@@ -71,7 +76,8 @@ def test_reports_uses_outside_the_adapter_and_passes_the_adapter_and_getframe(
         "core/engine/uses.py:3: torch._dynamo.utils",
         "core/engine/uses.py:4: transformers.utils.output_capturing._active_collector",
         "core/engine/uses.py:13: _CAN_RECORD_REGISTRY",
-        # Set by the adapter on torch's class: still torch's name, not torchkiln's own.
+        # Defined in another of torchkiln's files, or set by the adapter on torch's class:
+        # still torch's name, not this file's own.
         "core/engine/uses.py:14: _orig_mod",
         "core/engine/uses.py:14: _template_from_string",
     ]
