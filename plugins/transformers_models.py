@@ -63,7 +63,12 @@ import torch
 from torch import nn
 
 from torchkiln._internals.hub_kernels import unrouted_forward
-from torchkiln._internals.transformers import active_collector
+from torchkiln._internals.transformers import (
+    active_collector,
+    collected_outputs,
+    collecting_globally,
+    collector_compiling,
+)
 from torchkiln.plugin import (
     CompileConfig,
     GroupPreparation,
@@ -359,19 +364,13 @@ class BlockAdapter:
                 view.is_updated.write_back()  # the layer's flag, set in the trace
 
         def run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if collector is None or collector.compiling:  # none, or an outer torch.compile's
+            if collector is None or collector_compiling(collector):  # none, or an outer compile's
                 return compiled(module, *args, **kwargs)
-            # ContextVar.get cannot be traced; the collector's global mode can (transformers
-            # uses it under torch.compile). Set for this block's call only, then restored.
-            collected = collector.context_var.get()
+            # The collector's traceable mode, for this block's call only, then restored.
+            collected = collected_outputs(collector)
             own = block_outputs(collected)
-            collector.global_var = own
-            collector.compiling = True
-            try:
+            with collecting_globally(collector, own):
                 output = compiled(module, *args, **kwargs)
-            finally:
-                collector.global_var = None
-                collector.compiling = False
             if own is not collected and collected is not None and own is not None:
                 merge_block_outputs(collected, own)
             return output

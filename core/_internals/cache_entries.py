@@ -245,3 +245,12 @@ def guard_checked_attribute(entry: Any) -> str | None:
     keywords = getattr(create_fn, "keywords", None) or {}
     attribute = keywords.get("attr")
     return attribute if isinstance(attribute, str) else None
+
+
+def guard_kinds(entry: Any) -> set[str]:
+    """A ``guard_filter_fn`` entry's guard type and the types derived from it (``ID_MATCH``,
+    ``CLASS_MATCH``, ``NOT_PRESENT_IN_GENERIC_DICT``, ...): the public entry's fields, named by
+    Dynamo's guard builder methods, which no API enumerates. Verified: torch 2.11, 2.13, 2.14,
+    2.15."""
+    return {entry.guard_type, *(entry.derived_guard_types or ())}
+

@@ -8,6 +8,8 @@ Every function imports ``torch._inductor`` in its body: importing this module im
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -121,6 +123,58 @@ def forget_vec_isa_probe(module: Any) -> None:
     for isa in getattr(module, "supported_vec_isa_list", ()):
         for name in [n for n in vars(isa) if n.startswith("_is_") and n.endswith("_supported")]:
             delattr(isa, name)
+
+
+def vec_isa_probe(module: Any) -> Any | None:
+    """The ISA probe ``VecISA.check_build(isa, code) -> bool`` of ``module``
+    (:func:`cpu_vec_isa`), or ``None`` where this torch's module lacks the probe or the cached
+    ``valid_vec_isa_list`` that decides with it. Verified: torch 2.11, 2.13, 2.14, 2.15."""
+    probe = getattr(getattr(module, "VecISA", None), "check_build", None)
+    listing = getattr(module, "valid_vec_isa_list", None)
+    return probe if probe is not None and hasattr(listing, "cache_info") else None
+
+
+def vec_isa_decided(module: Any) -> bool:
+    """Whether this process has decided its ISA (``valid_vec_isa_list``'s cache holds its
+    answer). Verified: torch 2.11, 2.13, 2.14, 2.15."""
+    return bool(module.valid_vec_isa_list.cache_info().currsize > 0)
+
+
+def decide_vec_isa(module: Any) -> None:
+    """Decide the ISA now (every probe it needs runs), as inductor's first CPU compile does:
+    calls ``valid_vec_isa_list()``. Verified: torch 2.11, 2.13, 2.14, 2.15."""
+    module.valid_vec_isa_list()
+
+
+@contextlib.contextmanager
+def vec_isa_probe_replaced(module: Any, replacement: Any) -> Iterator[None]:
+    """``VecISA.check_build`` replaced by ``replacement(isa, code) -> bool`` in this context:
+    the one place inductor asks whether an ISA builds and loads, which torch offers no way to
+    record or answer. Put back on exit. Verified: torch 2.11, 2.13, 2.14, 2.15."""
+    original = module.VecISA.__dict__["check_build"]
+    module.VecISA.check_build = replacement
+    try:
+        yield
+    finally:
+        module.VecISA.check_build = original
+
+
+def vec_isa_flags(isa: Any) -> str:
+    """The compiler flags ``isa`` (a ``VecISA``) builds with now (an extension probe may change
+    them). Verified: torch 2.11, 2.13, 2.14, 2.15."""
+    return str(isa.build_arch_flags())
+
+
+SELECT_ALGORITHM = "torch._inductor.select_algorithm"
+
+
+def templates_built() -> bool:
+    """Whether inductor has built its kernel templates in this process: they are built when
+    ``torch._inductor.select_algorithm`` is imported (for ``extern_kernels``), so this asks
+    ``sys.modules`` (importing nothing). Verified: torch 2.11, 2.13, 2.14, 2.15."""
+    import sys
+
+    return SELECT_ALGORITHM in sys.modules
 
 
 VEC_ISA_LOAD_MARKER_SUFFIX = ".load_ok"

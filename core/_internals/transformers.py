@@ -8,10 +8,21 @@ torch. Nothing here imports transformers unless said so.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 OUTPUT_CAPTURING = "transformers.utils.output_capturing"
+OUTPUT_REGISTRY = "._CAN_RECORD_REGISTRY"
+"""The registry of recordable outputs, as it appears in a Dynamo guard's source name."""
+
+
+def guards_can_record_registry(guard_name: str) -> bool:
+    """Whether a Dynamo guard (by its source name) checks :func:`can_record_registry`'s
+    entries: ``G['__import_transformers...output_capturing']._CAN_RECORD_REGISTRY[...]``.
+    Verified: torch 2.11, 2.13, 2.14, 2.15 (transformers 5.25)."""
+    return OUTPUT_REGISTRY in guard_name
 
 
 def can_record_registry() -> dict[Any, Any] | None:
@@ -61,3 +72,54 @@ def active_collector() -> Any:
     from transformers.utils.output_capturing import _active_collector
 
     return _active_collector
+
+
+def replace_can_record_registry(registry: dict[Any, Any], items: Iterable[Any]) -> None:
+    """Make ``registry`` (:func:`can_record_registry`) hold exactly ``items`` (``(model,
+    outputs)`` pairs), in their order: Dynamo guards on its entries by position.
+
+    Writes through ``dict``'s own ``clear`` and ``__setitem__``: the registry's subclass
+    overrides them (a weak-keyed registry). Verified: torch 2.11, 2.13, 2.14, 2.15
+    (transformers 5.25).
+    """
+    dict.clear(registry)
+    for key, value in items:
+        dict.__setitem__(registry, key, value)
+
+
+def register_can_record(registry: dict[Any, Any], model: Any) -> None:
+    """Register ``model``'s recordable outputs in ``registry``, as its ``__init__`` does (a
+    model loaded by unpickling skipped it); a module declaring none, or with no ``config``, is
+    left out. Verified: torch 2.11, 2.13, 2.14, 2.15 (transformers 5.25)."""
+    outputs = can_record_outputs(model)
+    if outputs is not None and hasattr(model, "config"):
+        registry[model] = outputs
+
+
+def collector_compiling(collector: Any) -> bool:
+    """Whether the collector (:func:`active_collector`) is in its compile-friendly mode (an
+    outer ``torch.compile``, or a block's call inside :func:`collecting_globally`). Reads its
+    ``compiling`` flag. Verified: torch 2.11, 2.13, 2.14, 2.15 (transformers 5.25)."""
+    return bool(collector.compiling)
+
+
+def collected_outputs(collector: Any) -> Any:
+    """The outputs the model's call collects (``None`` outside one): the collector's
+    ``context_var``, which transformers sets per call. Verified: torch 2.11, 2.13, 2.14, 2.15
+    (transformers 5.25)."""
+    return collector.context_var.get()
+
+
+@contextlib.contextmanager
+def collecting_globally(collector: Any, outputs: Any) -> Iterator[None]:
+    """The collector in its compile-friendly mode, collecting into ``outputs``, restored on
+    exit: ``ContextVar.get`` cannot be traced, the collector's ``global_var`` (what
+    transformers itself uses under ``torch.compile``) can. Sets ``global_var`` and
+    ``compiling``. Verified: torch 2.11, 2.13, 2.14, 2.15 (transformers 5.25)."""
+    collector.global_var = outputs
+    collector.compiling = True
+    try:
+        yield
+    finally:
+        collector.global_var = None
+        collector.compiling = False

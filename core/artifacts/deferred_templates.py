@@ -22,14 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchkiln._internals import inductor
-
-SELECT_ALGORITHM = "torch._inductor.select_algorithm"
-
 
 class DeferredTemplate:
     """A Jinja template parsed on first use by ``parse(source)`` (torch's own parser)."""
@@ -59,7 +55,7 @@ _OWN = frozenset({*DeferredTemplate.__slots__, "parsed"})
 @contextlib.contextmanager
 def deferred_templates() -> Iterator[None]:
     """Inductor templates created inside this context are parsed on first use."""
-    if SELECT_ALGORITHM in sys.modules or importlib.util.find_spec("jinja2") is None:
+    if inductor.templates_built() or importlib.util.find_spec("jinja2") is None:
         yield  # already built (nothing to save), or torch keeps its templates as None
         return
     original = inductor.template_parser()

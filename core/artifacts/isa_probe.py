@@ -51,11 +51,7 @@ CAPABILITIES = ("avx2", "avx512", "avx512_bf16", "vnni", "amx_tile", "amx_fp16")
 def _isa_module() -> Any | None:
     """``torch._inductor.cpu_vec_isa`` when it has the probe this module knows, else None."""
     cpu_vec_isa = inductor.cpu_vec_isa()
-    if cpu_vec_isa is None:  # a torch without inductor
-        return None
-    probe = getattr(getattr(cpu_vec_isa, "VecISA", None), "check_build", None)
-    listing = getattr(cpu_vec_isa, "valid_vec_isa_list", None)
-    if probe is None or not hasattr(listing, "cache_info"):
+    if cpu_vec_isa is None or inductor.vec_isa_probe(cpu_vec_isa) is None:
         return None
     return cpu_vec_isa
 
@@ -88,23 +84,13 @@ def machine_local(name: str) -> bool:
 def probe_key(isa: Any, code: str) -> str:
     """One probe: the ISA, the flags it builds with now, and the test code."""
     digest = hashlib.sha256(code.encode()).hexdigest()[:16]
-    return f"{isa}|{isa.build_arch_flags()}|{digest}"
+    return f"{isa}|{inductor.vec_isa_flags(isa)}|{digest}"
 
 
 def already_probed() -> bool:
     """Whether this process has decided its ISA (then there is nothing to record or save)."""
     module = _isa_module()
-    return module is None or module.valid_vec_isa_list.cache_info().currsize > 0
-
-
-@contextlib.contextmanager
-def _probe_replaced(module: Any, replacement: Callable[..., bool]) -> Iterator[None]:
-    original = module.VecISA.__dict__["check_build"]
-    module.VecISA.check_build = replacement
-    try:
-        yield
-    finally:
-        module.VecISA.check_build = original
+    return module is None or inductor.vec_isa_decided(module)
 
 
 @contextlib.contextmanager
@@ -122,7 +108,7 @@ def recorded_probes(record: dict[str, Any]) -> Iterator[None]:
         # torch's in-process answers: the next use probes again (same answers: same machine,
         # same compiler), this time in the current cache directory
         inductor.forget_vec_isa_probe(module)
-    probe = module.VecISA.check_build
+    probe = inductor.vec_isa_probe(module)
     answers: dict[str, bool] = {}
 
     def recording(isa: Any, code: str) -> bool:
@@ -130,9 +116,9 @@ def recorded_probes(record: dict[str, Any]) -> Iterator[None]:
         answers[key] = bool(probe(isa, code))
         return answers[key]
 
-    with _probe_replaced(module, recording):
+    with inductor.vec_isa_probe_replaced(module, recording):
         yield
-        module.valid_vec_isa_list()  # the whole decision, even if nothing compiled needed it
+        inductor.decide_vec_isa(module)  # the whole decision, even if nothing compiled needed it
     record.update(cpu=cpu_capabilities(), compiler=compiler_version(), probes=answers)
 
 
@@ -164,11 +150,11 @@ def answered_probes(record: dict[str, Any] | None) -> Iterator[None]:
         yield
         return
     answers: dict[str, bool] = record["probes"]
-    probe = module.VecISA.check_build
+    probe = inductor.vec_isa_probe(module)
 
     def answering(isa: Any, code: str) -> bool:
         known = answers.get(probe_key(isa, code))
         return bool(probe(isa, code)) if known is None else known
 
-    with _probe_replaced(module, answering):
+    with inductor.vec_isa_probe_replaced(module, answering):
         yield

@@ -40,8 +40,10 @@ from typing import Any
 from torchkiln._internals.cache_entries import (
     guard_checked_attribute,
     guard_imported_modules,
+    guard_kinds,
     guard_submodule_path,
 )
+from torchkiln._internals.transformers import guards_can_record_registry
 
 IDENTITY_GUARDS = frozenset(
     {
@@ -53,8 +55,6 @@ IDENTITY_GUARDS = frozenset(
         "BUILTIN_MATCH",
     }
 )
-OUTPUT_REGISTRY = "._CAN_RECORD_REGISTRY"
-"""transformers' registry of recordable outputs, as it appears in a guard's source name."""
 
 
 def module_path(guard_name: str) -> str | None:
@@ -77,12 +77,11 @@ class GuardFilter:
         return [self._keep(entry) for entry in entries]
 
     def _keep(self, entry: Any) -> bool:
-        kinds = {entry.guard_type, *(entry.derived_guard_types or ())}
-        if kinds & IDENTITY_GUARDS:
+        if guard_kinds(entry) & IDENTITY_GUARDS:
             self._drop(entry.guard_type)
             self.modules.update(guard_imported_modules(entry.name))
             return False
-        if OUTPUT_REGISTRY in entry.name:
+        if guards_can_record_registry(entry.name):
             self._drop("transformers output registry")
             return False
         if entry.guard_type == "NOT_PRESENT_IN_GENERIC_DICT" and self._region_forward(entry):

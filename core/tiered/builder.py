@@ -31,7 +31,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from torchkiln._internals.transformers import can_record_outputs, can_record_registry
+from torchkiln._internals.transformers import (
+    can_record_registry,
+    register_can_record,
+    replace_can_record_registry,
+)
 
 REQUEST = "request.pkl"
 SYS_PATH = "sys_path.json"
@@ -111,14 +115,10 @@ def replay_construction_state(model: Any, registry_items: list[Any] | None) -> N
     if registry is None:
         return
     if registry_items is not None:
-        dict.clear(registry)
-        for key, value in registry_items:
-            dict.__setitem__(registry, key, value)
+        replace_can_record_registry(registry, registry_items)
         return
     for module in model.modules():
-        outputs = can_record_outputs(module)
-        if outputs is not None and hasattr(module, "config"):
-            registry[module] = outputs
+        register_can_record(registry, module)
 
 
 def warm_up(model: Any, family: dict[str, Any]) -> None:

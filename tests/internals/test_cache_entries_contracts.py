@@ -147,6 +147,9 @@ def _whole(module: nn.Module, /, *args, **kwargs):
     return type(module).forward(module, *args, **kwargs)
 
 
+_KINDS: list[tuple[str, set[str]]] = []
+
+
 @pytest.fixture(scope="module")
 def guard_names() -> list[tuple[str, str, str | None]]:
     """``(guard type, name, checked attribute)`` of every guard of a whole-module trace that
@@ -160,6 +163,7 @@ def guard_names() -> list[tuple[str, str, str | None]]:
         for entry in entries:
             attribute = cache_entries.guard_checked_attribute(entry)
             seen.append((entry.guard_type, entry.name, attribute))
+            _KINDS.append((entry.guard_type, cache_entries.guard_kinds(entry)))
         return [True] * len(entries)
 
     try:
@@ -195,3 +199,10 @@ def test_guard_imported_modules_reads_dynamos_import_aliases(guard_names) -> Non
     modules = {m for _, name, _ in guard_names for m in cache_entries.guard_imported_modules(name)}
     assert _PROBE_MODULE in modules, guard_names
     assert "torch.nn.modules.module" in modules, guard_names
+
+
+def test_guard_kinds_hold_each_entrys_guard_type(guard_names) -> None:
+    """``GuardFilterEntry.guard_type`` and ``derived_guard_types``."""
+    assert _KINDS and all(kind in kinds for kind, kinds in _KINDS)
+    found = set().union(*(kinds for _, kinds in _KINDS))
+    assert found & {"ID_MATCH", "CLASS_MATCH", "TYPE_MATCH"}, found

@@ -161,3 +161,47 @@ def test_mode_options() -> None:
             assert not unknown, (mode, unknown)  # names torch.compile(options=...) takes
     assert inductor.mode_options("max-autotune-no-cudagraphs")["max_autotune"] is True
     assert "triton.cudagraphs" not in inductor.mode_options("max-autotune-no-cudagraphs")
+
+
+def test_vec_isa_probe() -> None:
+    module = inductor.cpu_vec_isa()
+    assert inductor.vec_isa_probe(module) is module.VecISA.check_build
+    assert inductor.vec_isa_probe(object()) is None  # a module without the probe
+
+
+def test_vec_isa_decided_and_decide_vec_isa() -> None:
+    module = inductor.cpu_vec_isa()
+    inductor.forget_vec_isa_probe(module)
+    assert not inductor.vec_isa_decided(module)
+    inductor.decide_vec_isa(module)
+    assert inductor.vec_isa_decided(module)
+
+
+def test_vec_isa_probe_replaced() -> None:
+    module = inductor.cpu_vec_isa()
+    inductor.forget_vec_isa_probe(module)
+    asked: list[str] = []
+
+    def refuse(isa, code):  # type: ignore[no-untyped-def]
+        asked.append(str(isa))
+        return False
+
+    original = module.VecISA.__dict__["check_build"]
+    with inductor.vec_isa_probe_replaced(module, refuse):
+        decided = module.valid_vec_isa_list()
+    assert module.VecISA.__dict__["check_build"] is original
+    inductor.forget_vec_isa_probe(module)  # the refused answers must not stay
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert asked and decided == []  # every ISA was asked through the replacement, refused
+
+
+def test_vec_isa_flags() -> None:
+    module = inductor.cpu_vec_isa()
+    for isa in module.supported_vec_isa_list:
+        assert isinstance(inductor.vec_isa_flags(isa), str)
+
+
+def test_templates_built() -> None:
+    import torch._inductor.select_algorithm  # noqa: F401
+
+    assert inductor.templates_built()

@@ -40,3 +40,63 @@ def test_active_collector() -> None:
 def test_no_split_modules(model) -> None:  # type: ignore[no-untyped-def]
     assert list(hf.no_split_modules(model)) == ["LlamaDecoderLayer"]
     assert hf.no_split_modules(object()) is None
+
+
+def test_replace_can_record_registry(model) -> None:  # type: ignore[no-untyped-def]
+    registry = hf.can_record_registry()
+    assert registry is not None
+    before = list(dict.items(registry))
+    try:
+        hf.replace_can_record_registry(registry, [(model, {"x": 1}), *before])
+        assert list(dict.items(registry))[0] == (model, {"x": 1})  # in the order given
+        assert len(dict.keys(registry)) == len(before) + (model not in dict(before))
+    finally:
+        hf.replace_can_record_registry(registry, before)
+    assert list(dict.items(registry)) == before
+
+
+def test_register_can_record(model) -> None:  # type: ignore[no-untyped-def]
+    registry: dict[object, object] = {}
+    hf.register_can_record(registry, model)
+    hf.register_can_record(registry, object())  # declares nothing: left out
+    assert registry == {model: hf.can_record_outputs(model)}
+
+
+def test_the_collector_collects_globally_and_is_restored() -> None:
+    collector = hf.active_collector()
+    assert hf.collected_outputs(collector) is None
+    assert not hf.collector_compiling(collector)
+    outputs: dict[str, list[object]] = {"attentions": []}
+    with hf.collecting_globally(collector, outputs):
+        assert hf.collector_compiling(collector)
+        assert collector.global_var is outputs
+    assert not hf.collector_compiling(collector) and collector.global_var is None
+
+
+def test_a_model_call_collects_through_the_context_var(model) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    out = model(torch.ones(1, 3, dtype=torch.long), output_hidden_states=True)
+    assert len(out.hidden_states) == 2  # embeddings and the one layer, through the collector
+
+
+def test_guards_can_record_registry(model) -> None:  # type: ignore[no-untyped-def]
+    """A whole-model trace of a transformers model guards on the registry's entries."""
+    import torch
+
+    names: list[str] = []
+
+    def record(entries: list) -> list[bool]:  # type: ignore[type-arg]
+        names.extend(entry.name for entry in entries)
+        return [True] * len(entries)
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(
+            model, backend="eager", fullgraph=True, options={"guard_filter_fn": record}
+        )
+        compiled(torch.ones(1, 3, dtype=torch.long), output_hidden_states=True)
+    finally:
+        torch._dynamo.reset()
+    assert any(hf.guards_can_record_registry(name) for name in names), names[:20]
+    assert not hf.guards_can_record_registry("module._modules['layers']")
