@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -239,37 +240,68 @@ def _compile_checked(
         )
     check_result(result, model, owner)
     state = state_of(result.module)
-    if state is not None and cfg.cache_dir is not None:
-        # Compilation is lazy: pointing the caches there now covers the first call; the
-        # process-wide variable is put back by decompile (an explicit, documented option).
-        add_undo(result.module, apply_cache_dir(cfg.cache_dir).restore)
-    if state is not None and cfg.remote_cache is not None:
-        from torchkiln.artifacts.remote_cache import apply_remote_cache
-
-        state.remote_cache = apply_remote_cache(cfg.remote_cache)
-        add_undo(result.module, state.remote_cache.restore)
-    if state is not None and cfg.enabled and region_plan.region_count > 1 and uses_cuda_graphs(cfg):
-        add_undo(result.module, install_step_marker(result.module))
     if state is not None:
         state.job = job_share if job_share is not None else job_report
-    if state is not None:
         state.report_causes = declared_causes(pm)
         state.providers = providers(pm, cfg)
-    if state is not None and cfg.report:
-        state.on_first_calls_done.append(
-            lambda s: print(build_report(s, causes=s.report_causes), file=sys.stderr)
-        )
-    if state is not None:
-        _install_tiers(result.module, state, cfg)
+        for step in STEPS:
+            if step.wanted(cfg, state):
+                undo = step.install(result.module, state, cfg)
+                if undo is not None:
+                    add_undo(result.module, undo)
     attach(result)  # so unwrap/report/decompile find the module behind the wrapper
     return result.wrapped
 
 
-def _install_tiers(model: nn.Module, state: CompileState, cfg: CompileConfig) -> None:
+@attrs.frozen
+class Step:
+    """One feature installed on a compiled model after ``wrap_distributed``, in order; what
+    ``install`` returns is undone by ``decompile`` (in reverse order)."""
+
+    name: str
+    wanted: Callable[[CompileConfig, CompileState], bool]
+    install: Callable[[nn.Module, CompileState, CompileConfig], Callable[[], None] | None]
+
+
+def _cache_dir(model: nn.Module, state: CompileState, cfg: CompileConfig) -> Any:
+    # Compilation is lazy: pointing the caches there now covers the first call; the
+    # process-wide variable is put back by decompile (an explicit, documented option).
+    assert cfg.cache_dir is not None
+    return apply_cache_dir(cfg.cache_dir).restore
+
+
+def _remote_cache(model: nn.Module, state: CompileState, cfg: CompileConfig) -> Any:
+    from torchkiln.artifacts.remote_cache import apply_remote_cache
+
+    state.remote_cache = apply_remote_cache(cfg.remote_cache)
+    return state.remote_cache.restore
+
+
+def _print_report(model: nn.Module, state: CompileState, cfg: CompileConfig) -> None:
+    state.on_first_calls_done.append(
+        lambda s: print(build_report(s, causes=s.report_causes), file=sys.stderr)
+    )
+
+
+def _tiers(model: nn.Module, state: CompileState, cfg: CompileConfig) -> None:
     from torchkiln.tiered.install import install_tiers, region_paths_of, wants_tiers
 
     if wants_tiers(cfg, model, region_paths_of(state)):
-        install_tiers(model, state, cfg)
+        install_tiers(model, state, cfg)  # adds its own undo
+
+
+STEPS: tuple[Step, ...] = (
+    Step("cache_dir", lambda cfg, state: cfg.cache_dir is not None, _cache_dir),
+    Step("remote_cache", lambda cfg, state: cfg.remote_cache is not None, _remote_cache),
+    Step(
+        "CUDA graph step marker",
+        lambda cfg, state: cfg.enabled and state.plan.region_count > 1 and uses_cuda_graphs(cfg),
+        lambda model, state, cfg: install_step_marker(model),
+    ),
+    Step("report at the first calls' end", lambda cfg, state: cfg.report, _print_report),
+    Step("tiers", lambda cfg, state: True, _tiers),
+)
+"""What :func:`compile` installs after ``wrap_distributed``, in order (docs/architecture.md)."""
 
 
 def providers(pm: PluginManager, config: CompileConfig) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """Built-in plugin: the core backends ``inductor``, ``eager``, ``aot_eager``, ``cudagraphs``
-and ``no``. Any other name ``torch._dynamo.list_backends()`` knows works too (compiled by
+and ``no``, each carrying its compile (``BackendSpec.compile``). Any other name ``torch._dynamo.list_backends()`` knows works too (compiled by
 torchkiln with ``torch.compile`` itself)."""
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from torchkiln.plugin import (
 INDUCTOR_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+def _compile(fn: Callable[..., Any], group: RegionGroup, config: CompileConfig) -> Any:
+    return compile_with_torch(fn, config)
+
+
 def _cuda_available() -> Availability:
     if torch.cuda.is_available():
         return Availability.yes()
@@ -33,13 +37,20 @@ BACKENDS = (
         "TorchInductor: Triton on GPU, C++/OpenMP on CPU",
         modes=INDUCTOR_MODES,
         precompile=True,
+        compile=_compile,
     ),
-    BackendSpec("eager", "Dynamo capture only, runs the graph eagerly (debugging)", modes=()),
+    BackendSpec(
+        "eager",
+        "Dynamo capture only, runs the graph eagerly (debugging)",
+        modes=(),
+        compile=_compile,
+    ),
     BackendSpec(
         "aot_eager",
         "Dynamo + AOTAutograd, runs eagerly (debugging, fast tests)",
         modes=(),
         precompile=True,
+        compile=_compile,
     ),
     BackendSpec(
         "cudagraphs",
@@ -47,19 +58,12 @@ BACKENDS = (
         probe=_cuda_available,
         modes=(),
         devices=("cuda",),
+        compile=_compile,
     ),
-    BackendSpec("no", "compilation off: the model runs eagerly", modes=()),
+    BackendSpec("no", "compilation off: the model runs eagerly", modes=(), compile=_compile),
 )
-_NAMES = frozenset(spec.name for spec in BACKENDS)
 
 
 @hookimpl
 def declare_backends() -> list[BackendSpec]:
     return list(BACKENDS)
-
-
-@hookimpl
-def compile_region(
-    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any]:
-    return compile_with_torch(fn, config)

@@ -374,3 +374,69 @@ def overridden(cache_class: type, resolved: ResolvedSpec) -> list[str]:
         for method in resolved.methods
         if inspect.getattr_static(cache_class, method.name, None) is not method.function
     ]
+
+
+class LayerFlags:
+    """An ``EncoderDecoderCache.is_updated`` dict as one layer sees it.
+
+    ``is_updated[layer_idx]`` (and ``.get``) with the block's own index reads and writes a
+    flag on this object, copied from the whole dict before the block runs and back after it
+    (:meth:`torchkiln.plugins.transformers_models.BlockAdapter.wrap_call`), so the trace neither looks a key up in the dict nor
+    writes one (both would specialise on the index). Any other index: the whole dict.
+    """
+
+    def __init__(self, flags: dict[Any, Any], index: LayerIndex):
+        self._torchkiln_flags = flags
+        self._torchkiln_index = index
+        self._torchkiln_value = bool(flags.get(index.value, False))
+
+    def _own(self, index: Any) -> bool:
+        own = self._torchkiln_index
+        return index == getattr(own.holder, own.attribute)
+
+    def get(self, index: Any, default: Any = None) -> Any:
+        if self._own(index):
+            return self._torchkiln_value
+        return self._torchkiln_flags.get(index, default)
+
+    def __getitem__(self, index: Any) -> Any:
+        if self._own(index):
+            return self._torchkiln_value
+        return self._torchkiln_flags[index]
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if self._own(index):
+            self._torchkiln_value = value
+        else:
+            self._torchkiln_flags[index] = value
+
+    def write_back(self) -> None:
+        """Copy this layer's flag into the whole dict (eager, after the block)."""
+        self._torchkiln_flags[self._torchkiln_index.value] = bool(self._torchkiln_value)
+
+
+@functools.cache
+def encoder_decoder_view_class(base: type) -> type:
+    """A subclass of transformers' ``EncoderDecoderCache`` (``base``; the models check
+    ``isinstance``) for one layer's view: both halves are that layer's
+    :class:`~torchkiln.plugins.layer_cache_views.LayerView` and ``is_updated`` its
+    :class:`LayerFlags`. Anything else is the whole cache's answer."""
+
+    class EncoderDecoderLayerCache(base):  # type: ignore[misc, valid-type]
+        def __init__(self, cache: Any, own: LayerView, cross: LayerView, flags: LayerFlags):
+            # Not base.__init__: it would build new halves; these are the layer's views.
+            self._torchkiln_cache = cache
+            self.self_attention_cache = own
+            self.cross_attention_cache = cross
+            self.is_updated = flags
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("_torchkiln_"):  # missing only while unpickling
+                raise AttributeError(name)
+            return getattr(self._torchkiln_cache, name)
+
+        def __repr__(self) -> str:
+            index = self.is_updated._torchkiln_index.value
+            return f"EncoderDecoderLayerCache({self._torchkiln_cache!r}, layer {index})"
+
+    return EncoderDecoderLayerCache

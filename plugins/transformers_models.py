@@ -1,50 +1,15 @@
 """Built-in plugin: the cache adapter for models that keep a cache per layer (transformers'
-KV caches and state-space caches, and any cache a plugin declares), plus transformers' output
-capture.
+KV and state-space caches, and any cache a plugin declares), plus transformers' output capture.
 
-A transformers decoder layer calls ``cache.update(keys, values, self.layer_idx)``; a Mamba
-layer calls ``cache.update_conv_state(x, self.layer_idx)`` and
-``cache.update_recurrent_state(state, self.layer_idx)``; GPT-Neo's attention calls
-``layer_past.update(key, value, self.layer_id)``. Each of these indexes the cache's Python list
-of per-layer entries with the index, and Dynamo specialises a list index: every layer's trace
-guards on a different entry (``cache.layers[3].is_initialized``), so every block recompiles
-until Dynamo's recompile limit (8), after which the remaining layers run eagerly.
-
-This adapter hands each compiled block a per-layer view of the cache instead
-(:mod:`torchkiln.plugins.layer_cache_views`): built outside the compiled code, in the eager
-call of the block, its list gives the block's own entry and its per-layer methods run the
-cache class's own code on it. Every block of a group sees the same kind of object in the same
-state (prefill: empty; decode: filled), and one graph serves every depth.
-
-What a cache looks like comes from :class:`~torchkiln.plugin.LayerCacheSpec` declarations
-(the ``declare_layer_caches`` hook). This plugin declares transformers' ``Cache``: its
-``layers`` list and every method of it that takes a ``layer_idx`` (``update``,
-``update_conv_state``, ``update_recurrent_state``, ``get_conv_state``, ``get_seq_length``,
-``get_mask_sizes``, ...), blocks that keep their index in ``layer_idx`` or ``layer_id``, and
-the block parameters ``cache``, ``past_key_values``, ``past_key_value``, ``layer_past``. A
-plugin declares its own cache the same way. A block's index is the first declared attribute
-name that numbers the blocks of its group, else any integer attribute that does (one value per
-block, a different one in each).
-
-A cache whose class overrides a per-layer method, or that offloads (``offloading=True``),
-gets a view whose per-layer methods (the overridden ones, or all when offloading) run on the
-whole cache outside the graph (``torch.compiler.disable``): a graph break per call, but the
-number of graphs stays independent of depth; the adapter says so once per group on stderr
-(``torchkiln: transformers adapter: ...``) and the report counts the breaks.
-An ``EncoderDecoderCache`` (T5, BART, Pegasus, Whisper) gets an ``EncoderDecoderCache``
-subclass view whose two halves are the layer's views and whose ``is_updated`` is a
-:class:`LayerFlags` (copied back after the block); when a half cannot be split the whole cache
-is passed through, said once on stderr. Objects no declaration matches are passed through
-untouched.
-
-The adapter also runs each transformers block with transformers' output collector
-(``CompileableContextVar``, used by ``output_hidden_states`` / ``output_attentions``) in its
-compile-friendly mode: a ``ContextVar`` cannot be traced, so otherwise every block with a
-capture hook inside (the attention module's) breaks its graph on every call.
-
-Groups are adapted when their blocks have a declared cache parameter and a layer index; a
-whole-model region (``whole``, ``hierarchical``) is left alone. transformers is imported only
-when its cache module already is (a model's block is a transformers class).
+A decoder layer indexes the cache's per-layer list with its ``layer_idx``; Dynamo specialises
+a list index, so every block would recompile until the recompile limit. Each compiled block is
+handed a per-layer view of the cache instead (:mod:`torchkiln.plugins.layer_cache_views`),
+built eagerly in the block's call, so one graph serves every depth. Caches are described by
+:class:`~torchkiln.plugin.LayerCacheSpec` declarations; this plugin declares transformers'
+``Cache``. Overriding or offloading caches, ``EncoderDecoderCache`` and transformers' output
+collector (run in its traceable mode for each block's call) are handled as docs/generation.md
+says. A whole-model region is left alone; transformers is imported only when its cache module
+already is.
 """
 
 from __future__ import annotations
@@ -79,9 +44,11 @@ from torchkiln.plugin import (
     hookimpl,
 )
 from torchkiln.plugins.layer_cache_views import (
+    LayerFlags,
     LayerIndex,
     LayerView,
     ResolvedSpec,
+    encoder_decoder_view_class,
     find_layer_indices,
     overridden,
     resolve,
@@ -124,72 +91,6 @@ def is_transformers_module(module: nn.Module) -> bool:
         any(cls.__module__.split(".", 1)[0] == "transformers" for cls in type(module).__mro__)
         and "transformers" in sys.modules
     )
-
-
-class LayerFlags:
-    """An ``EncoderDecoderCache.is_updated`` dict as one layer sees it.
-
-    ``is_updated[layer_idx]`` (and ``.get``) with the block's own index reads and writes a
-    flag on this object, copied from the whole dict before the block runs and back after it
-    (:meth:`BlockAdapter.wrap_call`), so the trace neither looks a key up in the dict nor
-    writes one (both would specialise on the index). Any other index: the whole dict.
-    """
-
-    def __init__(self, flags: dict[Any, Any], index: LayerIndex):
-        self._torchkiln_flags = flags
-        self._torchkiln_index = index
-        self._torchkiln_value = bool(flags.get(index.value, False))
-
-    def _own(self, index: Any) -> bool:
-        own = self._torchkiln_index
-        return index == getattr(own.holder, own.attribute)
-
-    def get(self, index: Any, default: Any = None) -> Any:
-        if self._own(index):
-            return self._torchkiln_value
-        return self._torchkiln_flags.get(index, default)
-
-    def __getitem__(self, index: Any) -> Any:
-        if self._own(index):
-            return self._torchkiln_value
-        return self._torchkiln_flags[index]
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        if self._own(index):
-            self._torchkiln_value = value
-        else:
-            self._torchkiln_flags[index] = value
-
-    def write_back(self) -> None:
-        """Copy this layer's flag into the whole dict (eager, after the block)."""
-        self._torchkiln_flags[self._torchkiln_index.value] = bool(self._torchkiln_value)
-
-
-@functools.cache
-def encoder_decoder_view_class(base: type) -> type:
-    """A subclass of transformers' ``EncoderDecoderCache`` (``base``; the models check
-    ``isinstance``) for one layer's view: both halves are that layer's
-    :class:`~torchkiln.plugins.layer_cache_views.LayerView` and ``is_updated`` its
-    :class:`LayerFlags`. Anything else is the whole cache's answer."""
-
-    class EncoderDecoderLayerCache(base):  # type: ignore[misc, valid-type]
-        def __init__(self, cache: Any, own: LayerView, cross: LayerView, flags: LayerFlags):
-            # Not base.__init__: it would build new halves; these are the layer's views.
-            self._torchkiln_cache = cache
-            self.self_attention_cache = own
-            self.cross_attention_cache = cross
-            self.is_updated = flags
-
-        def __getattr__(self, name: str) -> Any:
-            if name.startswith("_torchkiln_"):  # missing only while unpickling
-                raise AttributeError(name)
-            return getattr(self._torchkiln_cache, name)
-
-        def __repr__(self) -> str:
-            index = self.is_updated._torchkiln_index.value
-            return f"EncoderDecoderLayerCache({self._torchkiln_cache!r}, layer {index})"
-
-    return EncoderDecoderLayerCache
 
 
 def cache_parameter(

@@ -42,9 +42,11 @@ def _always_available() -> Availability:
 
 @attrs.frozen
 class BackendSpec:
-    """A compile backend a plugin provides.
+    """A compile backend a plugin provides, carrying its compile (:attr:`compile`) and whether
+    what it compiles can be saved (:attr:`precompile`).
 
-    The plugin that declares a backend also answers ``compile_region`` for it.
+    A declaration without ``compile`` (plugins written before it existed) is compiled by the
+    declaring plugin's ``compile_region`` hook.
     """
 
     name: str = attrs.field(converter=_lower_name)
@@ -69,6 +71,11 @@ class BackendSpec:
     ``torch.compile`` function whose ``aot_compile`` result torch can serialise. ``False``:
     precompiling with it is refused with a clear error, and ``artifacts=`` warns and
     compiles normally."""
+    compile: Callable[..., Any] | None = attrs.field(default=None, eq=False)
+    """``compile(fn, group, config) -> compiled``: the backend's compile of one region group's
+    function, called once per group (``fn(module, *args, **kwargs)``); it returns a callable
+    with the same signature (``torchkiln.plugin.compile_with_torch(fn, config)`` for a
+    backend torch knows). ``None``: the declaring plugin's ``compile_region`` serves it."""
     origin: str = "plugin"
     """``plugin`` for a backend a torchkiln plugin declares, ``torch`` for one only torch knows."""
     report_causes: tuple[ReportCause, ...] = ()

@@ -61,6 +61,8 @@ def unserved_reason(pm: pluggy.PluginManager, declared: Declared[Any]) -> str | 
     implement the hook that serves it; ``None`` when it does."""
     if getattr(declared.spec, "origin", "plugin") == "torch":
         return None
+    if getattr(declared.spec, "compile", None) is not None:  # a backend carrying its compile
+        return None
     hook_name = SERVING_HOOK[type(declared.spec)]
     if implementation(pm, hook_name, declared.plugin) is not None:
         return None

@@ -55,6 +55,8 @@ def check_plugin(pm: pluggy.PluginManager, name: str, plugin: object, *, strict:
             )
     for declaration, serving in IMPLEMENTING_HOOK.items():
         if declaration in implemented and serving not in implemented:
+            if declaration == "declare_backends" and _backends_carry_compile(plugin):
+                continue
             message = (
                 f"plugin {name!r} implements {declaration} but not {serving}: the names it "
                 f"declares are refused when a configuration uses them; add a @hookimpl "
@@ -66,6 +68,18 @@ def check_plugin(pm: pluggy.PluginManager, name: str, plugin: object, *, strict:
                 )
             # Called directly by PluginManager.register: the level counts on that depth.
             warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _backends_carry_compile(plugin: object) -> bool:
+    """Whether every backend ``plugin`` declares carries its compile (``BackendSpec.compile``):
+    then it needs no ``compile_region``. A declaration that fails here is left to the
+    collection, which quarantines the plugin with the reason."""
+    declare = getattr(plugin, "declare_backends", None)
+    try:
+        specs = list(declare() or ()) if callable(declare) else []
+    except Exception:
+        return False
+    return bool(specs) and all(getattr(spec, "compile", None) is not None for spec in specs)
 
 
 def _did_you_mean(hook_name: str, known: list[str]) -> str:

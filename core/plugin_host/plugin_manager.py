@@ -284,6 +284,16 @@ class PluginManager(pluggy.PluginManager):
             )
         if declared.spec.origin == "torch":
             return compile_with_torch(fn, config, backend)
+        if declared.spec.compile is not None:  # the backend carries its compile
+            compiled = declared.spec.compile(fn, group, config)
+            if compiled is None:
+                raise PluginError(
+                    f"plugin {declared.plugin!r} declares backend {backend!r} but its "
+                    "BackendSpec.compile returned None",
+                    plugin=declared.plugin,
+                    hook="compile_region",
+                )
+            return compiled
         return serve(
             self,
             "compile_region",
