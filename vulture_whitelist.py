@@ -23,9 +23,7 @@ _.hits; _.misses; _.load_seconds; max_abs_diff; gradients_checked
 _.global_var; WORKLOAD_HELP; _.end
 # report fields read by users and to_dict(); the manager's dispatch found by hook name
 # (plugin_faults.call_hook); an attrs validator
-recompile_reasons; _.wrap_distributed; _compiles
-# DirectDispatch.direct_calls: read by tests/engine/test_direct_dispatch.py and the bench
-_.direct_calls
+recompile_reasons; _.wrap_distributed; _compiles; recompile_limit_hit; later_recompiles
 # KernelTemplate._template_from_string: torch reads the attribute it is set on (core/artifacts/deferred_templates.py)
 _._template_from_string
 # pickle.Pickler calls reducer_override for every object (core/tiered/weightless.py)
