@@ -273,6 +273,7 @@ def _cache_dir(model: nn.Module, state: CompileState, cfg: CompileConfig) -> Any
 def _remote_cache(model: nn.Module, state: CompileState, cfg: CompileConfig) -> Any:
     from torchkiln.artifacts.remote_cache import apply_remote_cache
 
+    assert cfg.remote_cache is not None
     state.remote_cache = apply_remote_cache(cfg.remote_cache)
     return state.remote_cache.restore
 

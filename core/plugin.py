@@ -1,7 +1,7 @@
 """The public API for plugin authors: everything a backend, selector or distributed plugin needs.
 
-A plugin imports from this module and from :mod:`torchkiln` only; torchkiln's built-in plugins
-do the same (an import-linter contract checks it)::
+A plugin imports from this module and :mod:`torchkiln` only, as the built-in plugins do; names
+here are stable within a major version. The hooks are in :mod:`torchkiln.plugin_host.hooks`::
 
     from torchkiln.plugin import BackendSpec, compile_with_torch, hookimpl
 
@@ -12,9 +12,6 @@ do the same (an import-linter contract checks it)::
     @hookimpl
     def compile_region(fn, group, config, backend):
         return compile_with_torch(fn, config, backend="my_torch_backend_name")
-
-Names here are stable within a major version. The hook specifications themselves are
-documented in :mod:`torchkiln.plugin_host.hooks`.
 """
 
 from __future__ import annotations

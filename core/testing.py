@@ -1,19 +1,10 @@
 """Testing support for torchkiln plugin authors; also a pytest plugin.
 
 Installing torchkiln registers this module with pytest (entry point ``pytest11``), which adds
-the :func:`torchkiln_plugin_manager` fixture to every test session. It imports neither torch nor
-any vendor library until a helper is called, so it costs nothing in test suites that do not use
-it.
-
-- :func:`torchkiln_plugin_manager` (fixture): a plugin manager with the built-in plugins only,
-  isolated from installed plugins and from ``TORCHKILN_*`` plugin variables.
-- :func:`torchkiln_clean_environment` (fixture): no ``TORCHKILN_*`` / ``ACCELERATE_*``
-  variable and no ``./torchkiln.yaml`` reaches the test, and the process-wide plugin manager
-  is rebuilt for it (make it autouse in your ``conftest.py`` to apply it everywhere).
-- :func:`register_plugin`: register a plugin for the duration of a ``with`` block.
-- :func:`assert_backend_matches_eager`: compile a small model with a backend, check that it
-  produced compiled graphs, and that outputs (and gradients, when the backend trains) match
-  eager.
+the :func:`torchkiln_plugin_manager` and :func:`torchkiln_clean_environment` fixtures to every
+test session. It imports neither torch nor any vendor library until a helper is called, so it
+costs nothing in test suites that do not use it. docs/plugins/testing.md says how to use them
+with :func:`register_plugin` and :func:`assert_backend_matches_eager`.
 
 >>> from torchkiln.testing import assert_backend_matches_eager
 >>> check = assert_backend_matches_eager("aot_eager")

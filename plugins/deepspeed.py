@@ -3,18 +3,13 @@
 Order: ``deepspeed.initialize`` first, then in-place compile of ``engine.module`` (which *is*
 the user's model). DeepSpeed installs its own hooks while it initialises (ZeRO-3 gathers each
 submodule's parameters in forward pre-hooks); compiling afterwards leaves those hooks eager.
-Under ZeRO-3 the hooks of the submodules *inside* a block are ``torch.compiler.disable``'d by
-DeepSpeed, so each such call splits the block's graph: expect several graphs per region
-(``torchkiln.report`` lists them). ZeRO 0-2 compile each block into one graph.
+Under ZeRO-3 those hooks split each block's graph, so expect several graphs per region.
 
 DeepSpeed is optional (``pip install 'torchkiln[deepspeed]'``) and imported only when this
-strategy runs.
-
-Configuration: ``distributed.deepspeed.config`` is DeepSpeed's own configuration (a mapping or
-the path of its JSON file), optimizer and scheduler sections included. ``distributed.options``
-are further keyword arguments of ``deepspeed.initialize`` (``optimizer``, ``lr_scheduler``,
-``model_parameters``, ``training_data``, ...), which is how Python code passes its own optimizer
-object or factory.
+strategy runs. ``distributed.deepspeed.config`` is DeepSpeed's own configuration (a mapping or
+the path of its JSON file); ``distributed.options`` are further keyword arguments of
+``deepspeed.initialize``. docs/distributed.md ("``deepspeed``: initialize, then compile
+``engine.module``") says how to pass an optimizer.
 """
 
 from __future__ import annotations

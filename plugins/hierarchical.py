@@ -1,30 +1,14 @@
 """Built-in plugin: the ``hierarchical`` selector.
 
 The whole model is compiled as one graph (one region, the root), and every repeated block
-inside it is marked with ``torch.compiler.nested_compile_region``: Dynamo traces and compiles
-the block once and stamps it out at each call site. The goal is the steady-state speed of a
-full ``torch.compile`` (one graph, no region boundaries) with a cold start close to regional
-compilation (each block compiled once).
-
-The plan's single group is the root; its ``nested`` blocks are the ``repeated`` selector's
-groups (asked for through the plugin manager, so ``regions.classes`` and ``regions.exclude``
-apply, and a disabled or overriding plugin is respected). This plugin's ``prepare_group``
-marks each block class's ``forward`` function once and binds it per instance, through the
-public :class:`~torchkiln.plugin.GroupPreparation`; :func:`torchkiln.decompile` removes the
-marks. A model-adapter plugin may install its own forward on the same blocks from a later
-``prepare_group`` (``trylast``): the later preparation's forward wins. The built-in
-``torchkiln.transformers_nested`` does so for transformers decoder layers, so that their nested
-region has no KV-cache side effect and is traced once (docs/hierarchical.md).
-
-Where torch has no ``nested_compile_region`` the selector falls back to regional compilation
-(the ``repeated`` plan) and says so in ``plan.reason``. Nesting one marked region inside
-another is refused: upstream it can silently compute wrong results.
-
-torch versions: 2.11 spells it ``nested_compile_region(fn=None, backend_options=None)``,
-2.12 and later ``nested_compile_region(fn=None, *, options=None, max_reuse_entries=8,
-reuse_hash_fn=None)`` (an error after 8 guard failures instead of unbounded re-tracing).
-torchkiln only ever passes the function, which both accept; :func:`mark_nested` is the one
-place that calls it.
+inside it is marked with ``torch.compiler.nested_compile_region``, so that Dynamo compiles the
+block once and stamps it out at each call site: the steady-state speed of a full
+``torch.compile`` with a cold start close to regional compilation. The nested blocks are the
+``repeated`` selector's groups, asked for through the plugin manager (so ``regions.classes``
+and ``regions.exclude`` apply). :func:`prepare_group` marks each block class's ``forward``
+once (:func:`mark_nested`); a later ``prepare_group`` may install its own forward instead, as
+``torchkiln.transformers_nested`` does. One marked region inside another is refused: upstream
+it can silently compute wrong results. docs/hierarchical.md gives the torch releases' differences.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Per-layer views of a model's cache, handed to compiled blocks (the machinery of the built-in
 adapter :mod:`torchkiln.plugins.transformers_models`; not a plugin itself).
 
-A block passes the whole cache and its own layer index (``cache.update(k, v, self.layer_idx)``,
-``cache.update_conv_state(x, self.layer_idx)``), and the cache picks the layer's entry from a
-Python list: ``self.layers[layer_idx]``. Dynamo specialises a list index, so every block's
-trace guards on a different entry and compiles its own graph, up to the recompile limit.
-
-A :class:`LayerView` replaces the cache for one block call. It is built eagerly, outside the
-compiled code, from a :class:`~torchkiln.plugin.LayerCacheSpec` (what the cache looks like)
-and a :class:`LayerIndex` (where the block keeps its index):
-
-* its per-layer list (``view.layers``, a :class:`LayerList`) gives the block's own entry for
-  the block's own index, without indexing the list in the trace;
-* each declared per-layer method, called with the block's own index, runs the cache class's
-  own code with the view as ``self``, so it reaches the block's entry through that list; with
-  any other index it runs on the whole cache, as it always did;
-* everything else is the whole cache's answer.
-
-"Own index" is decided in the trace by comparing the index the block passes with the same
-module attribute the block read it from (``holder.<attribute>``): both are the same symbolic
-int, so the comparison leaves no per-layer guard. Every block of a group then sees the same
-kind of object in the same state, and one graph serves every depth.
+A block passes the whole cache and its own layer index (``cache.update(k, v, self.layer_idx)``),
+and the cache picks the layer's entry from a Python list; Dynamo specialises a list index, so
+every block would compile its own graph. A :class:`LayerView`, built eagerly for one block
+call from a :class:`~torchkiln.plugin.LayerCacheSpec` and a :class:`LayerIndex`, replaces the
+cache and gives the block its own entry for its own index. "Own index" is decided in the trace
+against the module attribute the block read it from (the same symbolic int), so it leaves no
+per-layer guard, and one graph serves every depth. docs/generation.md says what the adapter does.
 """
 
 from __future__ import annotations
@@ -225,8 +212,15 @@ class LayerList:
 
 
 class LayerView:
-    """One block's view of a cache (see the module doc). Per-layer methods are added per cache
-    class by :func:`view_class`; anything else is the whole cache's."""
+    """One block's view of a cache, built eagerly, outside the compiled code.
+
+    Its per-layer list (``view.layers``, a :class:`LayerList`) gives the block's own entry for
+    the block's own index, without indexing the list in the trace. Each declared per-layer
+    method, called with the block's own index, runs the cache class's own code with the view as
+    ``self``, so it reaches the block's entry through that list; with any other index it runs on
+    the whole cache, as it always did. The per-layer methods are added per cache class by
+    :func:`view_class`; everything else is the whole cache's answer.
+    """
 
     def __init__(self, cache: Any, own: Any, index: LayerIndex):
         self._torchkiln_cache = cache

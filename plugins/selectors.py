@@ -2,21 +2,14 @@
 ``paths``.
 
 ``repeated`` plans at the level that really repeats. A region group is a set of
-*structurally identical* modules (:mod:`torchkiln.engine.structure`: same class, ``forward``,
-parameter and buffer shapes, and plain attributes Dynamo specialises on), so each group
-compiles into one graph. Walking down from the root, the first composite module whose shape
-occurs ``regions.min_repeats`` or more times in the model is a block; a module whose shape is
-unique (a singleton such as ``BertEmbeddings``, or ConvNeXt stages that differ in width) is
-looked into, so the largest level that repeats wins (ConvNeXt layers, ResNet bottlenecks
-grouped by shape). Stacks (an encoder and a decoder of one class that each hold a list of
-blocks) are looked into too: their blocks repeat more. A shape found fewer than
-``min_repeats`` times at that level (its other occurrences are inside chosen blocks) is looked
-into as well. Singletons stay with the rest of the model.
-
+*structurally identical* modules (:mod:`torchkiln.engine.structure`), so each group compiles
+into one graph. Walking down from the root, the first composite module whose shape occurs
+``regions.min_repeats`` or more times is a block; a module whose shape is unique is looked
+into, so the largest level that repeats wins. Singletons stay with the rest of the model.
 The model's own block names (transformers' ``_no_split_modules``, diffusers'
-``_repeated_blocks``) are hints: the plan's reason says how they compare with the level chosen.
-``regions.classes``, when given, is the user's level: modules of those classes, grouped by
-shape.
+``_repeated_blocks``) are hints that the plan's reason compares with the level chosen.
+``regions.classes``, when given, is the user's level, grouped by shape. docs/guide.md ("How
+``repeated`` (and ``auto``) find blocks") says how stacks and rare shapes are looked into.
 """
 
 from __future__ import annotations

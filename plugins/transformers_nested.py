@@ -1,42 +1,14 @@
 """Built-in plugin: side-effect-free nested blocks for transformers decoder layers
 (``regions="hierarchical"``).
 
-Under the ``hierarchical`` strategy each repeated block is a
-``torch.compiler.nested_compile_region``: Dynamo traces the first block and stamps that trace
-out at the other call sites, but only when the traced block has no side effects that outlive
-it. A transformers decoder layer with its KV cache (the default config) calls
-``cache.update(...)``, which assigns the cache layer's ``keys`` / ``values`` (and initialises
-it lazily): a side effect, so Dynamo traces every one of the N blocks again
-(``subgraph_reuse: not eligible -- subgraph has side effects`` with
-``TORCH_LOGS=hierarchical_compile``).
-
-This plugin splits each block call in two:
-
-* an *outer* step, traced inline in the whole-model graph (not nested): it reads the layer's
-  cached keys and values (none yet in prefill), calls the nested step, and then writes the
-  keys and values it returns into the real cache layer (a side effect of the outer graph,
-  which Dynamo replays as usual);
-* a *nested* step (the function marked with ``nested_compile_region``), with only tensors,
-  constants and the block in and tensors out: it runs the block's own ``forward`` with a
-  :class:`NestedLayerCache`, a cache view created inside the step whose ``update``
-  concatenates the past and the new keys / values, exactly as transformers' ``DynamicLayer``
-  does, and keeps the result. Nothing outside the step changes, so its trace is reused.
-
-Handled: a ``transformers.Cache`` that keeps ``Cache.update`` (no override, no offloading)
-whose layer for the block is a plain ``DynamicLayer`` (``DynamicCache``, the default of
-``generate`` and of a model called with ``use_cache=True``). Anything else (another layer
-kind such as sliding-window or static, an ``EncoderDecoderCache``, a block with no single
-``layer_idx``) runs the block's marked ``forward`` with the real cache, exactly as the
-``hierarchical`` plugin alone does; the plugin says so once per group and reason on stderr
-(``torchkiln: transformers nested blocks: ...``). A call without a cache is not split either.
-
-The nested cache view answers ``update`` and ``get_seq_length`` (what decoder layers ask of
-the cache); any other attribute raises an ``AttributeError`` naming this plugin.
-
-This plugin replaces the ``forward`` the ``hierarchical`` plugin installs on the blocks it
-handles: its ``prepare_group`` runs last (``trylast``), and a later preparation's forward for
-the same module wins (see :class:`~torchkiln.plugin.GroupPreparation`). Disable the plugin
-(``torchkiln.transformers_nested``) to get the plain hierarchical behaviour back.
+Dynamo reuses a nested block's trace at the other call sites only when the block has no side
+effects that outlive it, and a decoder layer's ``cache.update(...)`` writes the cache layer,
+so every block is traced again. This plugin splits each block call in two: an *outer* step, in
+the whole-model graph, reads the layer's cached keys and values, calls the *nested* step and
+writes back the keys and values it returns; the nested step runs the block's own ``forward``
+with a :class:`NestedLayerCache` created inside it, so nothing outside changes and its trace
+is reused. A block it cannot handle runs as under the ``hierarchical`` plugin alone, with one
+warning. docs/hierarchical.md says which caches are handled and how the two plugins combine.
 """
 
 from __future__ import annotations

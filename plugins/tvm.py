@@ -2,18 +2,13 @@
 this torch ships one.
 
 torch's backend (``torch/_dynamo/backends/tvm.py``) compiles forward graphs only, and its TVM
-frontend depends on the torch release; the plugin reads which one from torch's backend code
-(:func:`torchkiln._internals.tvm_backend.torch_tvm_frontend`), not from version numbers:
-
-- **Relay** (torch up to 2.13): imports ``tvm`` and ``tvm.relay`` on first use (TVM releases
-  that dropped Relay, 0.20 and later, cannot run it); options ``scheduler``, ``trials``,
-  ``opt_level``.
-- **Relax** (torch 2.14 on): imports ``tvm.relax.frontend.torch`` and hands the graph to its
-  ``relax_dynamo``; one option, ``pipeline`` (a TVM pass, such as
-  ``tvm.relax.get_pipeline(...)``).
-
-The probe imports the module that frontend needs, and only the frontend's options are declared,
+frontend depends on the torch release: **Relay** (torch up to 2.13; options ``scheduler``,
+``trials``, ``opt_level``) or **Relax** (torch 2.14 on; one option, ``pipeline``). The plugin
+reads which one from torch's backend code
+(:func:`torchkiln._internals.tvm_backend.torch_tvm_frontend`), not from version numbers. The
+probe imports the module that frontend needs, and only the frontend's options are declared,
 so the other frontend's options are refused when the configuration is read.
+docs/plugins/vendors.md ("TVM") says which TVM releases each frontend needs.
 """
 
 from __future__ import annotations

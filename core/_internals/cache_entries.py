@@ -253,4 +253,3 @@ def guard_kinds(entry: Any) -> set[str]:
     Dynamo's guard builder methods, which no API enumerates. Verified: torch 2.11, 2.13, 2.14,
     2.15."""
     return {entry.guard_type, *(entry.derived_guard_types or ())}
-

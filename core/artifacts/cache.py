@@ -2,28 +2,14 @@
 
 Two mechanisms, both torch's own:
 
-1. **The cache directory.** Inductor's FX-graph cache (``<dir>/fxgraph``), the AOTAutograd cache
-   (``<dir>/aotautograd``), the generated C++/Triton code and its locks all live under one
-   directory, which torch reads from the environment variable ``TORCHINDUCTOR_CACHE_DIR``
-   (``torch._inductor.runtime.cache_dir_utils.cache_dir``) every time it needs a path. Neither
-   ``torch._inductor.config`` nor ``torch._functorch.config`` has a setting for the location,
-   only on/off switches (``fx_graph_cache``, ``enable_autograd_cache``, both on by default).
-   Some derived paths are memoised in process (``CacheBase.get_local_cache_path``), so
-   :func:`apply_cache_dir` sets the variable *and* clears inductor's registered in-process
-   caches, the same two steps as torch's own ``temporary_cache_dir``. Set it before the first
-   compiled call: graphs compiled before the switch were written to the old directory.
+1. **The cache directory** of inductor's FX-graph and AOTAutograd caches, which torch reads
+   from ``TORCHINDUCTOR_CACHE_DIR``. The variable is process-wide, hence the explicit
+   ``cache_dir`` option: :func:`apply_cache_dir` sets it, clears inductor's memoised paths,
+   and returns a handle that restores the previous value.
+2. **Portable cache artifacts**: :func:`save_cache_artifacts` / :func:`load_cache_artifacts`
+   carry torch's cache entries in a file to another process, whose first compile then hits.
 
-   The variable is process-wide, and inductor's compile worker processes inherit it; that is
-   why it is an explicit option (``cache_dir``) and why :func:`apply_cache_dir` returns a
-   handle that restores the previous value (``torchkiln.decompile`` calls it).
-
-2. **Portable cache artifacts.** ``torch.compiler.save_cache_artifacts()`` serialises every
-   cache entry this process created or loaded (FX graph, AOTAutograd, autotuning, PGO) into
-   one blob; ``load_cache_artifacts`` puts them into the local caches of another process,
-   another machine or a container image, so that its first compile is a cache hit.
-   :func:`save_cache_artifacts` / :func:`load_cache_artifacts` do that to and from a file.
-
-See ``docs/cache.md`` for sharing one directory between ranks and machines.
+``docs/cache.md`` says how it works and how to share one directory between ranks and machines.
 """
 
 from __future__ import annotations

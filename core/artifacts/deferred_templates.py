@@ -2,20 +2,14 @@
 functions load.
 
 The Python module of every function inductor compiled imports
-``torch._inductor.select_algorithm`` (for ``extern_kernels``, the matrix-product calls).
-Importing that module builds every kernel template inductor ships (Triton matrix products,
-flex attention, CuTe DSL), and each one parses its Jinja source right away
-(``KernelTemplate._template_from_string``): about 20 templates, 0.15-0.25 s on a 2-core CPU,
-the largest single part of loading a precompiled inductor function. A loaded function renders
-none of them: templates are rendered only while inductor compiles (autotuning).
-
-While torchkiln loads precompiled functions, and only if ``select_algorithm`` has not been
-imported yet, :func:`deferred_templates` makes ``_template_from_string`` return a
-:class:`DeferredTemplate`: it keeps the source and parses it, with torch's own function, the
-first time anything of the template is used (``template.render(...)``), then behaves as the
-parsed template. The templates created while loading stay deferred for the process; the ones
-created later, and ``_template_from_string`` itself, are as torch made them. Without Jinja,
-or with a torch whose ``KernelTemplate`` lacks the function, nothing is replaced.
+``torch._inductor.select_algorithm`` (for ``extern_kernels``, the matrix-product calls), and
+importing it builds every kernel template inductor ships, each parsing its Jinja source right
+away (``KernelTemplate._template_from_string``): the largest single part of loading a
+precompiled inductor function. A loaded function renders none of them: templates are rendered
+only while inductor compiles (autotuning). So while torchkiln loads precompiled functions,
+:func:`deferred_templates` makes that parser return a :class:`DeferredTemplate`, which parses
+its source with torch's own function the first time anything of the template is used.
+docs/precompile.md ("Where a precompiled first call's time goes") gives what it saves.
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchkiln._internals import inductor
+
 
 class DeferredTemplate:
     """A Jinja template parsed on first use by ``parse(source)`` (torch's own parser)."""
@@ -54,7 +49,13 @@ _OWN = frozenset({*DeferredTemplate.__slots__, "parsed"})
 
 @contextlib.contextmanager
 def deferred_templates() -> Iterator[None]:
-    """Inductor templates created inside this context are parsed on first use."""
+    """Inductor templates created inside this context are parsed on first use.
+
+    Only if ``select_algorithm`` has not been imported yet. The templates created inside stay
+    deferred for the process; the ones created later, and ``_template_from_string`` itself,
+    are as torch made them. Without Jinja, or with a torch whose ``KernelTemplate`` lacks the
+    function, nothing is replaced.
+    """
     if inductor.templates_built() or importlib.util.find_spec("jinja2") is None:
         yield  # already built (nothing to save), or torch keeps its templates as None
         return

@@ -1,23 +1,13 @@
 """The precompiled-artifact directory: what it holds and the keys that decide whether it fits.
 
-Layout of a directory written by :func:`torchkiln.precompile`::
-
-    manifest.json                 environment key, one entry per region group and kind
-    groups/<NNN>-<group>-<kind>-<N>.bin  torch's serialised compiled function (save_compiled_function)
-    kernels/                      the inductor cache the compile filled (generated code and
-                                  compiled C++ / Triton kernels), so loading compiles nothing
-
-An artifact fits a model when its **environment** (torch version, backend, mode, options,
-dynamic, device, dtype) matches the configuration and the model, and its **group** matches
-by name, by the hash of the source files that define the group's classes, and by the group's
-parameter and buffer layout. Input specs (shapes, dtypes, grad mode) are checked on every
-call by the guards torch saved with the function.
-
-**The directory is code.** Its entries are pickles and its kernels are shared libraries and
-Python modules that inductor loads. The manifest records the size and SHA-256 of every file
-(format 2); :func:`read_entry` is the one way torchkiln reads a file of the directory, and it
-refuses, before anything is unpickled or imported, a path outside the directory, a link, a
-file that is not a regular file, and a size or hash that does not match the manifest.
+A directory written by :func:`torchkiln.precompile` holds ``manifest.json`` (the environment
+key, one entry per region group and kind), ``groups/`` (torch's serialised compiled functions)
+and ``kernels/`` (the inductor cache the compile filled, so loading compiles nothing). An
+artifact fits when its environment (torch, backend, mode, options, dynamic, device, dtype)
+matches and its group matches by name, code hash and parameter layout; input specs are checked
+on each call by the guards torch saved. The directory is code (pickles, shared libraries):
+:func:`read_entry` is the one way torchkiln reads its files, and it refuses any file the
+manifest's size and SHA-256 do not vouch for. docs/precompile.md says what is checked and why.
 """
 
 from __future__ import annotations

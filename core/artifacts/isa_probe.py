@@ -1,34 +1,15 @@
 """Inductor's CPU vector-ISA probe, recorded at precompile and answered at load.
 
-Before inductor (CPU) loads or compiles its first kernel in a process, it decides which
-vector instruction set to build for (``torch._inductor.cpu_vec_isa.valid_vec_isa_list``):
-for every candidate the CPU advertises (AVX-512 VNNI, AVX-512, AVX2, ...) it compiles a tiny
-test library (``VecISA.check_build``, kept in the inductor cache) and starts a Python child
-that ``dlopen``s it, plus one more build-and-load per extension (AVX-512 BF16, VNNI, AMX).
-On a 2-core machine that is six children, 1.5-2 s, paid once per process: the largest part
-of a precompiled first call.
+Before inductor (CPU) compiles or loads its first kernel in a process, it picks the vector
+instruction set by building a test library per candidate and loading each in a Python child
+process: the largest part of a precompiled first call. The answer decides the compile flags
+that are part of every kernel's cache key; it does not guard the kernels themselves.
 
-The probe answers one question: *can this compiler build code with these flags, and can the
-result be loaded?* The answer decides the ISA, and with it the compile flags that are part
-of every kernel's cache key; it does not guard the kernels themselves.
-
-At precompile, :func:`recorded_probes` records every ``check_build`` answer (the ISA, the
-flags, a hash of the test code) together with the CPU's capabilities and the compiler's
-version; a process that had already probed re-probes so that nothing is missing, and the test
-libraries land in ``DIR/kernels`` with the kernels. The marker torch 2.14+ writes beside a test
-library once a child has loaded it (:func:`machine_local`) does not: it is the answer of the
-machine that wrote it, and it would let the probe skip the load check on any machine.
-
-At load, :func:`answered_probes` answers ``check_build`` from that record, without building or
-starting a child, only when this machine has the same CPU capabilities and the same compiler
-version (and the same torch, which the artifact directory's key already checks). Then the
-answers are the ones the probe would give here, and inductor picks the same ISA and finds the
-precompiled kernels by their keys. A question the record does not hold goes to the real
-probe. On any difference, or when this process has already probed, nothing is changed: the
-probe runs (or has run) as usual.
-
-Torch keeps the answers for the rest of the process (``functools.cache``), as it does after
-its own probe; the substitute itself is removed when loading ends.
+:func:`recorded_probes` records every ``check_build`` answer at precompile, with the CPU's
+capabilities and the compiler's version. :func:`answered_probes` answers ``check_build`` from
+that record at load, without building or starting a child, only when this machine has the
+same CPU capabilities and compiler version; otherwise the probe runs as usual.
+docs/precompile.md says what is recorded and why ``TORCHINDUCTOR_VEC_ISA_OK`` is not enough.
 """
 
 from __future__ import annotations
@@ -37,7 +18,7 @@ import contextlib
 import hashlib
 import logging
 import platform
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from torchkiln._internals import inductor
@@ -109,6 +90,7 @@ def recorded_probes(record: dict[str, Any]) -> Iterator[None]:
         # same compiler), this time in the current cache directory
         inductor.forget_vec_isa_probe(module)
     probe = inductor.vec_isa_probe(module)
+    assert probe is not None  # _isa_module found it
     answers: dict[str, bool] = {}
 
     def recording(isa: Any, code: str) -> bool:
@@ -151,6 +133,7 @@ def answered_probes(record: dict[str, Any] | None) -> Iterator[None]:
         return
     answers: dict[str, bool] = record["probes"]
     probe = inductor.vec_isa_probe(module)
+    assert probe is not None  # _isa_module found it
 
     def answering(isa: Any, code: str) -> bool:
         known = answers.get(probe_key(isa, code))

@@ -1,35 +1,14 @@
 """The guards a whole-model compiled function keeps when it is saved, and what replaces the
 ones it cannot keep.
 
-torch saves a compiled function's guards with it, except guards on object identity, which have
-no meaning in another process: ``ID_MATCH``, ``CLASS_MATCH``, ``MODULE_MATCH``,
-``FUNCTION_MATCH``, ``CLOSURE_MATCH``, ``BUILTIN_MATCH`` and any guard derived from them
-(``CONSTANT_MATCH`` on a code object). A whole model's trace has dozens: the model's classes, the
-modules whose functions it calls (``transformers.masking_utils``), their closures, builtins.
-They are dropped, and each kind is replaced by a check made when the function is loaded:
-
-- classes, functions, closures and code of the model: the **code hash**, over the source files
-  of every class in the model (:func:`torchkiln.artifacts.directory.code_hash`) and of every module a
-  dropped guard reached, recorded when built and compared when loaded;
-- modules: the same files, plus the versions of torch and of each package those modules belong
-  to (in the manifest's environment and :attr:`WholeArtifacts.packages`);
-- builtins (``len``, ``isinstance``): not replaced; a program that rebinds a builtin for a
-  model's module is not supported (as with every saved ``torch.compile`` artifact);
-- the module tree: the **tree hash** over every submodule's path and class, and the structure
-  hash over parameters' and buffers' names, shapes and dtypes.
-
-Guards on transformers' output-capturing registry (``_CAN_RECORD_REGISTRY``) are dropped too. A
-model's forward looks its own class's recordable outputs up in that process-wide dict, keyed by
-class name, and the trace guards on the *position* of every key: which depends on the model
-classes the process happened to construct first, so the function would not load in another
-process (nor in the same one after another model was built). The entry is what the class set
-at construction from its own ``_can_record_outputs``, which the code hash covers.
-
-One more guard is dropped on purpose: that a *region's* instance ``__dict__`` holds no
-``forward``. torchkiln installs exactly that attribute on each region for the regional tier,
-and its function is the class's own ``forward``, compiled; the whole-model form traced the
-class's ``forward`` in the builder. The tiered runtime checks, on every whole-model call, that
-each region's ``forward`` is still torchkiln's (:mod:`torchkiln.tiered.runtime`).
+torch cannot save guards on object identity (``ID_MATCH``, ``CLASS_MATCH``, ``MODULE_MATCH``,
+... and guards derived from them): they mean nothing in another process, and a whole model's
+trace has dozens. They are dropped and replaced by checks made at load: the code hash over the
+source files of the model's classes and of every module a dropped guard reached, the package
+versions, and the tree and structure hashes. Also dropped: guards on the key positions of
+transformers' ``_CAN_RECORD_REGISTRY`` (they depend on which model classes the process built
+first), and the guard that a region has no instance ``forward`` (torchkiln installs one, and
+:mod:`torchkiln.tiered.runtime` checks it on every call). docs/tiered.md has the full table.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """``torchkiln bench --ranks N``: what a job of N ranks pays to start, against one rank.
 
-Four launches of the same training script (:mod:`torchkiln.bench.job_rank`) with ``torchrun``
-on this machine, each rank with its own empty inductor cache directory:
-
-1. ``1 rank``: the reference cold start;
-2. ``N ranks, each compiles`` (``job.share: off``): what a job pays without torchkiln's sharing;
-3. ``N ranks, once per job``: one rank compiles each group, the others load it; entries go to
-   a fresh store;
-4. ``N ranks, restart``: the same job again, the store warm;
-5. ``N ranks, tiered``: tiered compilation (one builder for the job), trained until every rank
-   switched or ``TIERED_STEPS`` steps: the step at which they switched, and the builders.
-
-Job cold start is from the launch until every rank has finished its first training step.
-Compile CPU-seconds are each rank's CPU time during its first step, inductor's compile workers
-included (the steady step's own CPU time is in it too, a few per cent at most).
+Five launches of the same training script (:mod:`torchkiln.bench.job_rank`) with ``torchrun``
+on this machine, each rank with its own empty inductor cache directory: one rank (the
+reference); N ranks each compiling (``job.share: off``); N ranks once per job, with a fresh
+store; the same job again, the store warm; and N ranks tiered, trained until every rank
+switched or ``TIERED_STEPS`` steps. Job cold start is from the launch until every rank has
+finished its first training step. Compile CPU-seconds are each rank's CPU time during its
+first step, inductor's compile workers included (so the step's own CPU time is in it too, a
+few per cent at most). docs/jobs.md ("Measuring it") shows a run.
 """
 
 from __future__ import annotations

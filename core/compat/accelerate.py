@@ -5,31 +5,12 @@ Change the import and keep the code::
     # from accelerate.utils import compile_regions, TorchDynamoPlugin
     from torchkiln.compat.accelerate import compile_regions, TorchDynamoPlugin
 
-Kept from Accelerate: the names, arguments and defaults; ``compile_regions`` selects the
-repeated blocks and compiles the parameterised leaves outside them (``lm_head``,
-embeddings, final norm); the returned model has ``_orig_mod``; ``to_kwargs()``; the unwrap
-flags. Changed, because Accelerate's behaviour is a defect there (see
-``docs/migrating-from-accelerate.md``):
-
-* compilation happens in place, on the same objects: no copied module keeps the original's
-  bound ``forward`` (which made Accelerate's regional compile run nothing under mixed
-  precision), no ``OptimizedModule`` wrappers, no ``_orig_mod.`` in ``state_dict()`` keys;
-* blocks in ``nn.Sequential``, ``nn.ModuleDict`` and nested containers are found;
-* ``nn.Linear`` and other ``torch.nn`` built-ins really compile (``Module.compile()``, which
-  Accelerate's DeepSpeed and FSDP2 variants use, silently compiles nothing for them on torch
-  2.11 to 2.13);
-* unwrapping never modifies the prepared model, and ``keep_torch_compile=False`` returns the
-  model itself (still compiled);
-* a second ``compile_regions`` returns the model as it is (a double-compile warning when
-  its options differ);
-* a false ``ACCELERATE_DYNAMO_USE_DYNAMIC`` leaves ``dynamic=None``.
-
-``install()`` makes an unmodified ``Accelerator`` use these (see
-:mod:`torchkiln.compat.accelerate_install`); it is the one function here that imports
-Accelerate.
-
-The helpers are defined in :mod:`torchkiln.compat.accelerate_helpers`, which ``install()``
-uses too; this module only gathers the public names.
+Names, arguments and defaults are Accelerate's; what differs is where Accelerate's behaviour
+is a defect: compilation is in place (no copies, no ``OptimizedModule`` wrappers, no
+``_orig_mod.`` in ``state_dict()`` keys) and unwrapping never modifies the prepared model.
+``install()``, the one function here that imports Accelerate, makes an unmodified
+``Accelerator`` use these (:mod:`torchkiln.compat.accelerate_install`). The helpers are defined
+in :mod:`torchkiln.compat.accelerate_helpers`; docs/migrating-from-accelerate.md says why.
 """
 
 from torchkiln.compat.accelerate_helpers import (

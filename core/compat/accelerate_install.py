@@ -3,30 +3,12 @@
 Accelerate's modules bind its compile helpers at import time
 (``from .utils.other import compile_regions, ...`` in ``accelerate.accelerator``), so
 replacing ``accelerate.utils.compile_regions`` alone changes nothing. :func:`install` imports
-Accelerate, finds every ``accelerate`` module that holds one of the helpers below — by
-identity, so aliases count — and puts torchkiln's version in its place:
-
-============================== ===============================================================
-Accelerate's name              what the ``Accelerator`` then gets
-============================== ===============================================================
-``compile_regions``            :func:`torchkiln.compat.accelerate.compile_regions`: in place
-``compile_regions_deepspeed``  its DeepSpeed variant (on ``engine.module``)
-``compile_regions_fsdp2``      its FSDP2 variant (before ``fully_shard``)
-``is_compiled_module``         true for ``torch.compile`` wrappers and models compiled through
-                               ``compile_regions`` (which have ``_orig_mod``)
-``has_compiled_regions``       also sees torchkiln's in-place regions
-``extract_model_from_parallel`` never modifies the prepared model (``recursive=True`` is
-                               Accelerate's own, which leaves a torchkiln model as it is)
-============================== ===============================================================
-
-A model torchkiln compiled before ``prepare`` is not compiled again: the replacement warns
-(or raises under ``TORCHKILN_ON_DOUBLE_COMPILE=raise``) and leaves it as it is.
-
-Only Accelerate's regional path goes through these names
-(``TorchDynamoPlugin(use_regional_compilation=True)`` or
-``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1``); without it Accelerate calls
-``torch.compile`` on the whole model itself, which :func:`install` does not change (that would
-mean patching torch).
+Accelerate and puts torchkiln's version of each helper (``compile_regions`` and its DeepSpeed
+and FSDP2 variants, ``is_compiled_module``, ``has_compiled_regions``,
+``extract_model_from_parallel``) in every ``accelerate`` module that holds it, found by
+identity so that aliases count. Only Accelerate's regional path goes through these names; its
+whole-model ``torch.compile`` is left as it is (changing it would mean patching torch).
+docs/integrations/accelerate.md says what each replacement does.
 """
 
 from __future__ import annotations

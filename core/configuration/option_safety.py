@@ -1,25 +1,14 @@
 """``options`` checked before anything is compiled: real names, right types, and nothing from a
 file or the environment that could run code.
 
-Names and types
-    With ``backend: inductor`` every key must be a real ``torch._inductor.config`` setting
-    (``-`` read as ``_``, as ``torch.compile`` does), with a "did you mean"; a
-    ``torch._dynamo.config`` name gets a note that ``options`` only reach inductor. A value must
-    have the setting's declared type (torch itself skips that check for ``X | None``,
-    ``Literal[...]`` and other generic types; this module does not). Numbers are finite.
-
-What a file or the environment may set (the rule, defended in docs/configuration.md)
-    A value that is a switch, a number or one of a closed list of words cannot name a program,
-    a path, a module or a function; a free string, a list, a mapping or a callable can (the C++
-    compiler ``cpp.cxx``, ``cpp.march`` flags spliced into the compiler command line,
-    ``cuda.cutlass_dir``, ``*_custom_pass``, ``inductor_choices_class``, ...). So an option
-    set from ``file:`` or ``env:`` is accepted only when its declared type is ``bool``, ``int``,
-    ``float``, a ``Literal`` of constants, or one of these or ``None``, and the key is not one of
-    the switches that fetch compiled code from or send it to a server (remote caches), run a
-    registered hook, or exist only for torch's own tests. For a backend other than inductor
-    torchkiln cannot read declared types, so from a file or the environment its option values
-    must be booleans, numbers or null. Python (keyword arguments, a ``config`` mapping or a
-    ``CompileConfig``) and plugins may set any option: they can run code anyway.
+With ``backend: inductor`` every key must be a real ``torch._inductor.config`` setting (with a
+"did you mean"), holding a finite value of the setting's declared type. A free string, a list,
+a mapping or a callable can name a program, path, module or function (``cpp.cxx``), so an option
+from ``file:`` or ``env:`` is accepted only when its declared type is ``bool``, ``int``,
+``float``, a ``Literal`` of constants, or one of these or ``None``, and its key is not a
+remote-cache, upload, hook or test switch; for another backend such values must be booleans,
+numbers or null. Python and plugins may set any option: they can run code anyway.
+docs/configuration.md, "Options that can run code", states the rule and why.
 """
 
 from __future__ import annotations
@@ -182,7 +171,9 @@ def _union_members(kind: Any) -> tuple[Any, ...]:
 
 
 def _matches(value: Any, declared: Any) -> bool:
-    """``value`` fits ``declared``; kinds this module cannot check are accepted, as torch does."""
+    """``value`` fits ``declared``; kinds this module cannot check are accepted, as torch does.
+    Unlike torch, which skips the type check for ``X | None``, ``Literal[...]`` and other
+    generic types, these are checked here."""
     members = _union_members(declared)
     checkable = [m for m in members if m is type(None) or isinstance(m, type) or _is_literal(m)]
     if len(checkable) < len(members):

@@ -1,20 +1,15 @@
 """Read a torchkiln YAML file: any input becomes plain data or one :class:`ConfigError`.
 
-What is refused, each with the field path (``$.a.b``) and the line:
-
-- anything but a regular file (``/dev/zero``, a FIFO, a directory), and files over
-  :data:`MAX_FILE_BYTES`; a file that is not UTF-8;
-- YAML that is not JSON-like: tags other than the core ones (``!!python/...``, ``!!binary``,
-  ``!!set``, ``!!omap``), dates, keys that are not strings (``1: a``, ``on: a``, ``? [a]``),
-  duplicate keys;
-- nesting deeper than :data:`~torchkiln.configuration.config_values.MAX_DEPTH` and more than
-  :data:`~torchkiln.configuration.config_values.MAX_VALUES` values, with every alias counted as a full copy of
-  what it refers to, so an alias bomb ("billion laughs") is refused after looking at each
-  distinct node once, before anything is built;
-- an alias that refers to a node containing it.
-
-Parsing uses PyYAML's pure-Python safe loader, extended: its composer builds shared nodes for
-aliases, which this module measures and checks before the constructor runs.
+What is refused, each with the field path (``$.a.b``) and the line: anything but a regular
+UTF-8 file of at most :data:`MAX_FILE_BYTES`; YAML that is not JSON-like (tags other than the
+core ones, dates, keys that are not strings, duplicate keys); nesting deeper than
+:data:`~torchkiln.configuration.config_values.MAX_DEPTH` and more than
+:data:`~torchkiln.configuration.config_values.MAX_VALUES` values, with every alias counted as
+a full copy of what it refers to, so an alias bomb ("billion laughs") is refused after looking
+at each distinct node once, before anything is built; an alias that refers to a node
+containing it. Parsing uses PyYAML's pure-Python safe loader, extended: its composer builds
+shared nodes for aliases, which this module measures and checks before the constructor runs.
+docs/configuration.md ("A YAML file") gives examples of each.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """Detect a second compile of a model torchkiln already compiled.
 
-``torch.compile(model)``, ``model.compile()`` or Accelerate's ``prepare`` (with a dynamo backend
-configured) on a model torchkiln compiled makes Dynamo trace the model again: it inlines
-torchkiln's regions into its own graphs (the regional cold start is lost) and the returned
-``OptimizedModule`` (or Accelerate's copy) puts ``_orig_mod.`` into checkpoint keys. torch says
-nothing about it.
+``torch.compile(model)``, ``model.compile()`` or Accelerate's ``prepare`` on a model torchkiln
+compiled makes Dynamo trace it again: it inlines torchkiln's regions (the regional cold start
+is lost) and puts ``_orig_mod.`` into checkpoint keys, and torch says nothing about it.
 
-How it is detected, without patching torch and with nothing on the forward path: the two
-functions of torchkiln's that an outer compile can trace start with ``comptime(check)``.
-``comptime`` calls ``check`` only while Dynamo *traces* the function; compiled code does not
-contain it.
-
-- Each region group's function (the one torchkiln compiles): when torchkiln compiles it, it is
-  Dynamo's top frame; when another compile traces the model, Dynamo inlines it into its own
-  frames, so it has a parent frame.
-- Each region's first-call shim (which runs the region's first, compiling call, eagerly): no
-  compile of torchkiln's ever traces it, so any trace of it is another compile's, before the
-  region's first call.
-
-It then warns (:class:`DoubleCompileWarning`, naming the fix), raises
-(:class:`DoubleCompileError`, which Dynamo reports inside its ``InternalTorchDynamoError``) or
-stays silent, by ``TORCHKILN_ON_DOUBLE_COMPILE`` (``warn``, ``raise``, ``off``).
-:func:`torchkiln.compat.accelerate.install` checks the same thing before Accelerate compiles a
-model torchkiln already compiled, with the same setting.
+It is detected without patching torch and with nothing on the forward path: each region
+group's function and each region's first-call shim starts with ``comptime(check)``, which runs
+only while Dynamo traces the function (:func:`group_function_check`, :func:`first_call_check`).
+:func:`report` then warns, raises or stays silent, by ``TORCHKILN_ON_DOUBLE_COMPILE``.
+docs/double-compile.md says how each check tells the two compiles apart.
 """
 
 from __future__ import annotations

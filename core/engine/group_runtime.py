@@ -216,7 +216,9 @@ def first_call_step(
                     output = compiled(*args, **kwargs)
                 set_status(region_state, "compiled")
         except Exception as error:
-            output = _handle_failure(module, region_state, step, error, policy, plugin, args, kwargs)
+            output = _handle_failure(
+                module, region_state, step, error, policy, plugin, args, kwargs
+            )
         except BaseException:
             module.__dict__["forward"] = step  # interrupted: the next call starts over
             raise

@@ -194,6 +194,7 @@ GroupHook = Callable[[RegionGroup, Callable[..., Any], Callable[..., Any]], Call
 function ``compile_region`` returned for the group's shared function (before any
 ``GroupPreparation.wrap_call``); what it returns is installed for every region of the group."""
 
+
 class Compiler:
     """Compiles one plan's regions in place."""
 

@@ -1,22 +1,15 @@
 """Structural identity of modules, exclusion by path, and the group invariant.
 
-Helpers for region selectors (built-in and third-party):
-
-- :class:`StructureIndex` / :func:`structure_key`: two modules are *structurally identical*
-  when Dynamo would trace them into the same graph with the same guards: same class, same
-  ``forward`` function, the same submodule tree, the same parameter and buffer shapes, dtypes,
-  devices and ``requires_grad``, and the same plain attributes (ints, floats, bools, strings,
-  ``None``, tuples of them, dtypes, functions) on every submodule, since Dynamo specialises
-  on those. Integer attributes that number a block (``layer_idx``, ``layer_id``,
-  ``layer_number``, ``block_index``..., see :data:`INDEX_ATTRIBUTE`) are left out: torchkiln traces them as symbolic ints
-  in a group shared by several regions.
-- :func:`structural_difference`: the first thing that tells two modules apart, in words.
-- :func:`is_excluded` / :func:`drop_excluded`: ``regions.exclude`` globs; a module under an
-  excluded one is excluded too.
-- :func:`group_by_structure`: one :class:`RegionGroup` per structural key.
-- :func:`check_group` / :func:`check_plan`: the invariant every plan must keep (all regions of
-  a group run one ``forward`` function; each region is the module its path names; no module
-  in two regions), checked before anything is touched.
+Helpers for region selectors (built-in and third-party). Two modules are *structurally
+identical* (:class:`StructureIndex`, :func:`structure_key`) when Dynamo would trace them into
+the same graph with the same guards: same class and ``forward`` function, the same submodule
+tree, parameter and buffer shapes, dtypes, devices and ``requires_grad``, and the same plain
+attributes on every submodule, since Dynamo specialises on those. Integer attributes that
+number a block (:data:`INDEX_ATTRIBUTE`) are left out: torchkiln traces them as symbolic ints
+in a group shared by several regions. :func:`structural_difference` says what tells two
+modules apart, :func:`is_excluded` applies ``regions.exclude``, :func:`group_by_structure`
+groups by key, and :func:`check_plan` checks the invariant every plan must keep before
+anything is touched. docs/plugins/selector.md lists the helpers and what counts as plain.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """All or nothing: what ``torchkiln.compile`` puts back when it fails after touching the model.
 
 :meth:`Snapshot.take` runs after everything that can be checked without touching the model was
-checked (configuration, the plan, hook results). It records, for every module, its class and
-the keys and values of its ``__dict__`` (the dicts in it, parameters, buffers, submodules and
-hooks, by content), and the process-wide state a plugin may change: the environment and
-``torch._dynamo.config``. :meth:`Snapshot.restore` puts all of it back, so a compile that fails
-in ``wrap_distributed``, in a ``compile_region`` or in a check after them leaves the same
-``forward``, the same parameter objects, no extra attribute and the settings it found.
-
-The snapshot is taken before ``select_regions``, so whatever a selector, a strategy, a
-group preparation or a backend changed before failing is undone. Of each parameter and buffer
-it keeps the ``requires_grad`` flag and the tensor behind ``.data`` (a plugin that rebinds
-``param.data`` gets the original back). Parameter *values* are not copied (that would double
-the model's memory): an in-place write to them cannot be undone, so it is detected instead
-(from a sample of up to :data:`SAMPLE` of its elements, or its version counter where no
-sample can be read) and
-:meth:`Snapshot.changed_values` names the tensors; ``torchkiln.compile`` then raises a
-``PluginError`` naming the plugin, the hook and the tensors (docs/plugins.md).
+checked, and before ``select_regions``, so whatever a selector, a strategy, a group preparation
+or a backend changed before failing is undone. It records every module's class and
+``__dict__``, each parameter's and buffer's ``requires_grad`` and ``.data`` tensor, the
+environment and ``torch._dynamo.config``; :meth:`Snapshot.restore` puts all of it back.
+Parameter *values* are not copied (that would double the model's memory): an in-place write to
+them cannot be undone, so it is detected from a sample instead, and
+:meth:`Snapshot.changed_values` names the tensors for the ``PluginError`` that
+``torchkiln.compile`` raises. docs/guide.md ("All or nothing") says what is put back.
 """
 
 from __future__ import annotations

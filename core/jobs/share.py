@@ -2,21 +2,14 @@
 distinct key compiles (or reads the store), the others receive and load what it compiled.
 
 Per group, on every rank, in the same order (the ranks of a data-parallel job make the same
-first calls):
-
-1. each rank computes its key (:mod:`torchkiln.jobs.keys`) and looks in its store;
-2. one gather: every rank's key, fields and whether its store has the entry;
-3. per distinct key, a source: the lowest rank whose store has it, else the lowest rank with
-   that key, which compiles it (``aot_compile``, as ``torchkiln.precompile`` does);
-4. per distinct key that some rank lacks, one broadcast from its source; a receiver writes the
-   entry into its store (or a private temporary directory) and loads it from there, checked;
-5. every rank, the source included, serves the group from the loaded entry. A call it does not
-   fit (another shape, the other kind) compiles the group normally on that rank, counted.
-
-A rank whose key differs from rank 0's compiles its own and :attr:`GroupShare.reason` says
-which fields differ. A rank that cannot load what it received (a file that does not match, a
-load that fails) compiles the group itself and says why. A source whose compile fails sends
-that failure, and every rank then compiles the group normally.
+first calls): each rank computes its key (:mod:`torchkiln.jobs.keys`) and looks in its store;
+one gather exchanges the keys; per distinct key, the lowest rank whose store has it, else the
+lowest rank with that key, is the source and compiles it; one broadcast per key that some rank
+lacks carries the entry; every rank, the source included, loads the entry and serves the group
+from it. Whenever sharing cannot serve a rank (its key differs, what it received does not
+load, the source's compile failed, a call the entry does not fit), that rank compiles the group
+normally and :attr:`GroupShare.reason` says why. docs/jobs.md ("What is shared, and how",
+"Failures, and what you see") gives the steps and failures in full.
 """
 
 from __future__ import annotations

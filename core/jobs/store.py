@@ -1,20 +1,12 @@
 """``job.store``: a directory of shared entries that outlives the job, safe with many writers.
 
-Layout::
-
-    entries/<key>/           one entry per key (:mod:`torchkiln.jobs.keys`), never changed
-        meta.json            the key's fields, the kind, and the size and SHA-256 of every file
-        entry.bin            torch's saved compiled function
-        kernels/...          the inductor cache files its compile wrote
-    entries/.<key16>.<host>.<pid>.<random>   an entry being written (hidden, never read)
-
 An entry is written aside and published with one ``rename`` of its directory: a reader sees all
 of it or none, and of two writers of one key the first rename wins and the second removes its
 own copy (a rename onto a non-empty directory fails). Nothing holds a lock: a writer killed
-mid-write leaves only its hidden directory, which the next store opened an hour later removes.
-Nothing else is ever deleted: only names this module writes are touched, and a corrupted entry
-(its files do not match its ``meta.json``) is moved aside under a hidden name and removed, so a
-later writer can publish a good one.
+mid-write leaves only its hidden directory, which a store opened an hour later removes. Only
+names this module writes are ever touched; a corrupted entry (its files do not match its
+``meta.json``) is moved aside and removed, so a later writer can publish a good one.
+:class:`JobStore` shows the layout; docs/jobs.md ("The store") says how a job uses it.
 """
 
 from __future__ import annotations
@@ -43,7 +35,16 @@ _ASIDE = re.compile(r"\.[0-9a-f]{64}\.aside-[^/]+")
 class JobStore:
     """One ``job.store`` directory (``section`` ``entries``), or another section of a store
     whose entries are published the same way (``whole``: whole-model forms, each marked by its
-    ``manifest.json``)."""
+    ``manifest.json``).
+
+    Layout::
+
+        entries/<key>/           one entry per key (:mod:`torchkiln.jobs.keys`), never changed
+            meta.json            the key's fields, the kind, and the size and SHA-256 of every file
+            entry.bin            torch's saved compiled function
+            kernels/...          the inductor cache files its compile wrote
+        entries/.<key16>.<host>.<pid>.<random>   an entry being written (hidden, never read)
+    """
 
     def __init__(self, root: str | os.PathLike[str], section: str = ENTRIES, marker: str = META):
         self.root = Path(root).expanduser().resolve()

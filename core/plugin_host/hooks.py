@@ -5,17 +5,12 @@
     resolve_compile_config -> select_regions -> wrap_distributed -> compile_region (per group)
 
 Inside ``wrap_distributed``'s ``compile_regions`` callback, each region group is first offered
-to :func:`prepare_group` (every plugin may adapt it), then compiled by :func:`compile_region`
-(once per group, not once per region). Three declaration hooks let a plugin say what it provides, so that configuration can be
-validated up front and ``torchkiln plugins`` can list everything with its status; a fourth,
-:func:`declare_layer_caches`, describes caches kept per layer, for :func:`prepare_group`.
-
-Plugin authors import everything from :mod:`torchkiln.plugin`. Implement a hook with
-``@hookimpl`` on a function of the same name in a module (or
-on a method of an object) that you register with the plugin manager or under the
-``torchkiln`` entry-point group. Implementations may accept any subset of the arguments shown.
-pluggy calls implementations in LIFO registration order (external plugins after built-ins, so
-they run first); ``tryfirst``/``trylast`` on the ``hookimpl`` change that.
+to :func:`prepare_group`, then compiled by :func:`compile_region` (once per group, not once per
+region). Four declaration hooks say what a plugin provides (backends, selectors, distributed
+strategies, caches kept per layer). Plugin authors import everything from
+:mod:`torchkiln.plugin` and implement a hook with ``@hookimpl`` on a function of the same name;
+implementations may accept any subset of the arguments shown. docs/hooks.md says how plugins
+are registered and in what order their implementations are called.
 """
 
 from __future__ import annotations

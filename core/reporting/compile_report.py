@@ -2,18 +2,13 @@
 
 The first call of each region is measured by its first-call shim (a window over Dynamo's
 records). Everything after that is read lazily, when the report is built: Dynamo's compilation
-metrics (recompiles, graph breaks, recompile-limit hits of the group's code, at any time) and
-the region each of those compiles ran for (:mod:`torchkiln.engine.compile_events`).
-
-Whether a region ran compiled is never re-derived when the report is read (under the report's
-grad mode, say) nor taken from a log: the region's own code counts each call that runs it
-eagerly (:func:`torchkiln.engine.compile_state.ran_eagerly`, in a branch Dynamo folds away, so a
-call that runs compiled code pays nothing), and its first eager call keeps which guard each
-cached graph failed then. A region is ``compiled`` when no call of it ran eagerly.
-
-Every reason is one line (the guard or the break, Dynamo's compile-id prefix dropped);
-identical lines are grouped, with a count; a known cause is named with its remedy
-(:mod:`torchkiln.plugin_host.report_causes`); Dynamo's full text is kept for ``report(verbose=True)``.
+metrics and the region each of those compiles ran for (:mod:`torchkiln.engine.compile_events`).
+Whether a region ran compiled is never re-derived when the report is read nor taken from a
+log: the region's own code counts each call that runs it eagerly
+(:func:`torchkiln.engine.compile_state.ran_eagerly`), and a region is ``compiled`` when no call
+of it ran eagerly. Every reason is one line, identical lines grouped with a count, a known
+cause named with its remedy (:mod:`torchkiln.plugin_host.report_causes`); Dynamo's full text
+is kept for ``report(verbose=True)``. docs/guide.md ("The report") describes every field.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """The builder process: ``python -m torchkiln.tiered.builder WORKDIR``.
 
-The user's process starts it when the model is compiled, before any call: it imports torch
-and the model's modules (``preload.json``, seconds that would otherwise delay the build) and
-waits for a line on standard input. At the first call the user's process writes ``WORKDIR`` (a
-directory only its user can write): ``request.pkl`` (the weightless model, the calls to compile
-for, the configuration, the output directory), then sends the line; standard input closed
-without one means no build is wanted, and the process exits. It then lowers its priority and
-thread counts, compiles the whole
-model into the output directory's ``whole`` entry and writes ``result.json``: what it built,
-how long it took, its peak resident memory, or the error. Dynamo runs only here, on this
-process's main thread (it is not thread-safe: pytorch issues 118260 and 136833).
-
-The whole model is compiled by the configured backend's own plugin (its ``compile_region``),
-served by this process's plugin manager: the built-ins and the installed ``torchkiln`` entry
-points, under the same ``TORCHKILN_*`` plugin controls (the environment and ``sys.path`` are
-the user's process's). A plugin that exists only as an object in the user's process
-(``torchkiln.compile(plugins=[obj])``, a manager of its own) cannot reach this process; a
-backend no plugin here declares, or one that cannot save, fails the build with a result that
-says so (:func:`plugin_problem`).
+The user's process starts it when the model is compiled and, at the first call, has it compile
+the whole model into the output directory's ``whole`` entry (the exchange is described in
+:func:`main`). Dynamo runs only here, on this process's main thread: it is not thread-safe
+(pytorch issues 118260 and 136833). The whole model is compiled by the configured backend's own
+plugin (its ``compile_region``), served by this process's plugin manager: the built-ins and the
+installed ``torchkiln`` entry points. A plugin that exists only as an object in the user's
+process cannot reach it; a backend no plugin here declares, or one that cannot save, fails
+the build with a result that says so (:func:`plugin_problem`). docs/tiered.md has the rest.
 """
 
 from __future__ import annotations
@@ -220,6 +210,18 @@ def build(workdir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    """The builder's side of the exchange with the user's process, in ``WORKDIR`` (a directory
+    only that user can write).
+
+    Right after start: take the user's process's ``sys.path`` (``sys_path.json``; the
+    environment is inherited), import torch and the model's modules (``preload.json``: seconds
+    that would otherwise delay the build) and wait for a line on standard input. At the first
+    call the user's process writes ``request.pkl`` (the weightless model, the calls to compile
+    for, the configuration, the output directory) and then sends the line; standard input
+    closed without one means no build is wanted, and the process exits. Then it lowers its
+    priority and thread counts, builds, and writes ``result.json``: what it built, how long it
+    took, its peak resident memory, or the error.
+    """
     workdir = Path(argv[0])
     sys.path[:] = json.loads((workdir / SYS_PATH).read_text(encoding="utf-8"))
     try:

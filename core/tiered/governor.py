@@ -1,21 +1,15 @@
 """Bounding what the builder costs the foreground's steps (``tiered.max_slowdown``).
 
-A *step* is the time from one root call's start to the next's: the forward and whatever the
-loop does before it calls again (backward, optimizer, data, idling). Whether a builder slows
-the steps depends on what else wants the cores, which no rule read off the machine at the
-first call can know for sure; so while it builds, torchkiln measures it. Now and then it pauses
-the builder (a stop signal to its process group, the C++ compilers it started included) for a
+A *step* is the time from one root call's start to the next's. Whether a builder slows the
+steps depends on what else wants the cores, which no rule read at the first call can know for
+sure; so while it builds, torchkiln measures it: now and then it pauses the builder for a
 couple of steps and compares the steps with the builder paused to the steps with it running.
-If running costs more than the bound, the builder is first given the lowest scheduling priority
-(nice 19: it then runs mostly where the steps leave a core idle, as in their single-threaded
-parts) and measured again; if it still costs more, it runs only one step in ``period``, the
-period chosen so that the *mean* step stays within the bound (a slower build, never a slower
-loop). Probes are few once the builder has been seen cheap: the gap between two doubles each
-time.
-
-The governor is pure bookkeeping: it is told when each root call starts and answers whether
-the builder should run until the next; :class:`~torchkiln.tiered.process.BuilderProcess` does
-the pausing.
+Over the bound, the builder is first given the lowest scheduling priority and measured again;
+still over it, it runs only one step in ``period``, chosen so that the *mean* step stays within
+the bound (a slower build, never a slower loop). The governor is pure bookkeeping: it is told
+when each root call starts and answers whether the builder should run until the next;
+:class:`~torchkiln.tiered.process.BuilderProcess` does the pausing. docs/tiered.md ("A bound
+on what the builder costs the steps") says how often it probes.
 """
 
 from __future__ import annotations

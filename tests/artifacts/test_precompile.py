@@ -183,7 +183,9 @@ def test_the_report_names_where_each_group_s_code_came_from(artifacts: Path) -> 
         model(inputs())  # fits: 3 blocks, one group, no frame traced
         model(inputs())
     assert frames_compiled() == 0
-    line = f"Block: serving from artifacts {artifacts} (3 functions: inference, training): 6 calls fit"
+    line = (
+        f"Block: serving from artifacts {artifacts} (3 functions: inference, training): 6 calls fit"
+    )
     assert torchkiln.report(model).served_from == (line,)
     with pytest.warns(ArtifactWarning), torch.no_grad():
         model(inputs(batch=5))  # fits none: the backend compiles the group for it

@@ -48,7 +48,7 @@ def test_replace_can_record_registry(model) -> None:  # type: ignore[no-untyped-
     before = list(dict.items(registry))
     try:
         hf.replace_can_record_registry(registry, [(model, {"x": 1}), *before])
-        assert list(dict.items(registry))[0] == (model, {"x": 1})  # in the order given
+        assert next(iter(dict.items(registry))) == (model, {"x": 1})  # in the order given
         assert len(dict.keys(registry)) == len(before) + (model not in dict(before))
     finally:
         hf.replace_can_record_registry(registry, before)
