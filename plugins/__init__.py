@@ -20,4 +20,5 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "torchkiln.plugins.accelerate_config",
     "torchkiln.plugins.transformers_models",
     "torchkiln.plugins.transformers_nested",
+    "torchkiln.plugins.accelerate_hooks",
 )

@@ -1,5 +1,5 @@
 """Accelerate's private conventions that torchkiln reads or writes on a model (``_orig_mod``
-in a module's ``__dict__``, ``_original_forward``).
+in a module's ``__dict__``, ``_original_forward``, a hook's ``_hf_hook`` and ``_old_forward``).
 
 Each function names what it touches, why no public API serves, and the torch releases it was
 verified on; ``tests/internals/test_accelerate_contracts.py`` checks each on every supported
@@ -8,10 +8,14 @@ torch. Nothing here imports Accelerate.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 _ORIG_MOD = "_orig_mod"
 _ORIGINAL_FORWARD = "_original_forward"
+_HOOK = "_hf_hook"
+_HOOKED_FORWARD = "_old_forward"
+_HOOK_WRAPPER = "add_hook_to_module.<locals>.new_forward"
 
 
 def set_orig_mod(module: Any, original: Any) -> None:
@@ -65,3 +69,37 @@ def drop_fp32_wrapper_record(module: Any) -> None:
     wrapper off; none, no change. Verified: torch 2.11, 2.13, 2.14, 2.15 (Accelerate 1.15).
     """
     module.__dict__.pop(_ORIGINAL_FORWARD, None)
+
+
+def hook_of(module: Any) -> Any | None:
+    """The ``ModelHook`` Accelerate's ``add_hook_to_module`` put on ``module`` (``dispatch_model``,
+    ``cpu_offload``, a ``device_map``), when the module's forward is still the hook's wrapper;
+    else ``None``.
+
+    Reads ``module._hf_hook`` and recognises the wrapper (a ``functools.partial`` of
+    ``add_hook_to_module``'s local ``new_forward``, stored as the instance's ``forward``):
+    Accelerate has no public query for either. Verified: torch 2.11, 2.13, 2.14, 2.15
+    (Accelerate 1.15).
+    """
+    own = getattr(module, "__dict__", {})
+    forward = own.get("forward")
+    if not isinstance(forward, functools.partial) or _HOOK not in own:
+        return None
+    if getattr(forward.func, "__qualname__", "") != _HOOK_WRAPPER:
+        return None
+    return own[_HOOK]
+
+
+def attached_hook(module: Any) -> Any | None:
+    """``module``'s Accelerate hook (``_hf_hook``) whatever its forward is now, else ``None``:
+    the hook torchkiln runs around a compiled call after taking the wrapper off (see
+    :func:`hook_of`). Verified: torch 2.11, 2.13, 2.14, 2.15 (Accelerate 1.15).
+    """
+    return getattr(module, "__dict__", {}).get(_HOOK)
+
+
+def forward_under_hook(module: Any) -> Any | None:
+    """The forward Accelerate's hook wrapper calls (``module._old_forward``), else ``None``.
+    Verified: torch 2.11, 2.13, 2.14, 2.15 (Accelerate 1.15).
+    """
+    return getattr(module, "__dict__", {}).get(_HOOKED_FORWARD)

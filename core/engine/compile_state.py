@@ -144,6 +144,8 @@ class CompileState:
     replaced_forwards: list[tuple[nn.Module, Any]] = attrs.Factory(list)
     """``(module, previous forward)`` for each forward a group preparation installed on a
     submodule (the hierarchical selector's nested blocks)."""
+    notes: list[str] = attrs.Factory(list)
+    """What group preparations run outside the compiled code (``GroupPreparation.notes``)."""
     restore: list[Callable[[], None]] = attrs.Factory(list)
     """Undo actions for anything set beyond forwards (:func:`add_undo`), run in reverse."""
     on_first_calls_done: list[Callable[[CompileState], None]] = attrs.Factory(list)

@@ -292,7 +292,11 @@ class Compiler:
         for preparation in preparations:
             for module, forward in preparation.forwards:
                 state.replaced_forwards.append((module, module.__dict__.get("forward", MISSING)))
-                module.__dict__["forward"] = _picklable(module, forward)
+                if forward is None:
+                    module.__dict__.pop("forward", None)
+                else:
+                    module.__dict__["forward"] = _picklable(module, forward)
+            state.notes.extend(f"{group.name}: {note}" for note in preparation.notes)
             if preparation.undo is not None:
                 state.restore.append(preparation.undo)
         return preparations

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchkiln._internals import accelerate
 from torchkiln._internals.nn_module import own_buffers, own_parameters
 from torchkiln.errors import PluginError
 from torchkiln.plugin_host.region_plan import Region, RegionGroup, RegionPlan
@@ -113,6 +114,12 @@ def _forward_identity(module: nn.Module) -> Hashable:
     own = module.__dict__.get("forward")
     if own is None:
         return type(module).forward
+    hook = accelerate.hook_of(module)
+    if hook is not None:
+        # Accelerate's hook wrapper is one partial per module: what it runs is the hook's kind
+        # around the forward it wraps (plugins/accelerate_hooks.py runs both around the call).
+        under = accelerate.forward_under_hook(module)
+        return ("accelerate", type(hook), getattr(under, "__func__", under))
     function = getattr(own, "__func__", own)
     return ("instance", getattr(function, "__code__", id(function)))
 

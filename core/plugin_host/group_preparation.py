@@ -18,8 +18,8 @@ RegionFunction = Callable[..., Any]
 
 
 def _forward_pairs(
-    value: tuple[tuple[nn.Module, Callable[..., Any]], ...],
-) -> tuple[tuple[nn.Module, Callable[..., Any]], ...]:
+    value: tuple[tuple[nn.Module, Callable[..., Any] | None], ...],
+) -> tuple[tuple[nn.Module, Callable[..., Any] | None], ...]:
     """``forwards`` as a tuple of pairs; anything else is refused here, when the plugin builds
     its preparation, rather than at the first call of a compiled region."""
     allowed = "an iterable of (nn.Module, forward function) pairs"
@@ -38,13 +38,22 @@ def _forward_pairs(
                 f"GroupPreparation.forwards[{index}][0] must be an nn.Module, got "
                 f"{_described(module)}"
             )
-        if not callable(forward):
+        if forward is not None and not callable(forward):
             raise TypeError(
-                f"GroupPreparation.forwards[{index}][1] must be a callable forward, got "
+                f"GroupPreparation.forwards[{index}][1] must be a callable forward or None, got "
                 f"{_described(forward)}"
             )
         pairs.append((module, forward))
     return tuple(pairs)
+
+
+def _lines(value: Any) -> tuple[str, ...]:
+    """``notes`` as a tuple of strings; anything else is refused when the preparation is built."""
+    if isinstance(value, str) or not all(isinstance(line, str) for line in value):
+        raise TypeError(
+            f"GroupPreparation.notes must be an iterable of str, got {_described(value)}"
+        )
+    return tuple(value)
 
 
 def _described(value: Any) -> str:
@@ -91,14 +100,18 @@ class GroupPreparation:
     """A context manager factory for settings Dynamo needs while it *traces* the group's
     function (``torch.compiler.config.dynamic_sources``, say). The engine enters it around
     every call that goes through ``torch.compile``'s own entry, where Dynamo may trace."""
-    forwards: tuple[tuple[nn.Module, Callable[..., Any]], ...] = attrs.field(
+    forwards: tuple[tuple[nn.Module, Callable[..., Any] | None], ...] = attrs.field(
         default=(), converter=_forward_pairs
     )
-    """``(module, forward)`` pairs: instance-level ``forward`` functions to install on
-    submodules (inside the group's regions) for as long as the model stays compiled. The engine
-    keeps each module's previous ``forward`` and puts it back on decompile."""
+    """``(module, forward)`` pairs: instance-level ``forward`` functions to install on the
+    group's modules or their submodules for as long as the model stays compiled; ``None``
+    takes the module's instance ``forward`` off (its class's runs). The engine keeps each
+    module's previous ``forward`` and puts it back on decompile."""
     undo: Callable[[], None] | None = attrs.field(
         default=None, validator=_optional_callable("a function taking no arguments")
     )
     """Called by :func:`torchkiln.decompile` (and on rollback) to undo anything else the
     preparation changed. It must not raise."""
+    notes: tuple[str, ...] = attrs.field(default=(), converter=_lines)
+    """Lines for the report (``CompileReport.notes``): what the preparation runs outside the
+    compiled code, and why."""

@@ -123,6 +123,9 @@ class CompileReport:
     """Per group served by a source's code (the store, a peer rank, a precompiled directory):
     ``pending`` before its first call, else where the code came from, the calls it served and
     those the backend compiled (or ``compiled``: no source had code for it)."""
+    notes: tuple[str, ...] = ()
+    """What group preparations run outside the compiled code, one line per group and note
+    (Accelerate's device hooks, say)."""
     job: Any = None
     """Compiling once per job: what each group's first call did on this rank
     (:class:`torchkiln.jobs.share.JobReport`); ``None`` outside a job."""
@@ -460,6 +463,7 @@ def build_report(
         tiers=state.tiered.report() if state.tiered is not None else None,
         job=_job_report(state.job),
         served_from=tuple(code.line() for code in state.group_codes.values()),
+        notes=tuple(state.notes),
         remote_cache=state.remote_cache.report() if state.remote_cache is not None else None,
         backend_plugin=state.providers.get("backend"),
         selector_plugin=state.providers.get("selector"),

@@ -83,3 +83,31 @@ def test_drop_fp32_wrapper_record(fresh_accelerate: None) -> None:
     # Accelerate then finds no wrapper to take off: the forward stays as it is.
     forward = prepared.forward
     assert extract_model_from_parallel(prepared, keep_fp32_wrapper=False).forward == forward
+
+
+def test_hook_of_recognises_add_hook_to_module_and_nothing_else() -> None:
+    """``hook_of``, ``attached_hook`` and ``forward_under_hook`` against the hook Accelerate's
+    ``add_hook_to_module`` attaches, and after ``remove_hook_from_module`` takes it off."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module, remove_hook_from_module
+
+    module = nn.Linear(2, 2)
+    assert accelerate.hook_of(module) is None
+    hook = AlignDevicesHook(execution_device="cpu")
+    add_hook_to_module(module, hook)
+    assert accelerate.hook_of(module) is hook
+    assert accelerate.attached_hook(module) is hook
+    under = accelerate.forward_under_hook(module)
+    assert under.__func__ is nn.Linear.forward and under.__self__ is module
+    # Without the wrapper as its forward, the hook is attached but not what a call runs.
+    wrapper = module.__dict__.pop("forward")
+    assert accelerate.hook_of(module) is None and accelerate.attached_hook(module) is hook
+    module.__dict__["forward"] = wrapper
+    remove_hook_from_module(module)
+    assert accelerate.hook_of(module) is None and accelerate.attached_hook(module) is None
+    assert accelerate.forward_under_hook(module) is None
+    # Another partial as forward is not Accelerate's wrapper.
+    import functools
+
+    module.__dict__["forward"] = functools.partial(nn.Linear.forward, module)
+    module.__dict__["_hf_hook"] = hook
+    assert accelerate.hook_of(module) is None

@@ -354,7 +354,7 @@ def test_a_preparation_field_that_is_not_callable_is_refused_naming_the_field(fi
         (((object(), print),), r"GroupPreparation\.forwards\[0\]\[0\] must be an nn\.Module, got"),
         (
             ((nn.Linear(2, 2), print), (nn.Linear(2, 2), 3)),
-            r"GroupPreparation\.forwards\[1\]\[1\] must be a callable forward, got int 3",
+            r"GroupPreparation\.forwards\[1\]\[1\] must be a callable forward or None, got int 3",
         ),
     ],
 )

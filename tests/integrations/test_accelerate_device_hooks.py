@@ -1,0 +1,134 @@
+"""Models Accelerate dispatched (``cpu_offload``, ``dispatch_model`` with a device map that
+offloads to disk) compile regionally and really run compiled: Accelerate's hooks run around each
+compiled block call (``torchkiln.accelerate_hooks``), the counting backend and the profiler see
+the block graphs run, and outputs are eager's. A hook torchkiln does not lift is named."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from engine_zoo import CountingBackend
+from profiler_witness import assert_report_agrees, profiled_block_calls
+from torch._dynamo.utils import counters
+
+import torchkiln
+from torchkiln.errors import PartialCompileWarning
+from torchkiln.examples import example_inputs, llama
+
+hooks = pytest.importorskip("accelerate.hooks")
+big_modeling = pytest.importorskip("accelerate.big_modeling")
+
+
+def small_llama() -> torch.nn.Module:
+    """A default-config Llama (KV cache on, default attention), only the sizes changed."""
+    return llama(depth=3, hidden_size=64, heads=4, kv_heads=2, intermediate_size=128,
+                 vocab_size=256)  # fmt: skip
+
+
+def eager_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return copy.deepcopy(model)(ids).logits
+
+
+def test_cpu_offload_runs_every_block_compiled_with_its_weights_offloaded() -> None:
+    model = small_llama()
+    ids = example_inputs(model, batch=2, seq=8)
+    expected = eager_logits(model, ids)
+    big_modeling.cpu_offload(model, execution_device=torch.device("cpu"))
+    layers = list(model.model.layers)
+    assert layers[0].self_attn.q_proj.weight.device.type == "meta"  # offloaded
+
+    counting = CountingBackend()
+    torchkiln.compile(model, backend="counting", plugins=[counting])
+    with torch.no_grad():
+        seen = profiled_block_calls(layers, lambda: model(ids))
+        again = model(ids).logits
+
+    report = torchkiln.report(model)
+    assert [r.path for r in report.regions] == [f"model.layers.{i}" for i in range(3)]
+    assert counting.compiled == report.total_graphs == 1  # one graph, no break at any layer
+    assert counters["graph_break"] == {}
+    assert len(counting.runs) == 6  # every block call of both forwards ran the graph
+    assert_report_agrees(report, layers, seen)
+    assert [s.compiled for s in seen] == [1, 1, 1]
+    torch.testing.assert_close(again, expected, rtol=1e-5, atol=1e-5)
+    assert layers[0].self_attn.q_proj.weight.device.type == "meta"  # offloaded again after
+    assert report.notes == (
+        "LlamaDecoderLayer: Accelerate hooks run around each compiled call: AlignDevicesHook of "
+        "9 submodules a block (weights loaded before the call, offloaded after)",
+    )
+    assert "around group LlamaDecoderLayer: Accelerate hooks run" in str(report)
+
+    wrapper = hooks.add_hook_to_module  # decompile gives every module its hook wrapper back
+    torchkiln.decompile(model)
+    q_proj = layers[0].self_attn.q_proj
+    assert (
+        q_proj.__dict__["forward"].func.__qualname__ == f"{wrapper.__name__}.<locals>.new_forward"
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_device_map_with_a_block_on_disk(tmp_path: Path) -> None:
+    model = small_llama()
+    ids = example_inputs(model, batch=1, seq=8)
+    expected = eager_logits(model, ids)
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu",
+                  "model.layers.2": "disk", "model.norm": "cpu", "model.rotary_emb": "cpu",
+                  "lm_head": "cpu"}  # fmt: skip
+    big_modeling.dispatch_model(model, device_map=device_map, offload_dir=str(tmp_path))
+
+    counting = CountingBackend()
+    torchkiln.compile(model, backend="counting", plugins=[counting])
+    with torch.no_grad():
+        got = model(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+    report = torchkiln.report(model)
+    # The block on disk holds its weights on the meta device until its hook loads them: a
+    # structure of its own, so it stays eager (and says so); the two on the CPU share a graph.
+    assert [r.path for r in report.regions] == ["model.layers.0", "model.layers.1"]
+    assert counting.compiled == report.total_graphs == 1 and len(counting.runs) == 2
+    assert any(path == "model.layers.2" for path, _ in report.eager)
+    assert report.notes[0].startswith(
+        "LlamaDecoderLayer: Accelerate hooks run around each compiled call: the block's own "
+        "hook (2 of 2 blocks); AlignDevicesHook of "
+    )
+
+
+class ScaleInput(hooks.ModelHook):
+    """A hook of the user's own kind: it changes the module's input, so it is not lifted."""
+
+    def pre_forward(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        return (args[0] * 0.5, *args[1:]), kwargs
+
+
+def test_a_hook_of_another_kind_stays_in_the_trace_and_is_named() -> None:
+    model = small_llama()
+    ids = example_inputs(model, batch=1, seq=8)
+    for layer in model.model.layers:
+        hooks.add_hook_to_module(layer.mlp.down_proj, ScaleInput())
+    expected = eager_logits(model, ids)
+
+    counting = CountingBackend()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torchkiln.compile(model, backend="counting", plugins=[counting])
+    with torch.no_grad():
+        got = model(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    named = [str(w.message) for w in caught if issubclass(w.category, PartialCompileWarning)]
+    assert named == [
+        "group 'LlamaDecoderLayer': Accelerate hooks traced with the block: ScaleInput on "
+        "mlp.down_proj; Dynamo traces them, which may break the block's graph (each kind is "
+        "named in torchkiln.report)"
+    ]
+    report = torchkiln.report(model)
+    assert report.notes == (
+        "LlamaDecoderLayer: Accelerate hooks traced with the block: ScaleInput on mlp.down_proj",
+    )
+    assert counting.compiled == report.total_graphs  # the report's graphs are the backend's
