@@ -65,11 +65,12 @@ def _device(hook: Any) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
-def block_hooks(block: nn.Module, align_hook: type | None) -> BlockHooks | None:
+def block_hooks(block: nn.Module, align_hook: type | None, lift: bool) -> BlockHooks | None:
     """What of ``block``'s Accelerate hooks runs around its compiled call (``None``: it has no
-    hook). Submodules' ``AlignDevicesHook`` are lifted only all together and only when they
-    and the block's own share one execution device: inside a block nothing else moves the
-    inputs between devices."""
+    hook). Submodules' ``AlignDevicesHook`` are lifted only when ``lift``, all together, and
+    only when they and the block's own share one execution device: inside a block nothing
+    else moves the inputs between devices. Lifted, a block's weights are all loaded at once:
+    the root is never lifted, which would load the whole model."""
     own_hook = accelerate.hook_of(block)
     own = own_hook is not None and _runs_class_forward(block)
     candidates: list[tuple[str, nn.Module, Any]] = []
@@ -79,7 +80,8 @@ def block_hooks(block: nn.Module, align_hook: type | None) -> BlockHooks | None:
         if hook is None:
             continue
         liftable = (
-            align_hook is not None
+            lift
+            and align_hook is not None
             and type(hook) is align_hook
             and not getattr(hook, "io_same_device", False)
             and _runs_class_forward(module)
@@ -88,6 +90,7 @@ def block_hooks(block: nn.Module, align_hook: type | None) -> BlockHooks | None:
     devices = {_device(hook) for _, _, hook in candidates}
     if own and type(own_hook) is align_hook:
         devices.add(_device(own_hook))
+    devices.discard(None)  # a hook with no execution device moves nothing
     if len(devices) > 1:
         kept, candidates = kept + candidates, []
     if not own and not candidates and not kept:
@@ -163,7 +166,10 @@ def prepare_group(
     """Take Accelerate's hook wrappers off the group's blocks and lifted submodules, and run
     their hooks around the compiled call (see the module doc)."""
     align_hook = _align_hook_class()
-    found = {id(region.module): block_hooks(region.module, align_hook) for region in group.regions}
+    found = {
+        id(region.module): block_hooks(region.module, align_hook, lift=region.path != "")
+        for region in group.regions
+    }
     hooks_by_block = {key: hooks for key, hooks in found.items() if hooks is not None}
     if not hooks_by_block:
         return None

@@ -132,3 +132,29 @@ def test_a_hook_of_another_kind_stays_in_the_trace_and_is_named() -> None:
         "LlamaDecoderLayer: Accelerate hooks traced with the block: ScaleInput on mlp.down_proj",
     )
     assert counting.compiled == report.total_graphs  # the report's graphs are the backend's
+
+
+def test_the_whole_model_offloaded_keeps_its_layers_hooks_in_the_trace() -> None:
+    """Lifting every layer's hook of the root would load the whole model's weights at once:
+    the root's own hook runs around the call, its layers' hooks stay where Accelerate put
+    them (Dynamo breaks the graph at each, as with Accelerate), and the report says both."""
+    model = small_llama()
+    ids = example_inputs(model, batch=1, seq=8)
+    expected = eager_logits(model, ids)
+    big_modeling.cpu_offload(model, execution_device=torch.device("cpu"))
+    counting = CountingBackend()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PartialCompileWarning)
+        torchkiln.compile(model, backend="counting", regions="whole", plugins=[counting])
+    with torch.no_grad():
+        got = model(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    report = torchkiln.report(model)
+    assert report.notes[0] == (
+        "LlamaForCausalLM: Accelerate hooks run around each compiled call: the block's own "
+        "hook (1 of 1 blocks)"
+    )
+    assert report.notes[1].startswith(
+        "LlamaForCausalLM: Accelerate hooks traced with the block: AlignDevicesHook on lm_head"
+    )
+    assert counters["graph_break"] and counting.compiled == report.total_graphs > 1
