@@ -142,8 +142,7 @@ def _compile_all(
         if cfg.enabled
         else RegionPlan("none", (), reason="compilation off")
     )
-    if cfg.enabled:
-        warn_adapters_outside_blocks(model, region_plan)
+    notes = warn_adapters_outside_blocks(model, region_plan) if cfg.enabled else []
     if cfg.enabled and cfg.cache_dir is not None:
         check_cache_dir(cfg.cache_dir)
     if cfg.enabled and cfg.tiered.enabled and tiers_implied(resolved.sources):
@@ -152,7 +151,7 @@ def _compile_all(
         from torchkiln.tiered.install import check_plan_for_tiers
 
         check_plan_for_tiers(region_plan)
-    return _compile_checked(model, cfg, region_plan, pm)
+    return _compile_checked(model, cfg, region_plan, pm, notes)
 
 
 def _keep_implied_tiers(cfg: CompileConfig, region_plan: RegionPlan, pm: PluginManager) -> Any:
@@ -194,7 +193,11 @@ def _values_changed(error: Exception, changed: list[str]) -> PluginError:
 
 
 def _compile_checked(
-    model: nn.Module, cfg: CompileConfig, region_plan: RegionPlan, pm: PluginManager
+    model: nn.Module,
+    cfg: CompileConfig,
+    region_plan: RegionPlan,
+    pm: PluginManager,
+    notes: list[str],
 ) -> Any:
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
     if cfg.enabled and cfg.artifacts is not None:
@@ -244,6 +247,7 @@ def _compile_checked(
         state.job = job_share if job_share is not None else job_report
         state.report_causes = declared_causes(pm)
         state.providers = providers(pm, cfg)
+        state.notes.extend(notes)
         for step in STEPS:
             if step.wanted(cfg, state):
                 undo = step.install(result.module, state, cfg)

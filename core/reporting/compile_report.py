@@ -124,8 +124,9 @@ class CompileReport:
     ``pending`` before its first call, else where the code came from, the calls it served and
     those the backend compiled (or ``compiled``: no source had code for it)."""
     notes: tuple[str, ...] = ()
-    """What group preparations run outside the compiled code, one line per group and note
-    (Accelerate's device hooks, say)."""
+    """What runs outside the compiled code and why, one line each: group preparations'
+    notes (Accelerate's device hooks, prefixed with the group) and LoRA layers outside the
+    repeated blocks."""
     job: Any = None
     """Compiling once per job: what each group's first call did on this rank
     (:class:`torchkiln.jobs.share.JobReport`); ``None`` outside a job."""

@@ -168,7 +168,7 @@ def render_report(report: Any) -> str:
     if getattr(report, "remote_cache", None) is not None:
         lines += report.remote_cache.lines()
     lines += [f"  code of group {line}" for line in getattr(report, "served_from", ())]
-    lines += [f"  around group {line}" for line in getattr(report, "notes", ())]
+    lines += [f"  note: {line}" for line in getattr(report, "notes", ())]
     if getattr(report, "job", None) is not None:
         lines += report.job.lines()
     return "\n".join(lines)

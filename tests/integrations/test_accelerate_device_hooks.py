@@ -61,7 +61,7 @@ def test_cpu_offload_runs_every_block_compiled_with_its_weights_offloaded() -> N
         "LlamaDecoderLayer: Accelerate hooks run around each compiled call: AlignDevicesHook of "
         "9 submodules a block (weights loaded before the call, offloaded after)",
     )
-    assert "around group LlamaDecoderLayer: Accelerate hooks run" in str(report)
+    assert "note: LlamaDecoderLayer: Accelerate hooks run" in str(report)
 
     wrapper = hooks.add_hook_to_module  # decompile gives every module its hook wrapper back
     torchkiln.decompile(model)

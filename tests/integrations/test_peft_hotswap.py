@@ -74,3 +74,7 @@ def test_an_adapter_on_lm_head_is_named_with_where_it_runs(tmp_path: Path) -> No
     assert message.startswith("LoRA adapter layers outside the repeated blocks: ")
     assert "base_model.model.lm_head (" in message and "q_proj" not in message
     assert caught[0].filename == __file__
+    # The report says it too, with where each runs.
+    [note] = torchkiln.report(model).notes
+    assert message.startswith(note) and "base_model.model.lm_head (eager)" in note
+    assert f"note: {note}" in str(torchkiln.report(model))
