@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchkiln._internals import accelerate
+
 SMALL_TENSOR_BYTES = 1 << 16
 """Tensors up to this size keep their values in the pickle (64 KiB)."""
 
@@ -118,3 +120,14 @@ def unimportable_classes(model: nn.Module) -> list[str]:
             if name not in found:
                 found.append(name)
     return found
+
+
+def accelerate_hooked(model: nn.Module) -> list[str]:
+    """Paths of ``model``'s modules that carry an Accelerate hook (a device map, CPU offload):
+    its wrapper is a local function another process cannot unpickle, and an offloaded module's
+    weights are not in the model to send."""
+    return [
+        path or "<root>"
+        for path, module in model.named_modules()
+        if accelerate.attached_hook(module) is not None
+    ]

@@ -158,3 +158,24 @@ def test_the_whole_model_offloaded_keeps_its_layers_hooks_in_the_trace() -> None
         "LlamaForCausalLM: Accelerate hooks traced with the block: AlignDevicesHook on lm_head"
     )
     assert counters["graph_break"] and counting.compiled == report.total_graphs > 1
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.compiler, "load_compiled_function"), reason="tiers need torch 2.13"
+)
+def test_tiers_stay_regional_on_a_dispatched_model_and_say_why() -> None:
+    """A builder process cannot receive Accelerate's hooks (local functions, weights kept
+    outside the model): the tiers stop at the first call, named, and the blocks still serve
+    compiled."""
+    model = small_llama()
+    ids = example_inputs(model, batch=1, seq=8)
+    expected = eager_logits(model, ids)
+    big_modeling.cpu_offload(model, execution_device=torch.device("cpu"))
+    torchkiln.compile(model, tiered=True, progress="off")
+    with torch.no_grad():
+        got = model(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    tiers = torchkiln.report(model).tiers
+    assert (tiers.state, tiers.serving, tiers.calls["regional"]) == ("stopped", "regional", 1)
+    assert tiers.reason.startswith("Accelerate's hooks (")
+    assert "a model loaded with a device map or offloaded stays regional" in tiers.reason
