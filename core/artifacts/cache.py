@@ -15,7 +15,6 @@ Two mechanisms, both torch's own:
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -25,6 +24,7 @@ import attrs
 from torchkiln._internals import inductor
 from torchkiln.engine import settings
 from torchkiln.errors import TorchkilnError
+from torchkiln.files import write_atomic
 
 CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 """The environment variable inductor (and AOTAutograd, and Dynamo's PGO) read for the cache
@@ -151,15 +151,7 @@ def save_cache_artifacts(path: str | os.PathLike[str]) -> Any:
     blob, info = result
     target = Path(path).expanduser()
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Write then rename, so a reader (another rank) never sees half a file.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(blob)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(target, blob)  # another rank may be reading it
     return info
 
 

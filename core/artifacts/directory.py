@@ -20,7 +20,6 @@ import re
 import shutil
 import stat
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -32,6 +31,7 @@ from torch import nn
 from torchkiln.artifacts.isa_probe import machine_local
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.errors import TorchkilnError
+from torchkiln.files import write_atomic
 
 FORMAT_VERSION = 2
 """2: every file carries its size and SHA-256 (format 1 had no hashes and is refused)."""
@@ -258,15 +258,7 @@ def entry_file(index: int, group: str, kind: str, variant: int = 0) -> str:
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
-    text = json.dumps(manifest.to_dict(), indent=1)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, directory / MANIFEST)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(directory / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
 
 
 def _read_manifest_text(path: Path) -> str:

@@ -17,7 +17,6 @@ import io
 import logging
 import os
 import stat
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from torchkiln.artifacts.directory import (
 from torchkiln.artifacts.isa_probe import answered_probes, machine_local
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.group_runtime import CodeSource, GroupCall, Loaded
+from torchkiln.files import write_atomic
 from torchkiln.plugin_host.region_plan import RegionGroup
 
 logger = logging.getLogger("torchkiln")
@@ -93,15 +93,7 @@ def _write_new_file(target: Path, relative: PurePosixPath, data: bytes) -> bool:
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISREG(os.lstat(destination).st_mode):
             return False
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{relative.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(temporary, 0o644)  # as a cache file: readable by the ranks that share it
-        os.replace(temporary, destination)  # replaces a link itself, never its target
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomic(destination, data, mode=0o644)  # as a cache file: readable by every rank
     return True
 
 

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchkiln.bench.results import write_result
+
 
 def cpu_seconds() -> float:
     """This process's CPU seconds and its finished children's (inductor's compile workers)."""
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir, settings = Path((argv or sys.argv)[1]), json.loads((argv or sys.argv)[2])
     dist.init_process_group("gloo")
     result = measure(out_dir, settings)
-    (out_dir / f"rank{result['rank']}.json").write_text(json.dumps(result, indent=1))
+    write_result(out_dir / f"rank{result['rank']}.json", result)
     dist.destroy_process_group()
     return 0
 

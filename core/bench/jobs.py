@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchkiln.bench.results import write_result
+
 TIERED_STEPS = 60
 TARGETS = (
     ("cold start, N ranks once per job / 1 rank", "cold_vs_one", 1.15),
@@ -91,8 +93,7 @@ def run_job_bench(
     result = {"settings": {**base, "ranks": ranks}, "runs": runs, "ratios": ratios}
     print(render(result))
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=1))
+        write_result(json_path, result)
     return result
 
 

@@ -4,30 +4,21 @@ one writer of every JSON file the bench leaves (results, worker records, the JSO
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from torchkiln.bench.settings import Cell
+from torchkiln.files import write_atomic
 
 
 def write_result(path: str | Path, document: Any) -> None:
     """Write ``document`` as JSON to a temporary file beside ``path``, then rename it: a reader
     (or a run killed mid-write) sees the previous complete file or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(json.dumps(document, indent=1) + "\n")
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(document, indent=1) + "\n")
 
 
 @attrs.define

@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     result = worker(args.role, args.store, args.depth, args.backend, args.rounds)
-    args.out.write_text(json.dumps(result))
+    from torchkiln.bench.results import write_result
+
+    write_result(args.out, result)
     return 0
 
 

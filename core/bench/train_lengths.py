@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from torchkiln.bench.results import write_result
+
 STRATEGIES = ("full", "regional", "tiered")
 
 
@@ -87,8 +89,7 @@ def run_train_lengths(
     result = {"settings": base, "runs": runs, "summary": {s: summary(r) for s, r in runs.items()}}
     print(render(result))
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=1))
+        write_result(json_path, result)
     return result
 
 

@@ -14,8 +14,9 @@ import json
 import random
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from torchkiln.bench.results import write_result
 
 
 def lengths_for(settings: dict[str, Any]) -> list[int]:
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(settings["threads"])
-    Path(args[1]).write_text(json.dumps(measure(settings), indent=1))
+    write_result(args[1], measure(settings))
     return 0
 
 

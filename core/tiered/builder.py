@@ -26,6 +26,7 @@ from torchkiln._internals.transformers import (
     register_can_record,
     replace_can_record_registry,
 )
+from torchkiln.files import write_atomic
 
 REQUEST = "request.pkl"
 SYS_PATH = "sys_path.json"
@@ -236,9 +237,7 @@ def main(argv: list[str]) -> int:
             "traceback": traceback.format_exc()[-4000:],
             "peak_rss_mb": _peak_rss_mb(),
         }
-    tmp = workdir / (RESULT + ".tmp")
-    tmp.write_text(json.dumps(result), encoding="utf-8")
-    os.replace(tmp, workdir / RESULT)
+    write_atomic(workdir / RESULT, json.dumps(result))  # the parent polls for it
     return 0 if result.get("ok") else 1
 
 
