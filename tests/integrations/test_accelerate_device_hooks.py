@@ -16,6 +16,7 @@ from profiler_witness import assert_report_agrees, profiled_block_calls
 from torch._dynamo.utils import counters
 
 import torchkiln
+from torchkiln._internals.versions import feature_problem
 from torchkiln.errors import PartialCompileWarning
 from torchkiln.examples import example_inputs, llama
 
@@ -160,9 +161,7 @@ def test_the_whole_model_offloaded_keeps_its_layers_hooks_in_the_trace() -> None
     assert counters["graph_break"] and counting.compiled == report.total_graphs > 1
 
 
-@pytest.mark.skipif(
-    not hasattr(torch.compiler, "load_compiled_function"), reason="tiers need torch 2.13"
-)
+@pytest.mark.skipif(feature_problem("tiered") is not None, reason=str(feature_problem("tiered")))
 def test_tiers_stay_regional_on_a_dispatched_model_and_say_why() -> None:
     """A builder process cannot receive Accelerate's hooks (local functions, weights kept
     outside the model): the tiers stop at the first call, named, and the blocks still serve
