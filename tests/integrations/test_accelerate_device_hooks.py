@@ -161,7 +161,10 @@ def test_the_whole_model_offloaded_keeps_its_layers_hooks_in_the_trace() -> None
     assert counters["graph_break"] and counting.compiled == report.total_graphs > 1
 
 
-@pytest.mark.skipif(feature_problem("tiered") is not None, reason=str(feature_problem("tiered")))
+@pytest.mark.skipif(
+    feature_problem("tiered compilation") is not None,
+    reason=str(feature_problem("tiered compilation")),
+)
 def test_tiers_stay_regional_on_a_dispatched_model_and_say_why() -> None:
     """A builder process cannot receive Accelerate's hooks (local functions, weights kept
     outside the model): the tiers stop at the first call, named, and the blocks still serve

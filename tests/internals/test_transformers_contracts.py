@@ -86,7 +86,7 @@ def test_guards_can_record_registry(model) -> None:  # type: ignore[no-untyped-d
 
     from torchkiln._internals.versions import feature_problem
 
-    if feature_problem("tiered") is not None:
+    if feature_problem("tiered compilation") is not None:
         # Only the whole-model tier (torch 2.13 and later) filters this guard; torch 2.11's
         # Dynamo cannot even build a whole-model LlamaModel's guards with transformers 5.25
         # ("Guarded object must be identical" on its per-layer config view).
