@@ -28,7 +28,7 @@ from torchkiln.configuration.config import (
     TIERED_WHEN_CHOICES,
     CompileConfig,
 )
-from torchkiln.configuration.config_sources import SECTION_SHORTHANDS, dollar, section_classes
+from torchkiln.configuration.config_sources import dollar, humanise, section_classes
 from torchkiln.configuration.config_values import describe
 from torchkiln.configuration.option_safety import option_problems
 from torchkiln.configuration.release_checks import release_problems
@@ -152,7 +152,7 @@ def structure(values: Mapping[str, Any], sources: Mapping[str, str]) -> CompileC
             message, path = (match["message"], match["path"]) if match else (line, "$")
             field = path.removeprefix("$.").removeprefix("$")
             problems.append(
-                ConfigProblem(path, _humanise(message, values, field), sources.get(field, ""))
+                ConfigProblem(path, humanise(message, values, field), sources.get(field, ""))
             )
         raise ConfigError(problems) from None
     if problems:
@@ -209,34 +209,6 @@ def _structure_without(
         return CONVERTER.structure(without_unknown_keys(pruned), CompileConfig)
     except Exception:
         return None
-
-
-def _humanise(message: str, values: Mapping[str, Any], field: str) -> str:
-    """cattrs says 'invalid value for type, expected X'; add the bad value."""
-    node: Any = values
-    for part in field.split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    sections = dict(section_classes())
-    if field and field in sections:
-        # cattrs says 'expected RegionsConfig' or "unknown error ('list' object has no
-        # attribute 'keys')" for a section that is not a mapping.
-        fields = ", ".join(f.name for f in attrs.fields(sections[field]))
-        shorthand = " or a strategy name" if field in SECTION_SHORTHANDS else ""
-        return f"expected a mapping with the fields {fields}{shorthand} (got {describe(node)})"
-    if message.startswith("invalid value for type"):
-        expected = message.removeprefix("invalid value for type, ")
-        expected = expected.replace("dict[str, typing.Any]", "a mapping").replace(
-            " | str", " or a path"
-        )
-        expected = expected.replace("expected tuple", "expected a list of strings")
-        if isinstance(node, bool) and "str" in expected:
-            # YAML 1.1 reads unquoted on/off/yes/no as booleans: `progress: off` is False.
-            return (
-                f"{expected} (got {describe(node)}; YAML reads unquoted on/off/yes/no as booleans, "
-                f"quote the value: '{'on' if node else 'off'}')"
-            )
-        return f"{expected} (got {describe(node)})"
-    return message
 
 
 def _dispatch_problem(value: Any) -> str | None:

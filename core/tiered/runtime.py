@@ -43,7 +43,7 @@ from torchkiln.tiered.decision import Machine, builder_problem, core_left_free
 from torchkiln.tiered.governor import StepGovernor
 from torchkiln.tiered.process import BuilderProcess
 from torchkiln.tiered.tier_report import REGIONAL, WHOLE, TierReport
-from torchkiln.tiered.weightless import accelerate_hooked, dumps_weightless, unimportable_classes
+from torchkiln.tiered.weightless import dumps_weightless, unsendable
 from torchkiln.tiered.whole_store import BuildOutput
 
 logger = logging.getLogger("torchkiln")
@@ -249,7 +249,7 @@ class TieredForward:
             return  # rank 0 builds for the job
         if builder_problem(self.config, Machine.now(model)) is not None:
             return  # decided again at the first call, which says why
-        if saved_functions_supported() and not _unsendable(model):
+        if saved_functions_supported() and not unsendable(model):
             self.prestarted = self._new_builder(model)
 
     def _start_builder(self, model: nn.Module) -> None:
@@ -260,9 +260,9 @@ class TieredForward:
                 "arrived in torch 2.13)"
             )
             return
-        unsendable = _unsendable(model)
-        if unsendable is not None:
-            self._stop_with(unsendable)
+        problem = unsendable(model)
+        if problem is not None:
+            self._stop_with(problem)
             return
         self.built_for = self.log.families()
         if self.job is None or self.job.builds_here:
@@ -464,23 +464,6 @@ class TieredForward:
             slowdown_bound=self.config.tiered.max_slowdown,
             job_rank=self.job.rank if self.job is not None else None,
         )
-
-
-def _unsendable(model: nn.Module) -> str | None:
-    """Why ``model`` cannot be sent to a builder process, else ``None``."""
-    foreign = unimportable_classes(model)
-    if foreign:
-        return (
-            f"the model's classes {', '.join(foreign[:3])} cannot be imported by another "
-            "process (defined in __main__ or a function): move them into a module"
-        )
-    hooked = accelerate_hooked(model)
-    if hooked:
-        return (
-            f"Accelerate's hooks ({len(hooked)} modules, from {hooked[0]}) cannot be sent to a "
-            "builder process: a model loaded with a device map or offloaded stays regional"
-        )
-    return None
 
 
 def _preload(model: nn.Module) -> list[str]:

@@ -131,3 +131,20 @@ def accelerate_hooked(model: nn.Module) -> list[str]:
         for path, module in model.named_modules()
         if accelerate.attached_hook(module) is not None
     ]
+
+
+def unsendable(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be sent to a builder process, else ``None``."""
+    foreign = unimportable_classes(model)
+    if foreign:
+        return (
+            f"the model's classes {', '.join(foreign[:3])} cannot be imported by another "
+            "process (defined in __main__ or a function): move them into a module"
+        )
+    hooked = accelerate_hooked(model)
+    if hooked:
+        return (
+            f"Accelerate's hooks ({len(hooked)} modules, from {hooked[0]}) cannot be sent to a "
+            "builder process: a model loaded with a device map or offloaded stays regional"
+        )
+    return None
