@@ -70,7 +70,7 @@ def first_token(args: Any) -> tuple[dict[str, Any], Any]:
     """Apply the strategy and time ``generate`` up to its first token, then the whole call; a
     few more calls catch later recompiles (the decode steps compile on the first call).
     Returns the record and the module that generated."""
-    from torchkiln.bench.strategies import Strategies, build
+    from torchkiln.bench.strategies import Strategies, build, until_whole_model
 
     model, inputs = build(args)
     started = time.perf_counter()
@@ -79,15 +79,8 @@ def first_token(args: Any) -> tuple[dict[str, Any], Any]:
     finished = time.perf_counter()
     tiered = None
     if args.strategy == "tiered":
-        from torchkiln.bench.tiered import until_whole_model
-
-        def again() -> Any:
-            return generate_once(target, inputs, args.new_tokens)
-
-        def per_token(result: Any) -> float:
-            return statistics.median(result[0].decode_gaps())
-
-        tiered = until_whole_model(again, model, started, time.perf_counter, per_token)
+        per_token = steady_decode(target, inputs, args.new_tokens)
+        tiered = until_whole_model(per_token, model, started, time.perf_counter, figured=True)
     later = [generate_once(target, inputs, args.new_tokens)[0] for _ in range(args.warmup)]
     steady_calls = args.steady_iters if args.steady_here else 0
     steady = [steady_decode(target, inputs, args.new_tokens)() for _ in range(steady_calls)]

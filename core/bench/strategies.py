@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -179,3 +180,68 @@ def timed(call: Callable[[], Any], device: str) -> tuple[float, Any]:
     started = time.perf_counter()
     result = synced(call, device)()
     return time.perf_counter() - started, result
+
+
+TIERED_TIMEOUT_SECONDS = 1800.0
+"""A ``tiered`` builder still running after this long is reported as not having switched."""
+
+
+def until_whole_model(
+    step: Callable[[], Any],
+    model: Any,
+    started: float,
+    clock: Callable[[], float],
+    figured: bool = False,
+) -> dict[str, Any]:
+    """The ``tiered`` cell's own figures: call ``step`` back to back (as a training or serving
+    loop would) until the model serves from the whole-model tier (or it never will).
+
+    ``seconds_to_whole_model`` runs from ``started`` (the first call's start) to the end of
+    the first call the whole-model form served; ``steady_before_switch_seconds`` is the median
+    call while the builder compiled: what ``step`` returns when ``figured`` (the generate
+    workload: the median time per decoded token, as its steady state is), else its time."""
+    import torchkiln.tiered
+
+    during: list[float] = []
+    served_whole = None
+    while clock() - started < TIERED_TIMEOUT_SECONDS:
+        before = torchkiln.tiered.tiers(model)
+        began = clock()
+        result = step()
+        ended = clock()
+        after = torchkiln.tiered.tiers(model)
+        if after.calls["whole-model"] > before.calls["whole-model"]:
+            served_whole = ended
+            break
+        if after.state == "stopped":
+            break
+        if before.state == "building":
+            during.append(result if figured else ended - began)
+    tiers = torchkiln.tiered.tiers(model)
+    return {
+        "seconds_to_whole_model": served_whole - started if served_whole else None,
+        "steady_before_switch_seconds": statistics.median(during) if during else None,
+        "calls_before_switch": tiers.calls["regional"],
+        "state": tiers.state,
+        "reason": tiers.reason,
+        "build_seconds": tiers.build_seconds,
+        "builder_peak_rss_mb": tiers.builder_peak_rss_mb,
+        "load_seconds": tiers.load_seconds,
+    }
+
+
+def switched(step: Callable[[], Any], model: Any) -> Callable[[], Any]:
+    """``step`` after the model has switched (the steady-state run times the whole-model
+    tier); raises when it cannot switch, so the cell reports why."""
+    import torchkiln.tiered
+
+    for _ in range(3):
+        step()
+        if torchkiln.tiered.tiers(model).state != "observing":
+            break
+    torchkiln.tiered.wait(model, TIERED_TIMEOUT_SECONDS)
+    step()
+    tiers = torchkiln.tiered.tiers(model)
+    if tiers.serving != "whole-model":
+        raise RuntimeError(f"tiered did not switch: {tiers.state}: {tiers.reason}")
+    return step

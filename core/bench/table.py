@@ -7,7 +7,6 @@ from typing import Any
 
 from torchkiln.bench.results import CellResult
 from torchkiln.bench.targets import Target
-from torchkiln.bench.tiered import TIERED_HEADER, TIERED_LEGEND, tiered_rows
 
 HEADER = (
     "depth", "batch", "strategy",
@@ -15,6 +14,18 @@ HEADER = (
     "steady ms", "steady/full", "graphs", "recompiles", "breaks", "max |diff|",
 )  # fmt: skip
 RIGHT_ALIGNED = frozenset(range(len(HEADER))) - {2}
+TIERED_HEADER = (
+    "depth", "first call", "x regional", "to whole-model", "x full cold",
+    "ms building", "x regional", "ms after", "x full", "builder MiB",
+)  # fmt: skip
+TIERED_LEGEND = (
+    "tiered: first call (cold) and its ratio to regional's; to whole-model = from the first "
+    "call's start to the end of the first call the whole-model form served, against full "
+    "compile's cold first call; ms building = median call while the builder ran (against "
+    "regional's steady state: the builder's cost to the foreground, unbounded here: "
+    "tiered.when always, tiered.max_slowdown 0); ms after = steady state after the switch, "
+    "against full compile's; builder MiB = its peak resident memory"
+)
 
 
 def _seconds(value: float | None) -> str:
@@ -25,6 +36,10 @@ def _ratio(value: float | None, base: float | None, digits: int = 2) -> str:
     if value is None or not base:
         return "-"
     return f"{value / base:.{digits}f}"
+
+
+def _milliseconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.2f}"
 
 
 def _counts(result: CellResult) -> dict[str, Any]:
@@ -40,7 +55,6 @@ def _row(result: CellResult, full: CellResult | None) -> tuple[str, ...]:
         return (depth, str(cell.batch), cell.strategy, "FAILED", *[""] * 9)
     full_ok = full if full is not None and full.ok and full is not result else None
     cold = result.cold_first_call
-    steady_ms = None if result.steady is None else result.steady * 1000
     counts = _counts(result)
     diff = (result.cold or {}).get("max_abs_diff")
     failure_note = f" ({result.failure.run} failed)" if result.failure else ""
@@ -52,7 +66,7 @@ def _row(result: CellResult, full: CellResult | None) -> tuple[str, ...]:
         _ratio(cold, full_ok.cold_first_call) if full_ok else "",
         _seconds(result.warm_first_call),
         _ratio(result.warm_first_call, cold),
-        "-" if steady_ms is None else f"{steady_ms:.2f}",
+        _milliseconds(result.steady),
         _ratio(result.steady, full_ok.steady, 3) if full_ok else "",
         str(counts.get("graphs", "-")),
         str(counts.get("recompiles", "-")),
@@ -86,6 +100,35 @@ def render_table(results: Sequence[CellResult]) -> str:
         previous = key
         rows.append(_row(result, full.get(key)))
     return "\n".join(_format(rows))
+
+
+def tiered_rows(results: Sequence[CellResult]) -> list[tuple[str, ...]]:
+    """One row per tiered cell: its figures, each beside what it is compared with."""
+    by_key = {(r.cell.depth, r.cell.batch, r.cell.strategy): r for r in results if r.ok}
+    rows: list[tuple[str, ...]] = []
+    for (depth, batch, strategy), result in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        figures = (result.cold or {}).get("tiered")
+        if strategy != "tiered" or figures is None:
+            continue
+        regional = by_key.get((depth, batch, "regional"))
+        full = by_key.get((depth, batch, "full"))
+        to_whole = figures["seconds_to_whole_model"]
+        building = figures["steady_before_switch_seconds"]
+        rows.append(
+            (
+                str(depth),
+                _seconds(result.cold_first_call),
+                _ratio(result.cold_first_call, regional.cold_first_call if regional else None, 3),
+                _seconds(to_whole),
+                _ratio(to_whole, full.cold_first_call if full else None, 3),
+                _milliseconds(building),
+                _ratio(building, regional.steady if regional else None, 3),
+                _milliseconds(result.steady),
+                _ratio(result.steady, full.steady if full else None, 3),
+                f"{figures['builder_peak_rss_mb'] or 0:.0f}",
+            )
+        )
+    return rows
 
 
 def legend(settings: dict[str, Any]) -> dict[str, str]:
@@ -210,7 +253,7 @@ def render_all(
         render_legend(settings),
         "",
     ]
-    tiered = tiered_rows(list(results))
+    tiered = tiered_rows(results)
     if tiered:
         parts += [*_format([TIERED_HEADER, *tiered]), TIERED_LEGEND, ""]
     parts.append(render_targets(targets))

@@ -16,22 +16,27 @@ what it is doing, ``steady 7/10`` for counted work) to stderr, which the runner 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchkiln.bench.records import dynamo_counts, report_summary, run_record
+import attrs
+
 from torchkiln.bench.results import write_result
 from torchkiln.bench.strategies import (
+    TORCHKILN_STRATEGIES,
     Strategies,
     build,
     eager_reference,
     first_tensor,
     step,
+    switched,
     synced,
     timed,
+    until_whole_model,
 )
 
 START = time.perf_counter()
@@ -52,6 +57,76 @@ def _counted(what: str, count: int, call: Callable[[], Any]) -> list[Any]:
         results.append(call())
         progress(f"{what} {index + 1}/{count}")
     return results
+
+
+RECORDED_ARGS = (
+    "model", "depth", "batch", "seq", "backend", "device", "dtype", "mode", "train", "workload",
+)  # fmt: skip
+"""The command-line values every worker record starts with."""
+
+
+def run_record(
+    args: argparse.Namespace, started_wall: float, torch_import: float
+) -> dict[str, Any]:
+    """The fields every worker record starts with: what it ran, where and how."""
+    import torch
+
+    return {name: getattr(args, name) for name in RECORDED_ARGS} | {
+        "startup_seconds": started_wall - args.spawned_at if args.spawned_at is not None else None,
+        "torch_import_seconds": torch_import,
+        "threads": torch.get_num_threads(),
+        "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+        "torch": torch.__version__,
+        "load_average": list(os.getloadavg()),
+    }
+
+
+def dynamo_counts() -> dict[str, Any]:
+    """Graphs, recompiles, graph breaks, cache hits and compile seconds Dynamo recorded."""
+    from torchkiln._internals import dynamo
+
+    counters = dynamo.counters()
+    metrics = dynamo.compilation_metrics()
+    inductor = counters["inductor"]
+    aot = counters["aot_autograd"]
+    reasons = [m.recompile_reason for m in metrics if getattr(m, "recompile_reason", None)]
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        # Records without a frame (loading a precompiled inductor function) are not frames.
+        "frames_compiled": sum(1 for m in metrics if getattr(m, "co_name", None)),
+        "recompiles": len(reasons),
+        "recompile_reasons": reasons,
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "graph_break_reasons": dict(counters["graph_break"]),
+        "dynamo_compile_seconds": round(
+            sum(float(getattr(m, "entire_frame_compile_time_s", 0.0) or 0.0) for m in metrics), 6
+        ),
+        "fxgraph_cache_hits": int(inductor["fxgraph_cache_hit"]),
+        "fxgraph_cache_misses": int(inductor["fxgraph_cache_miss"]),
+        "aotautograd_cache_hits": int(aot["autograd_cache_hit"]),
+        "aotautograd_cache_misses": int(aot["autograd_cache_miss"]),
+        # reduce-overhead: graphs inductor ran without CUDA graphs (mutated inputs, CPU tensors,
+        # dynamic shapes...); nonzero means the mode's numbers are partly the default mode's.
+        "cudagraph_skips": int(inductor["cudagraph_skips"]),
+    }
+
+
+def report_summary(strategy: str, model: Any) -> dict[str, Any] | None:
+    """The torchkiln report of a torchkiln strategy's model, in short (``None`` for others)."""
+    if strategy not in TORCHKILN_STRATEGIES:
+        return None
+    import torchkiln
+
+    report = torchkiln.report(model)
+    return {
+        "selector": report.selector,
+        "reason": report.reason,
+        "regions": len(report.regions),
+        "total_graphs": report.total_graphs,
+        "total_compile_seconds": report.total_compile_seconds,
+        "statuses": sorted({r.status for r in report.regions}),
+        "tiers": attrs.asdict(report.tiers) if report.tiers is not None else None,
+    }
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -135,8 +210,6 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
     call = step(call_target, model, inputs, args.train)
     tiered = None
     if args.strategy == "tiered":
-        from torchkiln.bench.tiered import until_whole_model
-
         progress("regional until the whole-model form replaces it")
         tiered = until_whole_model(
             synced(call, args.device), model, first_started, time.perf_counter
@@ -172,11 +245,7 @@ def _steady_call(strategy: str, args: argparse.Namespace) -> Callable[[], Any]:
         call = steady_decode(target, inputs, args.new_tokens)
     else:
         call = step(strategies.apply(strategy, model), model, inputs, args.train)
-    if strategy == "tiered":
-        from torchkiln.bench.tiered import switched
-
-        return switched(call, model)
-    return call
+    return switched(call, model) if strategy == "tiered" else call
 
 
 def measure_steady(args: argparse.Namespace) -> dict[str, Any]:

@@ -414,8 +414,7 @@ def test_the_removed_dispatch_option_is_refused_by_the_parser() -> None:
 def test_a_tiered_cell_gets_its_own_table_with_its_four_figures() -> None:
     # The quick preset's tiered table once failed to render (its rows are shorter than the
     # main table's): the README's main job ended in an IndexError after its last cell.
-    from torchkiln.bench.table import render_all
-    from torchkiln.bench.tiered import TIERED_HEADER
+    from torchkiln.bench.table import TIERED_HEADER, render_all
 
     tiered = _result(16, "tiered", 12.0, None, 0.0404)
     assert tiered.cold is not None
@@ -447,7 +446,7 @@ def test_until_whole_model_records_each_calls_figure_while_the_builder_runs(
     import types
 
     import torchkiln.tiered
-    from torchkiln.bench.tiered import until_whole_model
+    from torchkiln.bench.strategies import until_whole_model
 
     def report(state: str, whole: int) -> Any:
         return types.SimpleNamespace(
@@ -460,9 +459,7 @@ def test_until_whole_model_records_each_calls_figure_while_the_builder_runs(
                     report("switched", 1), report("switched", 1)])  # fmt: skip
     monkeypatch.setattr(torchkiln.tiered, "tiers", lambda model: next(reports))
     ticks = iter(range(100))
-    figures = until_whole_model(
-        lambda: "one generate", None, 0.0, lambda: float(next(ticks)), lambda result: 0.25
-    )
+    figures = until_whole_model(lambda: 0.25, None, 0.0, lambda: float(next(ticks)), figured=True)
     assert figures["steady_before_switch_seconds"] == 0.25
     assert figures["seconds_to_whole_model"] is not None and figures["state"] == "switched"
 
