@@ -6,7 +6,7 @@ declare; and the check that a declaration hook returned its spec type.
 from __future__ import annotations
 
 import types
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import attrs
 
@@ -37,29 +37,26 @@ def readable_name(plugin: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-DECLARATION_KINDS = {
-    "declare_backends": "backend",
-    "declare_selectors": "selector",
-    "declare_distributed": "distributed strategy",
-    "declare_layer_caches": "layer cache",
+class Declaration(NamedTuple):
+    """What a declaration hook declares: its ``kind`` in messages, its spec type, and the hook
+    the declaring plugin must implement for a declared name to be usable (``None``: none)."""
+
+    kind: str
+    spec_type: type
+    serving_hook: str | None
+
+
+DECLARATIONS = {
+    "declare_backends": Declaration("backend", BackendSpec, "compile_region"),
+    "declare_selectors": Declaration("selector", SelectorSpec, "select_regions"),
+    "declare_distributed": Declaration("distributed strategy", DistributedSpec, "wrap_distributed"),
+    "declare_layer_caches": Declaration("layer cache", LayerCacheSpec, None),
 }
-IMPLEMENTING_HOOK = {
-    "declare_backends": "compile_region",
-    "declare_selectors": "select_regions",
-    "declare_distributed": "wrap_distributed",
-}
-"""A plugin that declares names must implement the hook that serves them."""
-SERVING_HOOK = {
-    BackendSpec: "compile_region",
-    SelectorSpec: "select_regions",
-    DistributedSpec: "wrap_distributed",
-}
-"""Spec type -> the hook its declaring plugin must implement for the name to be usable."""
-DECLARING_HOOK = {
-    BackendSpec: "declare_backends",
-    SelectorSpec: "declare_selectors",
-    DistributedSpec: "declare_distributed",
-}
+
+
+def declaration_of(spec: object) -> Declaration:
+    """The :class:`Declaration` of the hook that declares specs like ``spec``."""
+    return next(d for d in DECLARATIONS.values() if isinstance(spec, d.spec_type))
 
 
 @attrs.frozen
@@ -128,14 +125,6 @@ class Declared(Generic[SpecT]):
     plugin: str
 
 
-_SPEC_TYPES = {
-    "declare_backends": BackendSpec,
-    "declare_selectors": SelectorSpec,
-    "declare_distributed": DistributedSpec,
-    "declare_layer_caches": LayerCacheSpec,
-}
-
-
 class DeclarationFailed(PluginError):
     """A declaration hook raised or returned the wrong type; ``detail`` says which, without
     the plugin's name (``raised ValueError: ...``, ``returned dict {...}; expected ...``)."""
@@ -148,7 +137,7 @@ class DeclarationFailed(PluginError):
 def check_specs(hook_name: str, plugin: str, specs: Any) -> None:
     """A declaration hook returns a list (or tuple) of its spec type: anything else is the
     plugin's fault, named as such (a bare ``AttributeError`` on ``.name`` helps nobody)."""
-    kind = _SPEC_TYPES[hook_name]
+    kind = DECLARATIONS[hook_name].spec_type
     if isinstance(specs, list | tuple) and all(isinstance(spec, kind) for spec in specs):
         return
     expected = f"expected a list of torchkiln.plugin.{kind.__name__}"

@@ -1,14 +1,13 @@
-"""The plugin manager: built-in plugins, entry-point plugins, environment controls.
+"""The plugin manager: built-in plugins, entry-point plugins, environment controls, what the
+plugins declare and serving a declared name by the plugin that declared it.
 
 The manager holds the state (registered, installed and failed plugins, cached declarations);
-the steps it takes are in :mod:`.entry_point_loading`, :mod:`.plugin_checks`,
-:mod:`.declaration_collection`, :mod:`.name_serving` and :mod:`.plugin_listing`.
-
-The environment controls (``TORCHKILN_DISABLE_PLUGIN_AUTOLOAD``, ``TORCHKILN_PLUGINS``,
-``TORCHKILN_DISABLED_PLUGINS``, ``TORCHKILN_STRICT_PLUGINS``, ``TORCHKILN_TRACE_PLUGINS``),
-the precedence of plugins (registered, then installed, then built-ins; the first called wins
-a name declared twice) and the quarantine of a plugin whose ``declare_*`` hook fails are
-documented in docs/plugins.md, where users read them.
+loading, the environment controls and the checks at registration are in
+:mod:`.plugin_loading`. The controls (``TORCHKILN_DISABLE_PLUGIN_AUTOLOAD``,
+``TORCHKILN_PLUGINS``, ``TORCHKILN_DISABLED_PLUGINS``, ``TORCHKILN_STRICT_PLUGINS``,
+``TORCHKILN_TRACE_PLUGINS``), the precedence of plugins (registered, then installed, then
+built-ins; the first called wins a name declared twice) and the quarantine of a plugin whose
+``declare_*`` hook fails are documented in docs/plugins.md, where users read them.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import contextlib
 import importlib
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -25,47 +24,47 @@ import pluggy
 from pluggy import HookImpl
 
 from torchkiln.errors import PluginError
-from torchkiln.plugin_host import hooks, name_serving, plugin_listing
-from torchkiln.plugin_host.declaration_collection import collect_declarations, quarantine_record
+from torchkiln.plugin_host import hooks
 from torchkiln.plugin_host.declarations import (
     BackendSpec,
     DistributedSpec,
     LayerCacheSpec,
     SelectorSpec,
 )
-from torchkiln.plugin_host.entry_point_loading import (
-    ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,  # re-exported: its home before entry_point_loading
-)
-from torchkiln.plugin_host.entry_point_loading import (
-    entry_points_to_load,
-    installed_plugin_names,
-    load_failure,
-    loaded_plugin_info,
-    strict_load_error,
-)
-from torchkiln.plugin_host.name_serving import serve, unserved_reason
-from torchkiln.plugin_host.plugin_checks import check_plugin, implemented_hooks, specified_hooks
-from torchkiln.plugin_host.plugin_env import (
-    call_traced,
-    env_flag,
-    env_names,
-    trace_after,
-    trace_before,
-    warn_unknown_names,
-)
 from torchkiln.plugin_host.plugin_info import (
+    DECLARATIONS,
     DeclarationFailed,
     Declared,
     FailedPlugin,
     PluginInfo,
     builtin_name,
+    check_specs,
+    declaration_of,
     readable_name,
 )
-from torchkiln.plugin_host.plugin_listing import registered_plugins, with_torch_backends
-from torchkiln.plugin_host.torch_backends import compile_with_torch
+from torchkiln.plugin_host.plugin_loading import (
+    ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,  # re-exported: its home before plugin_loading
+)
+from torchkiln.plugin_host.plugin_loading import (
+    call_traced,
+    check_plugin,
+    entry_points_to_load,
+    env_flag,
+    env_names,
+    implemented_hooks,
+    installed_plugin_names,
+    load_failure,
+    loaded_plugin_info,
+    strict_load_error,
+    trace_after,
+    trace_before,
+    warn_unknown_names,
+)
+from torchkiln.plugin_host.torch_backends import compile_with_torch, torch_backend_names
 from torchkiln.plugins import BUILTIN_PLUGINS
 
 _BUILTIN_NAMES = frozenset(builtin_name(m) for m in BUILTIN_PLUGINS)
+_KIND_ORDER = {"builtin": 0, "entry-point": 1, "registered": 2}
 
 
 class PluginManager(pluggy.PluginManager):
@@ -102,7 +101,6 @@ class PluginManager(pluggy.PluginManager):
         for name in env_names(self._env, "TORCHKILN_DISABLED_PLUGINS") or ():
             self.set_blocked(name)  # as spelled; other spellings are blocked when met
         self._registering_internally = False
-        self._names_checked = False
         if builtins:
             self._register_builtins()
         self.tracing = env_flag(self._env, "TORCHKILN_TRACE_PLUGINS")
@@ -163,7 +161,8 @@ class PluginManager(pluggy.PluginManager):
         """Load entry-point plugins now if they are due (once per manager)."""
         if self._entry_points_pending:
             self._entry_points_pending = False
-            self.check_plugin_controls()
+            builtins = [builtin_name(m) for m in BUILTIN_PLUGINS]
+            warn_unknown_names(self._env, installed_plugin_names(), builtins)
             self.load_external()
         return self
 
@@ -181,15 +180,6 @@ class PluginManager(pluggy.PluginManager):
                 self._load_entry_point(entry_point)
         self._declared_cache.clear()
 
-    def check_plugin_controls(self) -> None:
-        """Warn (once) about names in ``TORCHKILN_PLUGINS`` / ``TORCHKILN_DISABLED_PLUGINS``
-        that match no built-in and no installed entry point, with the closest known name."""
-        if self._names_checked:
-            return
-        self._names_checked = True
-        builtins = [builtin_name(m) for m in BUILTIN_PLUGINS]
-        warn_unknown_names(self._env, installed_plugin_names(), builtins)
-
     def _load_entry_point(self, entry_point: metadata.EntryPoint) -> None:
         try:
             plugin = entry_point.load()
@@ -206,14 +196,19 @@ class PluginManager(pluggy.PluginManager):
         hooks_implemented = implemented_hooks(self, plugin)
         self.external[entry_point.name] = loaded_plugin_info(entry_point, hooks_implemented)
 
-    def hook_names(self) -> list[str]:
-        """The hooks torchkiln specifies (not names a plugin implemented without a spec)."""
-        return specified_hooks(self)
-
     def plugin_infos(self) -> list[PluginInfo]:
         """Every registered plugin, built-ins first."""
         self.ensure_loaded()
-        return registered_plugins(self, self.external, _BUILTIN_NAMES)
+        infos = []
+        for name, plugin in self.list_name_plugin():
+            if plugin is None:  # blocked (TORCHKILN_DISABLED_PLUGINS): pluggy keeps the name
+                continue
+            if name in self.external:
+                infos.append(self.external[name])
+            else:
+                kind = "builtin" if name in _BUILTIN_NAMES else "registered"
+                infos.append(PluginInfo(name, kind, implemented_hooks(self, plugin)))
+        return sorted(infos, key=lambda info: (_KIND_ORDER[info.kind], info.name))
 
     def call_impl(self, hook_name: str, impl: Any, **kwargs: Any) -> Any:
         """Call one implementation directly (hooks whose results torchkiln combines per
@@ -224,26 +219,11 @@ class PluginManager(pluggy.PluginManager):
 
     # --- dispatch: only the declaring plugin serves a name -----------------------------------
 
-    def implementation(self, hook_name: str, plugin_name: str) -> HookImpl | None:
-        """``plugin_name``'s implementation of ``hook_name``, if it has one."""
-        return name_serving.implementation(self, hook_name, plugin_name)
-
     def select_regions(self, model: Any, config: Any, selector: str) -> Any:
         """The plan the plugin that declared ``selector`` makes (its ``select_regions`` only)."""
-        declared = self.selectors().get(selector)
-        if declared is None:
-            raise PluginError(
-                f"no plugin declares the selector {selector!r}{self.missing_hint()}",
-                hook="select_regions",
-            )
-        return serve(
-            self,
-            "select_regions",
-            declared,
-            "selector",
-            model=model,
-            config=config,
-            selector=selector,
+        declared = self._declaring("select_regions", self.selectors().get(selector), selector)
+        return self._serve(
+            "select_regions", declared, model=model, config=config, selector=selector
         )
 
     def wrap_distributed(
@@ -255,17 +235,11 @@ class PluginManager(pluggy.PluginManager):
         compile_regions: Callable[[Any], None],
     ) -> Any:
         """The declaring plugin's ``wrap_distributed`` for ``strategy``."""
-        declared = self.distributed_strategies().get(strategy)
-        if declared is None:
-            raise PluginError(
-                f"no plugin declares the distributed strategy {strategy!r}{self.missing_hint()}",
-                hook="wrap_distributed",
-            )
-        return serve(
-            self,
+        found = self.distributed_strategies().get(strategy)
+        declared = self._declaring("wrap_distributed", found, strategy)
+        return self._serve(
             "wrap_distributed",
             declared,
-            "distributed strategy",
             model=model,
             config=config,
             plan=plan,
@@ -276,48 +250,104 @@ class PluginManager(pluggy.PluginManager):
     def compile_region(self, fn: Any, group: Any, config: Any, backend: str) -> Any:
         """The declaring plugin's ``compile_region`` for ``backend``; for a name only torch
         knows, ``torch.compile`` with the configured options."""
-        declared = self.backend(backend)
-        if declared is None:
-            raise PluginError(
-                f"no plugin declares the backend {backend!r}{self.missing_hint()}",
-                hook="compile_region",
-            )
+        declared = self._declaring("compile_region", self.backend(backend), backend)
         if declared.spec.origin == "torch":
             return compile_with_torch(fn, config, backend)
-        if declared.spec.compile is not None:  # the backend carries its compile
-            compiled = declared.spec.compile(fn, group, config)
-            if compiled is None:
-                raise PluginError(
-                    f"plugin {declared.plugin!r} declares backend {backend!r} but its "
-                    "BackendSpec.compile returned None",
-                    plugin=declared.plugin,
-                    hook="compile_region",
-                )
-            return compiled
-        return serve(
-            self,
-            "compile_region",
-            declared,
-            "backend",
-            fn=fn,
-            group=group,
-            config=config,
-            backend=backend,
+        if declared.spec.compile is None:  # a plugin written before BackendSpec.compile
+            return self._serve(
+                "compile_region", declared, fn=fn, group=group, config=config, backend=backend
+            )
+        compiled = declared.spec.compile(fn, group, config)
+        if compiled is None:
+            raise PluginError(
+                f"plugin {declared.plugin!r} declares backend {backend!r} but its "
+                "BackendSpec.compile returned None",
+                plugin=declared.plugin,
+                hook="compile_region",
+            )
+        return compiled
+
+    def _declaring(self, hook_name: str, declared: Declared[Any] | None, name: str) -> Any:
+        """``declared``; when no plugin declares ``name``, a :class:`PluginError` for the
+        ``hook_name`` call that needed it."""
+        if declared is None:
+            kind = next(d.kind for d in DECLARATIONS.values() if d.serving_hook == hook_name)
+            raise PluginError(
+                f"no plugin declares the {kind} {name!r}{self.missing_hint()}", hook=hook_name
+            )
+        return declared
+
+    def _serve(self, hook_name: str, declared: Declared[Any], **kwargs: Any) -> Any:
+        """Call ``hook_name`` of the plugin that declared ``declared`` only.
+
+        :raises PluginError: that plugin no longer implements the hook, or returned ``None``.
+        """
+        what = f"plugin {declared.plugin!r} declares {declaration_of(declared.spec).kind} "
+        what += repr(declared.spec.name)
+        if self._implementation(hook_name, declared.plugin) is None:  # unregistered since
+            raise PluginError(
+                f"{what} but does not implement {hook_name}",
+                plugin=declared.plugin,
+                hook=hook_name,
+            )
+        # A pluggy subset caller, so pluggy's tracing and TORCHKILN_TRACE_PLUGINS see the call.
+        others = [p for n, p in self.list_name_plugin() if p is not None and n != declared.plugin]
+        results = self.subset_hook_caller(hook_name, remove_plugins=others)(**kwargs)
+        if not results or results[0] is None:
+            raise PluginError(
+                f"{what} but its {hook_name} returned None for it",
+                plugin=declared.plugin,
+                hook=hook_name,
+            )
+        return results[0]
+
+    def _implementation(self, hook_name: str, plugin_name: str) -> HookImpl | None:
+        hook = getattr(self.hook, hook_name)
+        return next((i for i in hook.get_hookimpls() if i.plugin_name == plugin_name), None)
+
+    def unserved(self, declared: Declared[Any]) -> str | None:
+        """Why ``declared`` cannot be used although it is declared: its plugin does not
+        implement the hook that serves it; ``None`` when it does."""
+        if getattr(declared.spec, "origin", "plugin") == "torch":
+            return None
+        if getattr(declared.spec, "compile", None) is not None:  # a backend carrying its compile
+            return None
+        kind, _, hook_name = declaration_of(declared.spec)
+        if hook_name is None or self._implementation(hook_name, declared.plugin) is not None:
+            return None
+        return (
+            f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but does not "
+            f"implement {hook_name}, so the name cannot be used"
         )
 
     def missing_hint(self) -> str:
         """``" (disabled ...; failed to load ...)"``: why a name might be missing, or ``""``."""
-        return plugin_listing.missing_hint(self, self.failed)
+        parts = []
+        blocked = sorted(name for name, plugin in self.list_name_plugin() if plugin is None)
+        if blocked:
+            parts.append("plugins disabled by TORCHKILN_DISABLED_PLUGINS: " + ", ".join(blocked))
+        not_loaded = sorted(f.name for f in self.failed if f.hook is None)
+        if not_loaded:
+            parts.append("plugins that failed to load: " + ", ".join(not_loaded))
+        quarantined = sorted(
+            f"plugin {f.name!r} (its {f.reason})" for f in self.failed if f.hook is not None
+        )
+        if quarantined:
+            parts.append("plugins quarantined, their names unavailable: " + ", ".join(quarantined))
+        return f" ({'; '.join(parts)})" if parts else ""
 
     # --- declarations ----------------------------------------------------------------------
 
-    def _declared(self, hook_name: str, kind: str) -> dict[str, Declared[Any]]:
+    def _declared(self, hook_name: str) -> dict[str, Declared[Any]]:
+        """Every plugin's declarations, the plugin called first winning a name declared twice
+        (with a warning naming both); a plugin whose hook fails is quarantined and the others
+        are asked again."""
         self.ensure_loaded()
         if hook_name in self._declared_cache:
             return self._declared_cache[hook_name]
         while True:
             try:
-                result, twice = collect_declarations(self, hook_name, kind, self.call_impl)
+                result, twice = self._collect(hook_name)
             except DeclarationFailed as error:
                 self._quarantine(error)  # raises under TORCHKILN_STRICT_PLUGINS=1
                 continue  # the plugin at fault is gone: ask the others again
@@ -327,10 +357,28 @@ class PluginManager(pluggy.PluginManager):
         self._declared_cache[hook_name] = result
         return result
 
-    def unserved(self, declared: Declared[Any]) -> str | None:
-        """Why ``declared`` cannot be used although it is declared: its plugin does not
-        implement the hook that serves it; ``None`` when it does."""
-        return unserved_reason(self, declared)
+    def _collect(self, hook_name: str) -> tuple[dict[str, Declared[Any]], list[str]]:
+        result: dict[str, Declared[Any]] = {}
+        twice: list[str] = []
+        # pluggy calls the last registered (or tryfirst) implementation first: that one wins.
+        for impl in reversed(getattr(self.hook, hook_name).get_hookimpls()):
+            try:
+                specs: Sequence[Any] = self.call_impl(hook_name, impl) or ()
+            except Exception as error:
+                detail = f"raised {type(error).__name__}: {error}"
+                raise DeclarationFailed(impl.plugin_name, hook_name, detail) from error
+            check_specs(hook_name, impl.plugin_name, specs)
+            for spec in specs:
+                if spec.name not in result:
+                    result[spec.name] = Declared(spec, impl.plugin_name)
+                    continue
+                winner = result[spec.name].plugin
+                twice.append(
+                    f"{DECLARATIONS[hook_name].kind} {spec.name!r} is declared by both plugin "
+                    f"{winner!r} and plugin {impl.plugin_name!r}; using {winner!r} (the first in "
+                    "precedence order: registered last, or tryfirst; docs/plugins/packaging.md)"
+                )
+        return result, twice
 
     def _quarantine(self, error: DeclarationFailed) -> None:
         """Unregister the plugin a declaration hook failed in, and record why; under
@@ -341,32 +389,45 @@ class PluginManager(pluggy.PluginManager):
             raise PluginError(
                 f"{error} (TORCHKILN_STRICT_PLUGINS=1)", plugin=name, hook=hook_name
             ) from error
-        failure = quarantine_record(name, hook_name, error, self.external.pop(name, None))
+        info = self.external.pop(name, None)  # what is known of it when it is installed
+        failure = FailedPlugin(
+            name,
+            info.target if info else None,
+            info.distribution if info else None,
+            info.version if info else None,
+            error.detail,
+            hook=hook_name,
+        )
         self.unregister(name=name)
         self.failed.append(failure)
         warnings.warn(failure.describe(), RuntimeWarning, stacklevel=4)
 
     def backends(self, *, include_torch: bool = True) -> dict[str, Declared[BackendSpec]]:
         """Backends declared by plugins, then every other name torch's registry knows."""
-        declared = self._declared("declare_backends", "backend")
-        return with_torch_backends(declared) if include_torch else dict(declared)
+        backends = dict(self._declared("declare_backends"))
+        if include_torch:
+            for name in torch_backend_names():
+                if name not in backends:
+                    description = "registered with torch._dynamo"
+                    spec = BackendSpec(name, description=description, origin="torch")
+                    backends[name] = Declared(spec, "torch")
+        return backends
 
     def backend(self, name: str) -> Declared[BackendSpec] | None:
         """The backend ``name`` as :meth:`backends` gives it, without listing torch's
         registry when a plugin declares the name (listing it imports every Dynamo backend
         module and scans the entry points: a cost ``torchkiln.compile`` need not pay)."""
-        declared = self._declared("declare_backends", "backend").get(name)
+        declared = self._declared("declare_backends").get(name)
         if declared is not None:
             return declared
         return self.backends().get(name)
 
     def selectors(self) -> dict[str, Declared[SelectorSpec]]:
-        return self._declared("declare_selectors", "selector")
+        return self._declared("declare_selectors")
 
     def distributed_strategies(self) -> dict[str, Declared[DistributedSpec]]:
-        return self._declared("declare_distributed", "distributed strategy")
+        return self._declared("declare_distributed")
 
     def layer_caches(self) -> tuple[LayerCacheSpec, ...]:
         """Every plugin's per-layer cache declarations, the plugin called first first."""
-        declared = self._declared("declare_layer_caches", "layer cache")
-        return tuple(entry.spec for entry in declared.values())
+        return tuple(entry.spec for entry in self._declared("declare_layer_caches").values())

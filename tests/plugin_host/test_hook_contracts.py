@@ -30,7 +30,7 @@ from torchkiln.plugin import (
     RegionPlan,
     SelectorSpec,
 )
-from torchkiln.plugin_host.plugin_info import IMPLEMENTING_HOOK
+from torchkiln.plugin_host import plugin_info
 
 # --- declaration hooks ---------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ def _broken(hook_name: str, declare: Callable[[], Any]) -> object:
     def serve() -> None:
         return None
 
-    hooks = {hook_name: declare, IMPLEMENTING_HOOK[hook_name]: serve}
+    hooks = {hook_name: declare, plugin_info.DECLARATIONS[hook_name].serving_hook: serve}
     return type("Broken", (), {name: staticmethod(hookimpl(f)) for name, f in hooks.items()})()
 
 
