@@ -295,31 +295,3 @@ def merge_layers(layers: list[Layer]) -> tuple[dict[str, Any], dict[str, str]]:
 def all_sources(explicit: Mapping[str, str]) -> dict[str, str]:
     """Every leaf field path with its source, ``default`` where nothing set it."""
     return {path: explicit.get(path, "default") for path, _ in leaf_fields()}
-
-
-def humanise(message: str, values: Mapping[str, Any], field: str) -> str:
-    """cattrs says 'invalid value for type, expected X'; add the bad value."""
-    node: Any = values
-    for part in field.split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    sections = dict(section_classes())
-    if field and field in sections:
-        # cattrs says 'expected RegionsConfig' or "unknown error ('list' object has no
-        # attribute 'keys')" for a section that is not a mapping.
-        fields = ", ".join(f.name for f in attrs.fields(sections[field]))
-        shorthand = " or a strategy name" if field in SECTION_SHORTHANDS else ""
-        return f"expected a mapping with the fields {fields}{shorthand} (got {describe(node)})"
-    if message.startswith("invalid value for type"):
-        expected = message.removeprefix("invalid value for type, ")
-        expected = expected.replace("dict[str, typing.Any]", "a mapping").replace(
-            " | str", " or a path"
-        )
-        expected = expected.replace("expected tuple", "expected a list of strings")
-        if isinstance(node, bool) and "str" in expected:
-            # YAML 1.1 reads unquoted on/off/yes/no as booleans: `progress: off` is False.
-            return (
-                f"{expected} (got {describe(node)}; YAML reads unquoted on/off/yes/no as booleans, "
-                f"quote the value: '{'on' if node else 'off'}')"
-            )
-        return f"{expected} (got {describe(node)})"
-    return message

@@ -13,11 +13,12 @@ value stays a 100-character message.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from torchkiln.errors import ConfigProblem
@@ -48,6 +49,12 @@ def describe(value: Any) -> str:
     except Exception:  # a user object whose __repr__ raises
         text = f"<{type(value).__name__} object>"
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'closest'?)`` for the choice closest to ``word``, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def join_path(path: str, key: Any) -> str:

@@ -1,56 +1,321 @@
-"""Range checks on structured configuration values, whatever their source.
+"""Semantic checks on a structured :class:`CompileConfig`, whatever its sources: choices,
+numbers in range, paths that can be directories, names the plugins declare (with what each
+backend or selector accepts), features the installed torch lacks, and DeepSpeed settings
+that would import a module named in a file.
 
-Types are checked while structuring (:mod:`torchkiln.configuration.config_validation`); this module checks
-what a type cannot say: numbers finite and in range, a cache directory that can be one, and
-DeepSpeed settings that would import a module named in a file.
+Types are checked while structuring (:mod:`torchkiln.configuration.config_validation`);
+``options`` against torch's real settings in :mod:`torchkiln.configuration.option_safety`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
-from torchkiln.configuration.config import CompileConfig
+from torchkiln._internals.versions import feature_problem
+from torchkiln.configuration.config import (
+    DISPATCH_CHOICES,
+    FLOAT_DTYPES,
+    JOB_SHARE_CHOICES,
+    PROGRESS_CHOICES,
+    REGION_ERROR_POLICIES,
+    REMOVED_DISPATCH,
+    REST_POLICIES,
+    TIERED_WHEN_CHOICES,
+    CompileConfig,
+)
 from torchkiln.configuration.config_sources import dollar
-from torchkiln.configuration.config_values import INT64_MAX, describe
-from torchkiln.configuration.option_safety import is_untrusted
-from torchkiln.errors import ConfigProblem
+from torchkiln.configuration.config_values import INT64_MAX, describe, did_you_mean
+from torchkiln.configuration.option_safety import is_untrusted, option_problems
+from torchkiln.errors import ConfigError, ConfigProblem
+
+_CHOICES = (
+    ("on_region_error", REGION_ERROR_POLICIES, "a region error policy"),
+    ("regions.rest", REST_POLICIES, "a rest policy"),
+    ("progress", PROGRESS_CHOICES, "a progress setting"),
+    ("tiered.when", TIERED_WHEN_CHOICES, "a tiered.when setting"),
+    ("job.share", JOB_SHARE_CHOICES, "a job.share setting"),
+    *(
+        (f"distributed.fsdp2.mixed_precision.{name}", FLOAT_DTYPES, "a floating-point dtype name")
+        for name in ("param_dtype", "reduce_dtype", "output_dtype")
+    ),
+)
+"""Fields that take one of a fixed set of values (``None`` is left to the field's type)."""
+
+TIERED_STRATEGIES = ("none", "ddp")
+"""Distributed strategies tiered compilation runs under: the whole-model form replaces the
+forward that DDP calls; FSDP2 and DeepSpeed shard parameters per block, which one whole-model
+graph built from an unsharded copy would not reproduce."""
+
+VERSION_GATED = (
+    ("tiered compilation", "tiered.enabled", lambda config: config.tiered.enabled),
+    ("precompiled artifacts", "artifacts", lambda config: config.artifacts is not None),
+    (
+        "hierarchical compilation",
+        "regions.strategy",
+        lambda c: c.regions.strategy == "hierarchical",
+    ),
+)
+"""Features a torch release may lack: feature name, the setting asking for it, whether it does."""
 
 # DeepSpeed imports every name in this list (``torch_autocast.lower_precision_safe_modules``).
 _DEEPSPEED_IMPORTS = ("torch_autocast", "lower_precision_safe_modules")
+REMOTE_CACHE_SCHEMES = ("redis", "rediss", "unix")
 
 
-def value_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[ConfigProblem]:
+def _field(config: CompileConfig, path: str) -> Any:
+    return functools.reduce(getattr, path.split("."), config)
+
+
+def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> None:
+    """Semantic checks against the registered plugins; raises one ConfigError."""
     problems: list[ConfigProblem] = []
 
     def add(path: str, message: str | None) -> None:
         if message:
             problems.append(ConfigProblem(dollar(path), message, sources.get(path, "")))
 
-    add("distributed.ddp.bucket_cap_mb", _positive_size(config.distributed.ddp.bucket_cap_mb))
-    add("regions.min_repeats", _whole_at_most(config.regions.min_repeats))
+    for path, allowed, what in _CHOICES:
+        if _field(config, path) is not None:
+            add(path, _choice(_field(config, path), allowed, what))
+    add("dispatch", _dispatch_problem(config.dispatch))
+    if config.remote_cache is not None:
+        add("remote_cache", remote_cache_problem(config.remote_cache))
+    if not 0 < config.job.timeout <= 7 * 24 * 3600:
+        add("job.timeout", f"{config.job.timeout} is not between 0 (exclusive) and 604800 seconds")
+    for path in ("regions.min_repeats", "distributed.fsdp2.replicate_degree"):
+        value = _field(config, path)
+        if value < 1:
+            add(path, f"{value} must be at least 1")
+        elif value > INT64_MAX:
+            add(path, f"{describe(value)} is too large; at most {INT64_MAX}")
+    problems.extend(_tiered_problems(config, sources))
+    for feature, path, wanted in VERSION_GATED:
+        if wanted(config):
+            add(path, feature_problem(feature))
+    missing_hint = plugins.missing_hint()
+    selectors, strategies = plugins.selectors(), plugins.distributed_strategies()
+    selector = selectors.get(config.regions.strategy)
+    strategy = strategies.get(config.distributed.strategy)
+    choice = _choice(config.regions.strategy, selectors, "a declared selector", missing_hint)
+    add("regions.strategy", choice)
+    what = "a declared distributed strategy"
     add(
-        "distributed.fsdp2.replicate_degree",
-        _whole_at_most(config.distributed.fsdp2.replicate_degree),
+        "distributed.strategy", _choice(config.distributed.strategy, strategies, what, missing_hint)
     )
+    add("regions.strategy", _unserved(plugins, selector))
+    add("distributed.strategy", _unserved(plugins, strategy))
+    if selector is not None and selector.spec.options is not None:
+        for key in config.regions.options:
+            if key not in selector.spec.options:
+                message = _unknown_option(
+                    f"selector {config.regions.strategy!r}", key, selector.spec.options
+                )
+                problems.append(
+                    ConfigProblem(
+                        f"$.regions.options.{key}", message, sources.get("regions.options", "")
+                    )
+                )
+    if config.regions.strategy == "classes" and not config.regions.classes:
+        add(
+            "regions.classes",
+            "strategy 'classes' needs at least one class-name glob in regions.classes",
+        )
+    if config.regions.strategy == "paths" and not config.regions.paths:
+        add(
+            "regions.paths", "strategy 'paths' needs at least one module-path glob in regions.paths"
+        )
+    if config.mode is not None and config.options:
+        add(
+            "mode",
+            f"mode {describe(config.mode)} and options {describe(list(config.options))} cannot both be set "
+            "(torch.compile takes one or the other); put the mode's settings into options instead",
+        )
+    add("distributed.ddp.bucket_cap_mb", _positive_size(config.distributed.ddp.bucket_cap_mb))
     add("cache_dir", _cache_dir(config.cache_dir))
     add("store", _cache_dir(config.store, "store"))
-    deepspeed = config.distributed.deepspeed.config
-    if isinstance(deepspeed, Mapping) and is_untrusted(
-        sources.get("distributed.deepspeed.config", "")
-    ):
-        section = deepspeed.get(_DEEPSPEED_IMPORTS[0])
-        if isinstance(section, Mapping) and section.get(_DEEPSPEED_IMPORTS[1]) is not None:
+    add("distributed.deepspeed.config", _deepspeed_imports(config, sources))
+    if config.backend != "no":
+        problems.extend(_backend_problems(config, sources, plugins))
+    problems.extend(option_problems(config, sources))
+    if strategy is not None:
+        availability = strategy.spec.probe()
+        if not availability.available:
             add(
-                "distributed.deepspeed.config",
-                f"{'.'.join(_DEEPSPEED_IMPORTS)} makes DeepSpeed import the modules it names, "
-                "so torchkiln does not take it from a file or the environment; pass the "
-                "DeepSpeed configuration from Python instead (docs/configuration.md, "
-                "'Options that can run code')",
+                "distributed.strategy",
+                f"{describe(config.distributed.strategy)} is not available: {availability.reason}",
             )
+    if problems:
+        raise ConfigError(problems)
+
+
+def _choice(
+    config_value: Any, allowed: Iterable[str], what: str, missing_hint: str = ""
+) -> str | None:
+    allowed = sorted(allowed)
+    if config_value in allowed:
+        return None
+    hint = did_you_mean(str(config_value), allowed)
+    return (
+        f"{describe(config_value)} is not {what}{hint}; allowed: {', '.join(allowed)}{missing_hint}"
+    )
+
+
+def _dispatch_problem(value: Any) -> str | None:
+    if value in REMOVED_DISPATCH:
+        return (
+            f"dispatch {value!r} was removed (it saved under 2% of a step and "
+            "read Dynamo's private cache entries); use 'dynamo', the only dispatch"
+        )
+    return _choice(value, DISPATCH_CHOICES, "a dispatch setting")
+
+
+def _unknown_option(owner: str, key: str, accepted: tuple[str, ...]) -> str:
+    hint = did_you_mean(key, accepted)
+    return f"{owner} does not accept option {describe(key)}{hint}; allowed: {', '.join(accepted) or 'none'}"
+
+
+def _unserved(plugins: Any, declared: Any) -> str | None:
+    """A declared name whose plugin lacks the hook that serves it is refused here, like an
+    unknown name (it would fail only when compiling, or run eagerly under
+    ``on_region_error="eager"``)."""
+    if declared is None or not hasattr(plugins, "unserved"):
+        return None
+    return plugins.unserved(declared)
+
+
+def _tiered_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[ConfigProblem]:
+    tiered = config.tiered
+    problems = [
+        ConfigProblem(f"$.tiered.{name}", f"{value} is not between {low} and {high}",
+                      sources.get(f"tiered.{name}", ""))
+        for name, value, low, high in (("threads", tiered.threads, 1, 256),
+                                       ("nice", tiered.nice, 0, 19))
+        if not low <= value <= high
+    ]  # fmt: skip
+    bound = tiered.max_slowdown
+    if bound != 0 and not 1 < bound <= 100:
+        problems.append(
+            ConfigProblem(
+                "$.tiered.max_slowdown",
+                f"{bound} is neither 0 (no bound) nor a ratio above 1 and at most 100 (1.25: "
+                "the builder may make the mean step at most 25% slower)",
+                sources.get("tiered.max_slowdown", ""),
+            )
+        )
+    strategy = config.distributed.strategy
+    if tiered.enabled and strategy not in TIERED_STRATEGIES:
+        problems.append(
+            ConfigProblem(
+                "$.tiered.enabled",
+                f"tiered compilation is not supported with distributed strategy {strategy!r} "
+                f"(allowed: {', '.join(TIERED_STRATEGIES)}): it shards parameters per block, "
+                "and a whole-model graph built from an unsharded copy would not gather them",
+                sources.get("tiered.enabled", ""),
+            )
+        )
     return problems
+
+
+def _backend_problems(
+    config: CompileConfig, sources: Mapping[str, str], plugins: Any
+) -> list[ConfigProblem]:
+    source = sources.get("backend", "")
+    found = plugins.backend(config.backend)
+    if found is None:
+        declared = plugins.backends(include_torch=False)
+        known = plugins.backends()
+        # Torch's debugging and testing-only backends work by name but are not advertised.
+        torch_only = sorted(
+            n for n in set(known) - set(declared) if "testing_only" not in n and "minifier" not in n
+        )
+        hint = did_you_mean(config.backend, known)
+        return [
+            ConfigProblem(
+                "$.backend",
+                (
+                    f"{describe(config.backend)} is not a registered backend{hint}; registered by plugins: "
+                    f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
+                    f"{plugins.missing_hint()}"
+                ),
+                source,
+            )
+        ]
+    spec = found.spec
+    problems = []
+    unserved = _unserved(plugins, found)
+    if unserved:
+        problems.append(ConfigProblem("$.backend", unserved, source))
+    if config.tiered.enabled and not spec.precompile:
+        problems.append(
+            ConfigProblem(
+                "$.tiered.enabled",
+                f"tiered compilation saves the whole model's compiled function in a builder "
+                f"process and loads it here; backend {config.backend!r} (plugin "
+                f"{found.plugin!r}) does not declare its functions serialisable "
+                "(BackendSpec.precompile); backends that do: "
+                + ", ".join(
+                    sorted(
+                        n
+                        for n, d in plugins.backends(include_torch=False).items()
+                        if d.spec.precompile
+                    )
+                ),
+                sources.get("tiered.enabled", ""),
+            )
+        )
+    availability = spec.probe()
+    if not availability.available:
+        problems.append(
+            ConfigProblem(
+                "$.backend",
+                f"backend {config.backend!r} is not available here: {availability.reason}",
+                source,
+            )
+        )
+    if config.mode is not None and spec.modes is not None and config.mode not in spec.modes:
+        problems.append(
+            ConfigProblem(
+                "$.mode",
+                (
+                    f"{describe(config.mode)} is not a mode backend {config.backend!r} accepts; allowed: "
+                    f"{', '.join(spec.modes) or 'none (leave mode unset)'}"
+                ),
+                sources.get("mode", ""),
+            )
+        )
+    if spec.options is not None:
+        for key in config.options:
+            if key not in spec.options:
+                problems.append(
+                    ConfigProblem(
+                        f"$.options.{key}",
+                        _unknown_option(f"backend {config.backend!r}", key, spec.options),
+                        sources.get("options", ""),
+                    )
+                )
+    return problems
+
+
+def _deepspeed_imports(config: CompileConfig, sources: Mapping[str, str]) -> str | None:
+    deepspeed = config.distributed.deepspeed.config
+    if not isinstance(deepspeed, Mapping):
+        return None
+    if not is_untrusted(sources.get("distributed.deepspeed.config", "")):
+        return None
+    section = deepspeed.get(_DEEPSPEED_IMPORTS[0])
+    if not isinstance(section, Mapping) or section.get(_DEEPSPEED_IMPORTS[1]) is None:
+        return None
+    return (
+        f"{'.'.join(_DEEPSPEED_IMPORTS)} makes DeepSpeed import the modules it names, "
+        "so torchkiln does not take it from a file or the environment; pass the "
+        "DeepSpeed configuration from Python instead (docs/configuration.md, "
+        "'Options that can run code')"
+    )
 
 
 def _positive_size(value: float | None) -> str | None:
@@ -58,12 +323,6 @@ def _positive_size(value: float | None) -> str | None:
         return None
     if not math.isfinite(value) or value <= 0 or value > 2**40:
         return f"{describe(value)} is not a size in MiB; give a finite number above 0"
-    return None
-
-
-def _whole_at_most(value: int) -> str | None:
-    if value > INT64_MAX:
-        return f"{describe(value)} is too large; at most {INT64_MAX}"
     return None
 
 
@@ -89,9 +348,6 @@ def _cache_dir(value: str | None, field: str = "cache_dir") -> str | None:
     if is_file:
         return f"{describe(value)} exists and is not a directory; give a directory path"
     return None
-
-
-REMOTE_CACHE_SCHEMES = ("redis", "rediss", "unix")
 
 
 def remote_cache_problem(url: str) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pluggy
 
+from torchkiln.configuration.config_values import did_you_mean
 from torchkiln.errors import PluginError
 from torchkiln.plugin_host.plugin_info import DECLARATIONS, FailedPlugin, PluginInfo
 
@@ -225,7 +226,7 @@ def check_plugin(pm: pluggy.PluginManager, name: str, plugin: object, *, strict:
         if hook_name not in known:
             raise PluginError(
                 f"plugin {name!r} implements unknown hook {hook_name!r}"
-                f"{_did_you_mean(hook_name, known)}; torchkiln hooks: " + ", ".join(known),
+                f"{did_you_mean(hook_name, known)}; torchkiln hooks: " + ", ".join(known),
                 plugin=name,
                 hook=hook_name,
             )
@@ -256,8 +257,3 @@ def _backends_carry_compile(plugin: object) -> bool:
     except Exception:
         return False
     return bool(specs) and all(getattr(spec, "compile", None) is not None for spec in specs)
-
-
-def _did_you_mean(hook_name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(hook_name, known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
