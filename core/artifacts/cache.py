@@ -15,6 +15,7 @@ Two mechanisms, both torch's own:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -31,16 +32,20 @@ CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 location."""
 
 
-def _read_cache_variable() -> str | None:
-    return os.environ.get(CACHE_DIR_ENV)
+def hold_variable(
+    name: str, value: str, after_write: Callable[[], Any] = lambda: None
+) -> settings.Hold:
+    """Set the environment variable ``name`` to ``value`` until the returned hold is released
+    (:func:`torchkiln.engine.settings.hold_setting`); ``after_write`` runs after each write."""
 
+    def write(new: str | None) -> None:
+        if new is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = new
+        after_write()
 
-def _write_cache_variable(value: str | None) -> None:
-    if value is None:
-        os.environ.pop(CACHE_DIR_ENV, None)
-    else:
-        os.environ[CACHE_DIR_ENV] = value
-    inductor.clear_caches()  # paths derived from the cache dir are memoised in process
+    return settings.hold_setting(f"env:{name}", value, lambda: os.environ.get(name), write)
 
 
 @attrs.define
@@ -114,9 +119,8 @@ def apply_cache_dir(path: str | os.PathLike[str]) -> CacheDirSetting:
     except OSError as error:
         raise TorchkilnError(f"cache_dir {str(path)!r} cannot be created: {error}") from error
     previous = os.environ.get(CACHE_DIR_ENV)
-    held = settings.hold_setting(
-        f"env:{CACHE_DIR_ENV}", str(directory), _read_cache_variable, _write_cache_variable
-    )
+    # paths derived from the cache dir are memoised in process: cleared at each change
+    held = hold_variable(CACHE_DIR_ENV, str(directory), inductor.clear_caches)
     return CacheDirSetting(path=str(directory), previous=previous, hold=held)
 
 

@@ -40,6 +40,8 @@ MAX_MANIFEST_BYTES = 16 * 2**20
 """A larger manifest.json is refused unread (a real one is a few kilobytes)."""
 GROUPS_DIR = "groups"
 KERNELS_DIR = "kernels"
+WHOLE_DIR = "whole"
+"""The whole-model entry's compiled functions (:mod:`torchkiln.artifacts.whole_build`)."""
 KINDS = ("inference", "training")
 """``inference``: the group compiled under ``torch.no_grad()`` with the model in eval mode.
 ``training``: compiled with grad enabled and the model in train mode (forward and backward)."""
@@ -95,6 +97,21 @@ def environment_mismatches(saved: Mapping[str, Any], current: Mapping[str, Any])
     ]
 
 
+def class_name(module: nn.Module) -> str:
+    return f"{type(module).__module__}.{type(module).__qualname__}"
+
+
+def hash_files(digest: Any, paths: Iterable[str]) -> Any:
+    """``digest`` updated with each file's name and bytes, in path order."""
+    for path in sorted(set(paths)):
+        digest.update(os.path.basename(path).encode())
+        try:
+            digest.update(Path(path).read_bytes())
+        except OSError:
+            digest.update(b"<unreadable>")
+    return digest
+
+
 def _source_files(module: nn.Module) -> list[str]:
     files = set()
     for sub in module.modules():
@@ -113,15 +130,9 @@ def code_hash(module: nn.Module) -> str:
     Whole files, not just the classes: a block's forward calls helper functions of its file
     (``apply_rotary_pos_emb``), and the compiled code has them inlined.
     """
-    digest = hashlib.sha256()
-    for path in _source_files(module):
-        digest.update(os.path.basename(path).encode())
-        try:
-            digest.update(Path(path).read_bytes())
-        except OSError:
-            digest.update(b"<unreadable>")
+    digest = hash_files(hashlib.sha256(), _source_files(module))
     for sub in module.modules():  # classes without a readable file still count by name
-        digest.update(f"{type(sub).__module__}.{type(sub).__qualname__}".encode())
+        digest.update(class_name(sub).encode())
     return digest.hexdigest()
 
 
@@ -189,9 +200,6 @@ class GroupEntry:
     sha256: str = ""
     """SHA-256 of ``file``'s bytes, recorded by the writer."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
 
 @attrs.define
 class GroupArtifacts:
@@ -201,9 +209,6 @@ class GroupArtifacts:
     structure_hash: str
     regions: int
     entries: list[GroupEntry] = attrs.Factory(list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
 
 
 @attrs.define
@@ -217,7 +222,7 @@ class Manifest:
     """Inductor on CPU: the ISA probe's answers, the CPU's capabilities and the compiler
     (:mod:`torchkiln.artifacts.isa_probe`); loading answers the probe from them when they match."""
     whole: dict[str, Any] | None = None
-    """The whole-model entry (:class:`torchkiln.artifacts.whole_model.WholeArtifacts` as a dict),
+    """The whole-model entry (:class:`torchkiln.artifacts.whole_build.WholeArtifacts` as a dict),
     written by ``precompile(..., whole=True)`` or the tiered builder."""
     kernels: list[KernelFile] = attrs.Factory(list)
     """Every file of ``kernels/``; loading copies only these, each checked first."""
@@ -261,19 +266,17 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
     write_atomic(directory / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
 
 
-def _read_manifest_text(path: Path) -> str:
-    """The manifest's text, refusing a link, a non-regular file or one over
-    :data:`MAX_MANIFEST_BYTES` before reading it."""
+def read_json(path: Path, limit: int = MAX_MANIFEST_BYTES) -> Any:
+    """A manifest's JSON, refusing a link, a non-regular file or one over ``limit`` bytes
+    before reading it."""
     fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise ArtifactError(f"{path} is not a regular file")
-        if info.st_size > MAX_MANIFEST_BYTES:
-            raise ArtifactError(
-                f"{path} has {info.st_size} bytes; a manifest has at most {MAX_MANIFEST_BYTES}"
-            )
-        return handle.read(MAX_MANIFEST_BYTES + 1).decode("utf-8")
+        if info.st_size > limit:
+            raise ArtifactError(f"{path} has {info.st_size} bytes; a manifest has at most {limit}")
+        return json.loads(handle.read(limit + 1).decode("utf-8"))
 
 
 def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
@@ -282,7 +285,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
     ``torchkiln precompile``)."""
     path = Path(directory).expanduser() / MANIFEST
     try:
-        data = json.loads(_read_manifest_text(path))
+        data = read_json(path)
     except FileNotFoundError as error:
         raise ArtifactError(
             f"artifacts directory {str(directory)!r} has no {MANIFEST} (write one with "
@@ -309,9 +312,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         raise ArtifactError(f"{path} is malformed: {type(error).__name__}: {error}") from error
 
 
-WHOLE_NAME = "whole"
-"""``torchkiln.artifacts.whole_model.WHOLE_DIR`` (not imported: that module imports this one)."""
-ARTIFACT_NAMES = frozenset({MANIFEST, GROUPS_DIR, KERNELS_DIR, WHOLE_NAME})
+ARTIFACT_NAMES = frozenset({MANIFEST, GROUPS_DIR, KERNELS_DIR, WHOLE_DIR})
 """Everything a directory written by ``torchkiln precompile`` holds at its top level."""
 
 
@@ -321,7 +322,7 @@ def is_artifact_directory(directory: str | os.PathLike[str]) -> bool:
     path = Path(directory)
     try:
         names = set(os.listdir(path))
-        data = json.loads(_read_manifest_text(path / MANIFEST))
+        data = read_json(path / MANIFEST)
     except (OSError, ValueError, RecursionError, ArtifactError):
         return False
     return (
@@ -373,6 +374,17 @@ def entry_path(directory: str | os.PathLike[str], relative: str) -> Path:
             f"{str(path.resolve())!r}); artifact directories hold plain files only"
         )
     return path
+
+
+def under(file: str, top: str) -> PurePosixPath:
+    """``file`` (a manifest record's path) when it lies inside the directory's ``top`` folder.
+
+    :raises ArtifactError: naming the entry.
+    """
+    relative = PurePosixPath(file)
+    if relative.parts[:1] != (top,) or len(relative.parts) < 2:
+        raise ArtifactError(f"manifest entry {file!r} is not under {top}/")
+    return relative
 
 
 def stored_file(directory: str | os.PathLike[str], relative: str) -> KernelFile:
@@ -450,6 +462,12 @@ def _tampered(name: str, detail: str) -> str:
         f"manifest entry {name!r} does not match the manifest ({detail}): the file was "
         "tampered with or corrupted; nothing of it was loaded"
     )
+
+
+def error_reason(error: BaseException) -> str:
+    """``Type: first line`` of an error, as a manifest's ``skipped`` and the reports give it."""
+    first = next((line for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first}"[:500]
 
 
 def closure_data(fn: Callable[..., Any]) -> dict[str, Any]:

@@ -75,13 +75,16 @@ def already_probed() -> bool:
 
 
 @contextlib.contextmanager
-def recorded_probes(record: dict[str, Any]) -> Iterator[None]:
-    """Fill ``record`` with every probe answer inductor needs while this context is open.
+def recorded_probes(
+    record: dict[str, Any], backend: str = "inductor", device: str = "cpu"
+) -> Iterator[None]:
+    """Fill ``record`` with every probe answer inductor needs while this context is open
+    (inductor on the CPU only: nothing is recorded for another ``backend`` or ``device``).
 
     Call it with the artifact's kernel directory as the inductor cache directory: a process
     that already probed probes again, so the test libraries are written there too.
     """
-    module = _isa_module()
+    module = _isa_module() if (backend, device) == ("inductor", "cpu") else None
     if module is None or platform.machine() not in ("x86_64", "AMD64"):
         yield
         return

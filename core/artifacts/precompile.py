@@ -39,10 +39,12 @@ from torchkiln.artifacts.directory import (
     GroupArtifacts,
     GroupEntry,
     Manifest,
+    class_name,
     closure_data,
     code_hash,
     entry_file,
     environment_key,
+    error_reason,
     file_digest,
     input_spec,
     is_artifact_directory,
@@ -139,6 +141,28 @@ def plain_module(module: nn.Module) -> Iterator[None]:
         module.__dict__.update(installed)
 
 
+def save_compiled_call(
+    savable: Any,
+    shared: Callable[..., Any],
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    path: Path,
+) -> float:
+    """Compile ``savable`` (the group function ``shared`` under ``torch.compile``) for this
+    call with ``aot_compile`` and save it at ``path``; returns the seconds the compile took."""
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards; torch's
+        # warning about it says nothing the user can act on.
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
+        with plain_module(module), trace_settings_of(savable):
+            aot = savable.aot_compile(((module, *args), kwargs))
+        seconds = time.perf_counter() - started
+        aot.save_compiled_function(str(path), external_data=closure_data(shared))
+    return seconds
+
+
 class EntryRecorder:
     """The group hook used while precompiling: records each distinct call of a group as a
     saved ``aot_compile`` entry, then runs the call eagerly."""
@@ -158,7 +182,7 @@ class EntryRecorder:
         self.indexes[group.name] = len(self.indexes)
         self.groups[group.name] = GroupArtifacts(
             group.name,
-            f"{type(module).__module__}.{type(module).__qualname__}",
+            class_name(module),
             code_hash(module),
             structure_hash(module),
             len(group.regions),
@@ -192,42 +216,19 @@ class EntryRecorder:
                     f"compile_region for backend {self.config.backend!r} returned "
                     f"{type(compiled).__name__}, not a torch.compile function (no aot_compile)"
                 )
-            started = time.perf_counter()
-            with warnings.catch_warnings():
-                # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards;
-                # torch's warning about it says nothing the user can act on.
-                warnings.filterwarnings(
-                    "ignore", message="The .grad attribute of a Tensor that is not"
-                )
-                with plain_module(module), trace_settings_of(compiled):
-                    aot = compiled.aot_compile(((module, *args), kwargs))
-            seconds = time.perf_counter() - started
             relative = entry_file(self.indexes[group.name], group.name, self.kind, variants)
-            aot.save_compiled_function(
-                str(self.directory / relative), external_data=closure_data(fn)
+            seconds = save_compiled_call(
+                compiled, fn, module, args, kwargs, self.directory / relative
             )
             size, sha256 = file_digest(self.directory / relative)
         except Exception as error:  # one entry failing is recorded, the rest go on
-            self.skipped.append({"group": group.name, "kind": self.kind, "reason": _reason(error)})
+            self.skipped.append(
+                {"group": group.name, "kind": self.kind, "reason": error_reason(error)}
+            )
             return
         saved.entries.append(
             GroupEntry(self.kind, relative, spec, round(seconds, 3), size=size, sha256=sha256)
         )
-
-
-def _reason(error: BaseException) -> str:
-    first = next((line for line in str(error).splitlines() if line.strip()), "")
-    return f"{type(error).__name__}: {first}"[:500]
-
-
-def _recording_probes(
-    environment: dict[str, Any], record: dict[str, Any]
-) -> contextlib.AbstractContextManager[None]:
-    """Inductor on CPU: record its ISA probe's answers (and put the probe's test libraries
-    into the kernel directory, even when this process probed earlier)."""
-    if environment["backend"] == "inductor" and environment["device"] == "cpu":
-        return recorded_probes(record)
-    return contextlib.nullcontext()
 
 
 def _precompile_whole(
@@ -428,7 +429,8 @@ def _compile_into(
     first = plan.groups[0].regions[0].module  # the loader checks against the same module
     environment = environment_key(cfg, first)
     probes: dict[str, Any] = {}
-    with apply_cache_dir(directory / KERNELS_DIR), _recording_probes(environment, probes):
+    recording = recorded_probes(probes, environment["backend"], environment["device"])
+    with apply_cache_dir(directory / KERNELS_DIR), recording:
         compiler(model)
         try:
             for kind in kinds:

@@ -19,13 +19,14 @@ import os
 import stat
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
 from torch import nn
 
+from torchkiln.artifacts.cache import current_cache_dir
 from torchkiln.artifacts.directory import (
     KERNELS_DIR,
     MANIFEST,
@@ -33,6 +34,7 @@ from torchkiln.artifacts.directory import (
     GroupArtifacts,
     KernelFile,
     Manifest,
+    class_name,
     closure_data,
     code_hash,
     environment_key,
@@ -40,6 +42,7 @@ from torchkiln.artifacts.directory import (
     read_entry,
     read_manifest,
     structure_hash,
+    under,
 )
 from torchkiln.artifacts.isa_probe import answered_probes, machine_local
 from torchkiln.configuration.config import CompileConfig
@@ -54,9 +57,12 @@ class ArtifactWarning(UserWarning):
     """Precompiled artifacts that do not fit: torchkiln compiles normally instead."""
 
 
-def copy_kernels(directory: Path, kernels: list[KernelFile], target: Path) -> int:
+def copy_kernels(
+    directory: Path, kernels: list[KernelFile], cache_dir: str | os.PathLike[str] | None = None
+) -> int:
     """Merge the artifact directory's ``kernels`` (each checked by :func:`read_entry` first)
-    into the inductor cache ``target``; a regular file already there is kept (entries are
+    into the inductor cache ``cache_dir`` (default: the cache in force); a regular file
+    already there is kept (entries are
     content-addressed). Written as inductor writes its cache: a temporary file in the
     destination directory renamed into place, never through a link (a link planted in a
     shared cache is replaced, not followed; a linked directory is skipped). The ISA probe's
@@ -64,12 +70,11 @@ def copy_kernels(directory: Path, kernels: list[KernelFile], target: Path) -> in
     copied (:func:`torchkiln.artifacts.isa_probe.machine_local`). Returns how many files were
     written."""
     copied = 0
+    target = Path(cache_dir or current_cache_dir()).expanduser().resolve()
     if kernels:
         target.mkdir(parents=True, exist_ok=True)
     for kernel in kernels:
-        relative = PurePosixPath(kernel.file)
-        if relative.parts[:1] != (KERNELS_DIR,) or len(relative.parts) < 2:
-            raise ArtifactError(f"manifest kernel {kernel.file!r} is not under {KERNELS_DIR}/")
+        relative = under(kernel.file, KERNELS_DIR)
         if machine_local(relative.name):
             continue
         data = read_entry(directory, kernel)
@@ -107,8 +112,7 @@ def load_functions(
     ``shared``, with the closure its guards read; the kernels must be in the cache already."""
     closure = closure_data(shared)
     functions = []
-    # Loading the first function loads its kernels, and inductor probes the CPU first.
-    with answered_probes(cpu_isa), _templates_deferred(backend):
+    with loading(cpu_isa, backend):
         for kind, payload in payloads:
             fn = torch.compiler.load_compiled_function(io.BytesIO(payload), external_data=closure)
             functions.append((kind, fn))
@@ -116,14 +120,17 @@ def load_functions(
     return functions, {name: closure[f"closure:{name}"] for name in names}
 
 
-def _templates_deferred(backend: str | None) -> contextlib.AbstractContextManager[None]:
-    """Inductor: its kernel templates, which a loaded function never renders, are parsed on
-    first use rather than while the generated module imports them."""
-    if backend != "inductor":
-        return contextlib.nullcontext()
+@contextlib.contextmanager
+def loading(cpu_isa: Any, backend: str | None) -> Iterator[None]:
+    """While saved functions load (the first loads its kernels, and inductor probes the CPU
+    first): the probe answered from ``cpu_isa`` where it fits, and, for inductor, its kernel
+    templates, which a loaded function never renders, parsed on first use rather than while
+    the generated module imports them."""
     from torchkiln.artifacts.deferred_templates import deferred_templates
 
-    return deferred_templates()
+    templates = deferred_templates() if backend == "inductor" else contextlib.nullcontext()
+    with answered_probes(cpu_isa), templates:
+        yield
 
 
 class ArtifactSource(CodeSource):
@@ -226,14 +233,11 @@ class ArtifactSource(CodeSource):
         return False
 
     def _load(self, saved: GroupArtifacts, shared: Callable[..., Any]) -> Loaded:
-        from torchkiln.artifacts.cache import current_cache_dir
-
         assert self.manifest is not None
         # Every entry is checked before the kernels are copied or anything is unpickled.
         data = [read_entry(self.directory, entry) for entry in saved.entries]
         if not self._kernels_copied:  # one kernels directory for all groups
-            target = Path(self.cache_dir or current_cache_dir()).expanduser().resolve()
-            copy_kernels(self.directory, self.manifest.kernels, target)
+            copy_kernels(self.directory, self.manifest.kernels, self.cache_dir)
             self._kernels_copied = True
         functions, closure = load_functions(
             shared,
@@ -264,10 +268,10 @@ def _group_mismatch(
 ) -> str | None:
     if saved is None:
         names = ", ".join(repr(g.name) for g in manifest.groups) or "none"
-        skipped = [s for s in manifest.skipped]
+        skipped = manifest.skipped
         note = f" (precompile skipped: {skipped[0]['reason']})" if skipped else ""
         return f"no precompiled entry for this group (groups in the directory: {names}){note}"
-    cls = f"{type(module).__module__}.{type(module).__qualname__}"
+    cls = class_name(module)
     if saved.cls != cls:
         return f"the group's class is {cls}, precompiled for {saved.cls}"
     if saved.code_hash != code_hash(module):

@@ -14,12 +14,12 @@ server answered.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import attrs
 
 from torchkiln._internals import inductor
+from torchkiln.artifacts.cache import hold_variable
 from torchkiln.configuration.value_checks import remote_cache_problem
 from torchkiln.engine import settings
 
@@ -34,21 +34,10 @@ __all__ = [
 URL_ENV = "TORCHINDUCTOR_REDIS_URL"
 
 
-def _env_reader() -> Any:
-    return os.environ.get(URL_ENV)
-
-
-def _env_writer(value: Any) -> None:
-    if value is None:
-        os.environ.pop(URL_ENV, None)
-    else:
-        os.environ[URL_ENV] = value
-
-
 def apply_remote_cache(url: str) -> RemoteCacheWatch:
     """Turn torch's remote caches on, pointed at ``url``, until the returned watch's
     :meth:`~RemoteCacheWatch.restore`."""
-    holds = [settings.hold_setting(f"env:{URL_ENV}", url, _env_reader, _env_writer)]
+    holds = [hold_variable(URL_ENV, url)]
     for owner, name in inductor.REMOTE_CACHE_SWITCHES:
         read, write = inductor.remote_cache_switch(owner, name)
         holds.append(settings.hold_setting(f"{owner}:{name}", True, read, write))

@@ -1,25 +1,25 @@
-"""Compiling the whole model ahead of time into an artifact directory's ``whole`` entry.
+"""The whole-model entry of an artifact directory: compiling it ahead of time, and what it records.
 
-Used by the tiered builder process (:mod:`torchkiln.tiered.builder`) on a weightless copy of the
-model, and by ``torchkiln precompile --whole`` on the model itself. Each family of calls
-(:mod:`torchkiln.tiered.calls`) becomes one ``aot_compile`` of :func:`whole_model_forward` with
-``fullgraph=True``, the guards filtered as :mod:`torchkiln.artifacts.whole_guards` explains.
-
-The function is compiled by the configured backend's own plugin, as a region group is: its
-``compile_region`` gets :func:`whole_model_forward`, the whole model as a one-region group and
-the configuration with ``fullgraph=True`` and the guard filter in ``options`` (where
-``torch.compile`` takes it out, whatever the backend). ``torch.compile`` takes ``mode`` or
-``options``, never both, so an inductor ``mode`` reaches it as the settings that mode stands for
-(:func:`whole_config`). The backend must declare ``BackendSpec(precompile=True)``
-(:func:`check_savable_backend`).
+It sits in ``manifest.json`` under ``whole`` beside the region groups, its compiled functions
+under ``whole/`` (``whole/<kind>-<N>.bin``, torch's ``save_compiled_function``), and shares the
+directory's ``kernels/`` and environment key. Built by the tiered builder process
+(:mod:`torchkiln.tiered.builder`) on a weightless copy of the model, and by ``torchkiln
+precompile --whole`` on the model itself: each family of calls (:mod:`torchkiln.tiered.calls`)
+becomes one ``aot_compile`` of :func:`whole_model_forward` with ``fullgraph=True``, compiled by
+the configured backend's own ``compile_region`` (which must declare
+``BackendSpec(precompile=True)``, :func:`check_savable_backend`), with the guard filter of
+:mod:`torchkiln.artifacts.whole_guards` in ``options``; an inductor ``mode`` reaches it as the
+settings it stands for (:func:`whole_config`). The entry fits a model when the environment,
+class, code, tree and structure hashes match (:func:`torchkiln.artifacts.whole_load.whole_mismatch`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +30,18 @@ from torch import nn
 from torchkiln._internals import cache_entries, inductor
 from torchkiln._internals.aot_artifacts import installed_module_globals
 from torchkiln._internals.hub_kernels import name_function_modules
-from torchkiln.artifacts.directory import ArtifactError, input_spec, structure_hash
-from torchkiln.artifacts.whole_guards import GuardFilter, referenced_files
-from torchkiln.artifacts.whole_model import (
+from torchkiln.artifacts.directory import (
     WHOLE_DIR,
-    WholeArtifacts,
-    WholeEntry,
+    ArtifactError,
     class_name,
-    package_versions,
-    tree_hash,
-    whole_code_hash,
+    code_hash,
+    error_reason,
+    hash_files,
+    input_spec,
+    stored_file,
+    structure_hash,
 )
+from torchkiln.artifacts.whole_guards import GuardFilter, referenced_files
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.plugin_host.plugin_manager import PluginManager
 from torchkiln.plugin_host.region_plan import Region, RegionGroup
@@ -50,6 +51,71 @@ WHOLE_GROUP = "<whole model>"
 
 MAX_DEPTH = 6
 """How deep objects' attributes are walked for tensors (a cache's layers' keys are at 3)."""
+
+
+@attrs.define
+class WholeEntry:
+    """One compiled function of the whole model, for one family of calls."""
+
+    kind: str
+    """``inference`` or ``training`` (grad mode)."""
+    training: bool
+    """The model's train/eval mode when it was compiled."""
+    file: str
+    inputs: list[str]
+    dynamic: dict[str, list[int]]
+    """Tensor path -> dimensions compiled as dynamic."""
+    module_refs: dict[str, str]
+    compile_seconds: float
+    sha256: str = ""
+    size: int = 0
+
+
+@attrs.define
+class WholeArtifacts:
+    cls: str
+    code_hash: str
+    tree_hash: str
+    structure_hash: str
+    region_paths: list[str]
+    modules: list[str]
+    """Python modules whose identity guards were dropped; their files join the code hash."""
+    packages: dict[str, str]
+    dropped_guards: dict[str, int]
+    entries: list[WholeEntry] = attrs.Factory(list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WholeArtifacts:
+        fields = {f.name for f in attrs.fields(cls)} - {"entries"}
+        values = {name: data[name] for name in fields}
+        return cls(**values, entries=[WholeEntry(**e) for e in data["entries"]])
+
+
+def tree_hash(model: nn.Module) -> str:
+    """SHA-256 over every submodule's path and class."""
+    digest = hashlib.sha256()
+    for path, module in model.named_modules():
+        digest.update(f"{path}:{class_name(module)};".encode())
+    return digest.hexdigest()
+
+
+def whole_code_hash(model: nn.Module, files: Iterable[str]) -> str:
+    """The model's code hash extended by the source files of the modules the trace reached."""
+    return hash_files(hashlib.sha256(code_hash(model).encode()), files).hexdigest()
+
+
+def package_versions(modules: Iterable[str]) -> dict[str, str]:
+    """The installed version of each top-level package among ``modules`` that has one."""
+    versions = {}
+    for top in sorted({m.split(".", 1)[0] for m in modules}):
+        try:
+            versions[top] = importlib.metadata.version(top)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
 
 
 def walk(value: Any, path: str, depth: int) -> Iterator[tuple[str, Any]]:
@@ -249,13 +315,13 @@ def build_whole(
                 cfg = whole_config(config, guard_filter)
                 aot = _compile_one(model, family, cfg, plugins, group)
             except Exception as error:  # one family failing is recorded, the others go on
-                skipped.append({"kind": family.kind, "reason": _reason(error)})
+                skipped.append({"kind": family.kind, "reason": error_reason(error)})
                 continue
             seconds = time.perf_counter() - started
             relative = f"{WHOLE_DIR}/{family.kind}-{index}.bin"
             refs = installed_module_globals(aot, whole_model_forward.__globals__)
             aot.save_compiled_function(str(directory / relative))
-            data = (directory / relative).read_bytes()
+            stored = stored_file(directory, relative)
             entries.append(
                 WholeEntry(
                     kind=family.kind,
@@ -265,8 +331,8 @@ def build_whole(
                     dynamic={k: list(v) for k, v in family.dynamic.items()},
                     module_refs=refs,
                     compile_seconds=round(seconds, 3),
-                    sha256=hashlib.sha256(data).hexdigest(),
-                    size=len(data),
+                    sha256=stored.sha256,
+                    size=stored.size,
                 )
             )
     finally:
@@ -284,8 +350,3 @@ def build_whole(
         entries=entries,
     )
     return whole, skipped
-
-
-def _reason(error: BaseException) -> str:
-    first = next((line for line in str(error).splitlines() if line.strip()), "")
-    return f"{type(error).__name__}: {first}"[:500]

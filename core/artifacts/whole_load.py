@@ -8,9 +8,10 @@ groups (:mod:`torchkiln.artifacts.precompiled`).
 
 from __future__ import annotations
 
-import contextlib
 import io
 import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,25 @@ import torch
 from torch import nn
 
 from torchkiln._internals.aot_artifacts import loaded_guard_table
-from torchkiln.artifacts.directory import ArtifactError, Manifest, read_entry
-from torchkiln.artifacts.whole_build import whole_model_forward
+from torchkiln.artifacts.directory import (
+    WHOLE_DIR,
+    ArtifactError,
+    Manifest,
+    class_name,
+    read_entry,
+    structure_hash,
+    under,
+)
+from torchkiln.artifacts.precompiled import copy_kernels, loading
+from torchkiln.artifacts.whole_build import (
+    WholeArtifacts,
+    WholeEntry,
+    package_versions,
+    tree_hash,
+    whole_code_hash,
+    whole_model_forward,
+)
 from torchkiln.artifacts.whole_guards import referenced_files
-from torchkiln.artifacts.whole_model import WHOLE_DIR, WholeArtifacts, WholeEntry, whole_mismatch
 
 
 class WholeModelForm:
@@ -47,14 +63,6 @@ class WholeModelForm:
         )
 
 
-def entry_bytes(directory: Path, entry: WholeEntry) -> bytes:
-    """The entry's file after the checks above; :raises ArtifactError: naming the entry."""
-    relative = Path(entry.file)
-    if relative.is_absolute() or relative.parts[:1] != (WHOLE_DIR,) or ".." in relative.parts:
-        raise ArtifactError(f"whole-model entry {entry.file!r} is outside {WHOLE_DIR}/")
-    return read_entry(directory, entry)  # confined, no link, regular, size and hash
-
-
 def _module_globals(entry: WholeEntry) -> dict[str, Any]:
     """The modules Dynamo's code loads by alias. Only modules this process has imported are
     supplied: a manifest never makes torchkiln import anything."""
@@ -68,16 +76,25 @@ def _module_globals(entry: WholeEntry) -> dict[str, Any]:
     return found
 
 
+def whole_mismatch(saved: WholeArtifacts, model: nn.Module, files: Iterable[str]) -> str | None:
+    """Why ``saved`` does not fit ``model``; ``None`` when it does."""
+    if saved.cls != class_name(model):
+        return f"the model's class is {class_name(model)}, precompiled for {saved.cls}"
+    if saved.tree_hash != tree_hash(model):
+        return "the model's submodules differ in paths or classes (tree hash differs)"
+    if saved.structure_hash != structure_hash(model):
+        return "the model's parameters or buffers differ in names, shapes or dtypes"
+    now = package_versions(saved.packages)
+    if now != saved.packages:
+        return f"package versions differ: built with {saved.packages}, now {now}"
+    if saved.code_hash != whole_code_hash(model, files):
+        return "the source of the model's classes or of a module it calls changed (code hash)"
+    return None
+
+
 def load_whole(directory: Path, manifest: Manifest, model: nn.Module) -> WholeModelForm:
     """:raises ArtifactError: no whole-model entry, one that does not fit ``model``, or a
     file that fails its checks."""
-    import time
-
-    from torchkiln.artifacts.cache import current_cache_dir
-    from torchkiln.artifacts.deferred_templates import deferred_templates
-    from torchkiln.artifacts.isa_probe import answered_probes
-    from torchkiln.artifacts.precompiled import copy_kernels
-
     if not manifest.whole:
         raise ArtifactError("the directory has no whole-model entry")
     saved = WholeArtifacts.from_dict(manifest.whole)
@@ -88,13 +105,12 @@ def load_whole(directory: Path, manifest: Manifest, model: nn.Module) -> WholeMo
         raise ArtifactError(f"whole-model entry does not fit: {reason}")
     started = time.perf_counter()
     # Each kernel is checked against the manifest before it is copied (read_entry).
-    copy_kernels(directory, manifest.kernels, Path(current_cache_dir()))
-    inductor = manifest.environment.get("backend") == "inductor"
-    templates = deferred_templates() if inductor else contextlib.nullcontext()
+    copy_kernels(directory, manifest.kernels)
     loaded = []
-    with answered_probes(manifest.cpu_isa), templates:
+    with loading(manifest.cpu_isa, manifest.environment.get("backend")):
         for entry in saved.entries:
-            data = entry_bytes(directory, entry)
+            under(entry.file, WHOLE_DIR)
+            data = read_entry(directory, entry)  # confined, no link, regular, size and hash
             f_globals = {**whole_model_forward.__globals__, **_module_globals(entry)}
             fn = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
             loaded.append((entry, fn))

@@ -17,28 +17,26 @@ import os
 import pickle
 import shutil
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from torchkiln.artifacts.cache import apply_cache_dir, current_cache_dir
+from torchkiln.artifacts.cache import apply_cache_dir
 from torchkiln.artifacts.directory import (
     KERNELS_DIR,
     ArtifactError,
     KernelFile,
-    closure_data,
     entry_path,
     kernel_files,
     read_entry,
+    read_json,
     stored_file,
 )
 from torchkiln.artifacts.isa_probe import recorded_probes
-from torchkiln.artifacts.precompile import plain_module
+from torchkiln.artifacts.precompile import save_compiled_call
 from torchkiln.artifacts.precompiled import copy_kernels, load_functions
-from torchkiln.engine.trace_settings import trace_settings_of
 
 META = "meta.json"
 ENTRY = "entry.bin"
@@ -58,15 +56,10 @@ def build_entry(
     """Compile ``savable`` (the group's function under ``torch.compile(fullgraph=True)``) for
     this call and write the entry into ``directory``; returns the compile seconds."""
     probes: dict[str, Any] = {}
-    on_cpu_inductor = fields["backend"] == "inductor" and fields["device"] == "cpu"
-    recording = recorded_probes(probes) if on_cpu_inductor else contextlib.nullcontext()
     started = time.perf_counter()
-    with apply_cache_dir(directory / KERNELS_DIR), recording, warnings.catch_warnings():
-        # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards.
-        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
-        with plain_module(module), trace_settings_of(savable):
-            aot = savable.aot_compile(((module, *args), kwargs))
-        aot.save_compiled_function(str(directory / ENTRY), external_data=closure_data(shared))
+    recording = recorded_probes(probes, fields["backend"], fields["device"])
+    with apply_cache_dir(directory / KERNELS_DIR), recording:
+        save_compiled_call(savable, shared, module, args, kwargs, directory / ENTRY)
     seconds = time.perf_counter() - started
     meta = {
         "format": FORMAT,
@@ -84,9 +77,7 @@ def build_entry(
 def read_meta(directory: Path) -> dict[str, Any]:
     path = directory / META
     try:
-        if path.is_symlink() or path.stat().st_size > MAX_META_BYTES:
-            raise ArtifactError(f"{path} is a link or larger than {MAX_META_BYTES} bytes")
-        meta = json.loads(path.read_text())
+        meta = read_json(path, MAX_META_BYTES)  # a link, a non-regular or a larger file refused
     except (OSError, ValueError) as error:
         raise ArtifactError(f"{path} cannot be read: {error}") from error
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -130,8 +121,7 @@ def load_entry(directory: Path, shared: Callable[..., Any], cache_dir: str | Non
     data = read_entry(directory, entry)
     for kernel in kernels:  # every file checked before any is copied
         read_entry(directory, kernel)
-    target = Path(cache_dir or current_cache_dir()).expanduser().resolve()
-    copy_kernels(directory, kernels, target)
+    copy_kernels(directory, kernels, cache_dir)
     backend = meta.get("fields", {}).get("backend")
     return load_functions(shared, [(meta["kind"], data)], meta.get("cpu_isa"), backend)
 

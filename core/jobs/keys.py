@@ -23,7 +23,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkiln.artifacts.directory import code_hash, environment_key, input_spec, structure_hash
+from torchkiln.artifacts.directory import (
+    class_name,
+    code_hash,
+    environment_key,
+    input_spec,
+    structure_hash,
+)
 from torchkiln.configuration.config import CompileConfig
 
 
@@ -71,7 +77,7 @@ def share_fields(
         "architecture": device_architecture(_first_device(module)),
         "device_index": _first_device(module).index,
         "group": group,
-        "class": f"{type(module).__module__}.{type(module).__qualname__}",
+        "class": class_name(module),
         "code": code_hash(module),
         "structure": structure_hash(module),
         "inputs": input_spec(args, dict(kwargs)),

@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from torchkiln.artifacts.directory import ArtifactError
+from torchkiln.artifacts.directory import ArtifactError, error_reason
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode, Loaded
 from torchkiln.jobs.entry import build_entry, load_entry, pack_entry, remove_quietly, unpack_entry
@@ -243,7 +243,7 @@ class _GroupSharing:
             )
         except Exception as error:  # sent to the others; every rank then compiles normally
             remove_quietly(staging)
-            return None, f"{type(error).__name__}: {_first_line(error)}"
+            return None, error_reason(error)
         record.role, record.source = "compiled", self.job.exchange.rank
         return self._keep(staging), None
 
@@ -272,7 +272,7 @@ class _GroupSharing:
         except Exception as error:
             record.reason = (
                 f"what rank {record.source} compiled could not be loaded here "
-                f"({type(error).__name__}: {_first_line(error)}); compiled on this rank"
+                f"({error_reason(error)}); compiled on this rank"
             )
             record.role = "local"
             if isinstance(error, ArtifactError) and job.store is not None and record.stored:
@@ -315,7 +315,3 @@ def _other_call(group: str, reason: str | None) -> None:
 
 def _what(group: str, source: int) -> str:
     return f"group {group!r}'s compiled entry (compiled or read by rank {source})"
-
-
-def _first_line(error: BaseException) -> str:
-    return next((line for line in str(error).splitlines() if line.strip()), "")[:400]

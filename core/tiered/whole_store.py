@@ -12,8 +12,13 @@ from pathlib import Path
 
 from torch import nn
 
-from torchkiln.artifacts.directory import MANIFEST, code_hash, environment_key, structure_hash
-from torchkiln.artifacts.whole_model import class_name
+from torchkiln.artifacts.directory import (
+    MANIFEST,
+    class_name,
+    code_hash,
+    environment_key,
+    structure_hash,
+)
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.store_layout import WHOLE
 from torchkiln.jobs.store import JobStore
