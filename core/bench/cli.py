@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from torchkiln.bench.presets import (
+from torchkiln.bench.settings import (
+    DEFAULT_BATCHES,
+    DEFAULT_DEPTHS,
+    DEFAULT_NEW_TOKENS,
+    DEFAULT_SEQ,
+    DTYPES,
+    EXIT_TARGET_MISSED,
     GPU_BUDGET_MINUTES,
     GPU_DEPTHS,
     GPU_DTYPE,
@@ -15,24 +21,14 @@ from torchkiln.bench.presets import (
     GPU_PLOT,
     GPU_STRATEGIES,
     GPU_WORKLOADS,
-)
-from torchkiln.bench.quick import (
+    MODES,
+    PRESETS,
     QUICK_BATCHES,
     QUICK_DEEPEST_ONLY,
     QUICK_DEPTHS,
     QUICK_EVERY_DEPTH,
     QUICK_STEADY_ITERS,
     QUICK_WARM,
-)
-from torchkiln.bench.settings import (
-    DEFAULT_BATCHES,
-    DEFAULT_DEPTHS,
-    DEFAULT_NEW_TOKENS,
-    DEFAULT_SEQ,
-    DTYPES,
-    EXIT_TARGET_MISSED,
-    MODES,
-    PRESETS,
     STRATEGIES,
     WORKLOADS,
 )
@@ -67,14 +63,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--model",
-        default=None,
         help="built-in example (llama, llama-1b, gpt2, toy; default: the preset's), "
         "NAME:DEPTH, or package.module:factory (called with depth=N when --depths is given)",
     )
     p.add_argument(
         "--preset",
         choices=PRESETS,
-        default=None,
         help="default (CPU grid), quick (the small CPU grid), gpu (one CUDA GPU, bf16, ~1B "
         "Llama; see above)",
     )
@@ -96,7 +90,6 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--workload",
         choices=WORKLOADS,
-        default=None,
         help="forward (default), train (forward+backward) or generate (model.generate(): time "
         "to the first token, then seconds per decoded token)",
     )
@@ -106,18 +99,14 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=DEFAULT_NEW_TOKENS,
         help="tokens per generate() call, --workload generate (default %(default)s)",
     )
-    p.add_argument(
-        "--device", default=None, help="cpu, cuda or auto (default: cpu; cuda with --preset gpu)"
-    )
+    p.add_argument("--device", help="cpu, cuda or auto (default: cpu; cuda with --preset gpu)")
     p.add_argument(
         "--dtype",
-        default=None,
         help=f"the model's dtype: {', '.join(DTYPES)} (default float32; {GPU_DTYPE} with "
         "--preset gpu)",
     )
     p.add_argument(
         "--mode",
-        default=None,
         help=f"torch.compile mode of every compiled strategy: {', '.join(MODES)} (default: "
         "default). CUDA-graph modes need --device cuda (refused on the CPU, where torch would "
         "ignore them)",
@@ -125,7 +114,6 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--budget-minutes",
         type=float,
-        default=None,
         help=f"start no cell after this many minutes; the rest are reported as skipped "
         f"(default: none; {GPU_BUDGET_MINUTES:g} with --preset gpu)",
     )
@@ -138,14 +126,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--steady-iters",
         type=int,
-        default=None,
         help="timed calls per run (default 30; with --preset gpu 20 forward, 10 generate)",
     )
     p.add_argument("--no-warm", dest="warm", action="store_false", help="skip the warm-cache runs")
     p.add_argument(
         "--timeout",
         type=float,
-        default=None,
         help="seconds one worker process may take (default 1800; 420 with --preset gpu)",
     )
     p.add_argument(
@@ -176,7 +162,6 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--ranks",
         type=int,
-        default=None,
         help="instead of the grid: launch jobs of this many ranks with torchrun (gloo, this "
         "machine) and compare their cold start, compile CPU time and restart with one rank's "
         "(docs/jobs.md); uses --model, --depths (the first), --batch, --seq, --backend, --json",
@@ -204,7 +189,6 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--threads",
         type=int,
-        default=None,
         help="with --lengths: torch.set_num_threads in each training process (leave the "
         "tiered builder a core: 1 on a 2-core machine)",
     )
@@ -234,7 +218,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.lengths is not None:
         return _run_train_lengths(args)
     if args.from_json:
-        from torchkiln.bench.replay import replay
+        from torchkiln.bench.execute import replay
 
         return replay(args.from_json, args.plot_path, check=args.check)
     from torchkiln.bench.execute import run_plan

@@ -1,25 +1,27 @@
 """Run a :class:`BenchPlan`: its steps in order under the time budget, the JSON rewritten
-after every cell, then the tables, the targets and the plot."""
+after every cell, then the tables, the targets and the plot; or (``--from-json FILE``) the
+tables, targets and plot of a run already written, also one stopped before its end."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from torchkiln.bench.environment import collect_environment
-from torchkiln.bench.plan import BenchPlan
-from torchkiln.bench.presets import mode_name
-from torchkiln.bench.replay import exit_status
-from torchkiln.bench.results import write_result
+from torchkiln.bench.plan import BenchPlan, mode_name, render_plan
+from torchkiln.bench.results import collect_environment, write_result
 from torchkiln.bench.runner import BenchProgress, CellResult, count_steps, run_bench_cells
-from torchkiln.bench.settings import BenchSettings, check_device
+from torchkiln.bench.settings import EXIT_TARGET_MISSED, BenchError, BenchSettings, check_device
 from torchkiln.bench.table import render_all
-from torchkiln.bench.targets import Target, check_targets
+from torchkiln.bench.targets import Target, check_targets, missed
 
 JSON_FORMAT_VERSION = 1
+
+Runs = list[tuple[dict[str, Any], list[CellResult]]]
+"""Every run of a plan: its settings (as in the JSON document) and its results."""
 
 
 def _run_document(settings: BenchSettings, results: list[CellResult]) -> dict[str, Any]:
@@ -53,10 +55,28 @@ def bench_document(
     return document | {"runs": runs}
 
 
-def _title(plan: BenchPlan, settings: BenchSettings) -> str:
-    if len(plan.runs) == 1:
-        return ""
-    return f"=== {settings.workload}, mode {mode_name(settings.mode)} ===\n"
+def _context(settings: dict[str, Any]) -> str:
+    return f"{settings['workload']}, mode {mode_name(settings.get('mode'))}"
+
+
+def _print_runs(runs: Runs, environment: dict[str, Any]) -> list[Target]:
+    """Print every run's tables and targets (each titled, when there are several); return
+    every target."""
+    judged: list[Target] = []
+    for settings, results in runs:
+        targets = check_targets(results, settings.get("workload", "forward"))
+        judged += targets
+        title = f"=== {_context(settings)} ===\n" if len(runs) > 1 else ""
+        print(title + render_all(settings, environment, results, targets))
+        print()
+    return judged
+
+
+def _exit_status(runs: Runs, targets: list[Target], check: bool) -> int:
+    """1 when a cell failed; else, with ``check``, 3 when a target is NOT met; else 0."""
+    if any(r.failure is not None for _, results in runs for r in results):
+        return 1
+    return EXIT_TARGET_MISSED if check and missed(targets) else 0
 
 
 def run_plan(plan: BenchPlan, args: argparse.Namespace) -> int:
@@ -65,8 +85,6 @@ def run_plan(plan: BenchPlan, args: argparse.Namespace) -> int:
     ``--check``, 3 when a target is NOT met; 130 when interrupted (Ctrl-C, SIGINT), after
     printing and saving the cells that finished."""
     if getattr(args, "dry_run", False):
-        from torchkiln.bench.dry_run import render_plan
-
         print(render_plan(plan))
         return 0
     for settings in plan.runs:
@@ -82,13 +100,20 @@ def run_plan(plan: BenchPlan, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: the tables below hold the cells that finished", file=sys.stderr)
-    every, targets = execution.report(interrupted)
+    runs = [(s.to_dict(), r) for s, r in zip(plan.runs, execution.results, strict=True)]
+    targets = execution.report(runs, interrupted)
     if plan.plot_path is not None:
-        _plot(plan, execution.results, plan.plot_path)
+        first = plan.runs[0]
+        title = f"torchkiln bench: {first.model}, backend {first.backend}"
+        if len(runs) > 1:
+            title = (
+                f"torchkiln bench --preset {plan.preset}: {first.model}, {first.dtype}, "
+                f"backend {first.backend}"
+            )
+        _plot(runs, plan.plot_path, title)
     if interrupted:
         return 130
-    failed = any(r.failure is not None for r in every)
-    return exit_status(failed, targets, bool(getattr(args, "check", False)))
+    return _exit_status(runs, targets, bool(getattr(args, "check", False)))
 
 
 class _Execution:
@@ -125,17 +150,10 @@ class _Execution:
             )  # fmt: skip
         progress.finish()
 
-    def report(self, interrupted: bool) -> tuple[list[CellResult], list[Target]]:
-        """Print every run's table and targets, save the final JSON; return every cell and
-        every target."""
+    def report(self, runs: Runs, interrupted: bool) -> list[Target]:
+        """Print every run's table and targets, save the final JSON; return every target."""
         wall = time.perf_counter() - self.started
-        judged: list[Target] = []
-        for settings, run_results in zip(self.plan.runs, self.results, strict=True):
-            targets = check_targets(run_results, settings.workload)
-            judged += targets
-            rendered = render_all(settings.to_dict(), self.environment, run_results, targets)
-            print(_title(self.plan, settings) + rendered)
-            print()
+        judged = _print_runs(runs, self.environment)
         every = [r for run_results in self.results for r in run_results]
         skipped = sum(1 for r in every if r.skipped)
         note = (
@@ -146,23 +164,48 @@ class _Execution:
         self.save(complete=not interrupted)
         if self.plan.json_path:
             print(f"wrote {self.plan.json_path}")
-        return every, judged
+        return judged
 
 
-def _plot(plan: BenchPlan, results: list[list[CellResult]], path: str) -> None:
+def _plot(runs: Runs, path: str, title: str, *, rows: bool = False) -> None:
+    """One run: two panels; several (or ``rows``): a row of panels per run."""
     from torchkiln.bench.plot import write_plot, write_runs_plot
 
-    first = plan.runs[0]
-    if len(plan.runs) == 1:
-        write_plot(results[0], path, f"torchkiln bench: {first.model}, backend {first.backend}")
+    if len(runs) == 1 and not rows:
+        write_plot(runs[0][1], path, title)
     else:
-        panels = [
-            (f"{s.workload}, mode {mode_name(s.mode)}", r)
-            for s, r in zip(plan.runs, results, strict=True)
-        ]
-        write_runs_plot(
-            panels, path,
-            f"torchkiln bench --preset {plan.preset}: {first.model}, {first.dtype}, "
-            f"backend {first.backend}",
-        )  # fmt: skip
+        write_runs_plot([(_context(s), results) for s, results in runs], path, title)
     print(f"wrote {path}")
+
+
+def load_runs(path: str | Path) -> tuple[dict[str, Any], Runs]:
+    """The document and its runs, each ``(settings, results)``.
+
+    :raises BenchError: when the file is missing or is not a bench JSON document.
+    """
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise BenchError(
+            f"--from-json {path}: cannot read a bench JSON document: {error}"
+        ) from error
+    if not isinstance(document, dict) or "torchkiln_bench" not in document:
+        raise BenchError(f"--from-json {path}: not written by torchkiln bench --json")
+    runs = document.get("runs") or [document]
+    return document, [
+        (run["settings"], [CellResult.from_dict(c) for c in run["cells"]]) for run in runs
+    ]
+
+
+def replay(path: str, plot_path: str | None, *, check: bool = False) -> int:
+    """Print the tables and targets of ``path``; draw ``plot_path`` when given. 0 unless a
+    cell in it failed (1), or, with ``check``, a target is NOT met (3)."""
+    document, runs = load_runs(path)
+    targets = _print_runs(runs, document.get("environment", {}))
+    if not document.get("complete", True):
+        print(f"{path}: the run stopped before its end; these are the cells it finished")
+    if plot_path:
+        first = runs[0][0]
+        model = f"{first['model']}, {first.get('dtype', 'float32')}"
+        _plot(runs, plot_path, f"torchkiln bench: {model}, backend {first['backend']}", rows=True)
+    return _exit_status(runs, targets, check)

@@ -1,17 +1,24 @@
-"""What one ``torchkiln bench`` command will run: its runs, their order, its budget, its outputs.
+"""What one ``torchkiln bench`` command will run: its runs, their order, its budget, its outputs,
+and ``--dry-run``'s account of them (nothing run; works without a GPU).
 
 The default and quick presets are one run (one :class:`BenchSettings` grid); the gpu preset is
-several (:func:`torchkiln.bench.presets.gpu_plan`), executed depth by depth.
+one run per workload and compile mode, executed depth by depth, most valuable first
+(:func:`execution_order`), so that when the time budget runs out what is missing is what
+matters least.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from pathlib import Path
 
 import attrs
 
-from torchkiln.bench.presets import (
+from torchkiln.bench.runner import BUDGET_GRACE_SECONDS, worker_command
+from torchkiln.bench.settings import (
+    DEFAULT_MODEL,
     GPU_BATCHES,
     GPU_BUDGET_MINUTES,
     GPU_DEPTHS,
@@ -23,14 +30,10 @@ from torchkiln.bench.presets import (
     GPU_STEADY_ITERS,
     GPU_STRATEGIES,
     GPU_TIMEOUT,
-    Step,
-    execution_order,
-    gpu_plan,
-)
-from torchkiln.bench.settings import (
-    DEFAULT_MODEL,
+    GPU_WORKLOADS,
     BenchError,
     BenchSettings,
+    Cell,
     accelerate_available,
     check_mode,
     make_settings,
@@ -38,6 +41,42 @@ from torchkiln.bench.settings import (
 )
 
 DEFAULT_TIMEOUT = 1800.0
+
+
+def mode_name(mode: str | None) -> str:
+    return mode or "default"
+
+
+@attrs.frozen
+class Step:
+    """One run of the plan at one depth: what executes as a unit, in plan order."""
+
+    run: int
+    """Index of the run in the plan."""
+    settings: BenchSettings
+    """The run's settings narrowed to this one depth."""
+
+    @property
+    def context(self) -> str:
+        """What tells this run apart from the plan's others: ``forward, mode default``."""
+        return f"{self.settings.workload}, mode {mode_name(self.settings.mode)}"
+
+
+def execution_order(plan: list[BenchSettings]) -> list[Step]:
+    """Every run at every depth, ordered by value: deeper first; within a depth the default
+    mode before the others; within a mode the runs in plan order (forward, then generate)."""
+    steps = [
+        Step(index, attrs.evolve(run, depths=(depth,)))
+        for index, run in enumerate(plan)
+        for depth in run.depths
+    ]
+    modes = list(dict.fromkeys(run.mode for run in plan))
+
+    def value(step: Step) -> tuple[int, int, int]:
+        deeper_first = -(step.settings.depths[0] or 0)
+        return (deeper_first, modes.index(step.settings.mode), step.run)
+
+    return sorted(steps, key=value)
 
 
 @attrs.frozen
@@ -63,18 +102,6 @@ class BenchPlan:
         return execution_order(list(self.runs))
 
 
-def _preset(args: argparse.Namespace) -> str:
-    if args.quick and args.preset not in (None, "quick"):
-        raise BenchError(f"--quick with --preset {args.preset}: --quick means --preset quick")
-    return "quick" if args.quick else (args.preset or "default")
-
-
-def _budget(minutes: float | None) -> float | None:
-    if minutes is not None and minutes <= 0:
-        raise BenchError(f"--budget-minutes {minutes:g}: must be > 0")
-    return minutes
-
-
 def settings_from_args(args: argparse.Namespace, preset: str = "default") -> BenchSettings:
     """The one run of the default or quick preset, validated."""
     return make_settings(
@@ -84,7 +111,7 @@ def settings_from_args(args: argparse.Namespace, preset: str = "default") -> Ben
         steady_iters=args.steady_iters, warm=args.warm,
         timeout=args.timeout or DEFAULT_TIMEOUT, workload=args.workload,
         new_tokens=args.new_tokens, dtype=args.dtype or "float32", mode=args.mode,
-        dispatch=getattr(args, "dispatch", None), check_device=not getattr(args, "dry_run", False),
+        check_device=not getattr(args, "dry_run", False),
     )  # fmt: skip
 
 
@@ -106,7 +133,9 @@ def _gpu_strategies(args: argparse.Namespace) -> str:
 
 
 def gpu_runs(args: argparse.Namespace) -> list[BenchSettings]:
-    """The gpu preset's runs, with the grid options the command line may change."""
+    """The gpu preset's runs, one per compile mode and workload, with the grid options the
+    command line may change. ``eager`` does not depend on the compile mode, so it runs only
+    in the default-mode runs."""
     for option, value in (("--workload", args.workload), ("--mode", args.mode)):
         if value is not None:
             raise BenchError(
@@ -125,12 +154,20 @@ def gpu_runs(args: argparse.Namespace) -> list[BenchSettings]:
     )  # fmt: skip
     for mode in GPU_MODES:
         check_mode(mode, base.device)
-    given = {"steady_iters": base.steady_iters} if args.steady_iters else {}
-    return gpu_plan(
-        strategies=base.strategies, depths=base.depths, device=base.device, model=base.model,
-        batches=base.batches, seq=base.seq, backend=base.backend, dtype=base.dtype,
-        timeout=base.timeout, new_tokens=base.new_tokens, **given,
-    )  # fmt: skip
+    runs = [
+        attrs.evolve(
+            base,
+            strategies=tuple(s for s in base.strategies if mode is None or s != "eager"),
+            workload=workload,
+            mode=mode,
+            steady_iters=args.steady_iters or GPU_STEADY_ITERS[workload],
+            preset="gpu",
+            steady_in_first_call=True,
+        )
+        for mode in GPU_MODES
+        for workload in GPU_WORKLOADS
+    ]
+    return [run for run in runs if run.strategies]
 
 
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
@@ -138,8 +175,12 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
 
     :raises BenchError: naming the bad option and what is allowed.
     """
-    preset = _preset(args)
-    budget = _budget(args.budget_minutes)
+    if args.quick and args.preset not in (None, "quick"):
+        raise BenchError(f"--quick with --preset {args.preset}: --quick means --preset quick")
+    preset = "quick" if args.quick else (args.preset or "default")
+    budget = args.budget_minutes
+    if budget is not None and budget <= 0:
+        raise BenchError(f"--budget-minutes {budget:g}: must be > 0")
     if preset != "gpu":
         return BenchPlan(
             preset, (settings_from_args(args, preset),), budget, args.json_path, args.plot_path
@@ -151,3 +192,113 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         args.json_path or GPU_JSON,
         args.plot_path or GPU_PLOT,
     )
+
+
+# -- --dry-run ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class PlannedCell:
+    """One cell of the plan, where it stands in the execution order."""
+
+    order: int
+    """1-based position in the execution order."""
+    step: Step
+    cell: Cell
+
+    @property
+    def label(self) -> str:
+        return f"{self.cell.label} ({self.step.context})"
+
+    def command(self) -> list[str]:
+        output = Path("SCRATCH") / self.cell.strategy / "result.json"
+        return worker_command(
+            self.step.settings, self.cell.depth, self.cell.batch, output,
+            strategy=self.cell.strategy,
+        )  # fmt: skip
+
+
+def planned_cells(plan: BenchPlan) -> list[PlannedCell]:
+    """Every cell of ``plan`` in the order it would run."""
+    cells = [(step, cell) for step in plan.steps() for cell in step.settings.cells()]
+    return [PlannedCell(index + 1, step, cell) for index, (step, cell) in enumerate(cells)]
+
+
+def parameter_count(settings: BenchSettings, depth: int | None) -> int:
+    """Parameters of ``settings.model`` at ``depth``, built on the meta device (shapes only,
+    no memory, no initialisation)."""
+    import torch
+
+    from torchkiln.examples import BUILDS_ON_DEVICE, load_model
+
+    kwargs: dict[str, object] = {} if depth is None else {"depth": depth}
+    if settings.model.partition(":")[0] in BUILDS_ON_DEVICE:
+        kwargs |= {"device": "meta", "dtype": settings.dtype}
+        model = load_model(settings.model, **kwargs)
+    else:
+        with torch.device("meta"):
+            model = load_model(settings.model, **kwargs)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _parameters_line(plan: BenchPlan) -> str:
+    depths = dict.fromkeys(d for run in plan.runs for d in run.depths)
+    parts = []
+    for depth in depths:
+        where = "its own size" if depth is None else f"depth {depth}"
+        try:
+            count = parameter_count(plan.runs[0], depth)
+        except Exception as error:  # a custom factory that cannot build on meta: say so
+            parts.append(f"{where}: unknown ({type(error).__name__}: {error})")
+        else:
+            short = f"{count / 1e9:.2f}e9" if count >= 1e9 else f"{count / 1e6:.1f}e6"
+            parts.append(f"{where}: {short} ({count:,})")
+    return "parameters (built on the meta device): " + ", ".join(parts)
+
+
+def _budget_line(plan: BenchPlan) -> str:
+    if plan.budget_minutes is None:
+        return "time budget: none (--budget-minutes)"
+    return (
+        f"time budget: {plan.budget_minutes:g} min: no cell starts after it, and the rest are "
+        f"reported as skipped; a cell running then is stopped {BUDGET_GRACE_SECONDS:g} s "
+        "past it"
+    )
+
+
+def _run_line(index: int, run: BenchSettings) -> str:
+    depths = ", ".join("default" if d is None else str(d) for d in run.depths)
+    batches = ", ".join(map(str, run.batches))
+    return (
+        f"  {index}. {run.workload}, mode {mode_name(run.mode)}: "
+        f"{', '.join(run.strategies)} at depths {depths}, batch {batches}, "
+        f"{run.steady_iters} steady calls"
+    )
+
+
+def render_plan(plan: BenchPlan) -> str:
+    """The dry run's report: settings, parameter counts, budget, outputs, runs, and every
+    cell in execution order with its worker command."""
+    first = plan.runs[0]
+    steady = "in the first-call process" if first.steady_in_first_call else "in a shared process"
+    warm = [s for s in first.strategies if first.runs_warm(s)]
+    lines = [
+        f"torchkiln bench --preset {plan.preset} --dry-run: nothing is run",
+        f"model {first.model}, {first.dtype}, device {first.device}, backend {first.backend}, "
+        f"seq {first.seq}, generate {first.new_tokens} new tokens, warm runs "
+        f"{'for ' + ', '.join(warm) if warm else 'off'}, steady state timed {steady}",
+        _parameters_line(plan),
+        _budget_line(plan),
+        f"outputs: JSON {plan.json_path or '(none: --json)'} (rewritten after every cell), "
+        f"plot {plan.plot_path or '(none: --plot)'} (drawn at the end)",
+        "",
+        f"runs ({len(plan.runs)}):",
+        *(_run_line(i + 1, run) for i, run in enumerate(plan.runs)),
+        "",
+    ]
+    cells = planned_cells(plan)
+    lines.append(f"cells in the order they run ({len(cells)}):")
+    for planned in cells:
+        lines.append(f"  [{planned.order}] {planned.label}")
+        lines.append(f"      {shlex.join(planned.command())}")
+    return "\n".join(lines)

@@ -21,51 +21,52 @@ def require_matplotlib() -> None:
         ) from error
 
 
-def _series(
-    results: Sequence[CellResult], batch: int, value: str
-) -> dict[str, list[tuple[int, float]]]:
-    series: dict[str, list[tuple[int, float]]] = {}
-    for result in results:
-        if result.ok and result.cell.batch == batch and result.cell.depth is not None:
-            number = result.cold_first_call if value == "first" else result.steady
-            if number is not None:
-                series.setdefault(result.cell.strategy, []).append((result.cell.depth, number))
-    return series
-
-
-def write_plot(results: Sequence[CellResult], path: str | Path, title: str) -> Path:
-    """Two panels for the smallest batch: cold first call (s) and steady state (ms) vs depth."""
-    require_matplotlib()
+def _figure(rows: int, height: float) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never opens a window
     import matplotlib.pyplot as plt
 
+    return plt.subplots(rows, 2, figsize=(11, height * rows), squeeze=False)
+
+
+def _panel(axis: Any, results: Sequence[CellResult], batch: int | None, value: str) -> bool:
+    """Draw ``value`` (``first``: cold first call in s, ``steady``: in ms) against depth, one
+    line per strategy, at ``batch``; whether anything was drawn."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for result in results:
+        number = result.cold_first_call if value == "first" else result.steady
+        cell = result.cell
+        if result.ok and cell.batch == batch and cell.depth is not None and number is not None:
+            series.setdefault(cell.strategy, []).append((cell.depth, number))
+    scale, unit = (1.0, "seconds") if value == "first" else (1000.0, "milliseconds")
+    for strategy, points in series.items():
+        points.sort()
+        axis.plot(
+            [d for d, _ in points], [v * scale for _, v in points], marker="o", label=strategy
+        )
+    axis.set(xlabel="depth (blocks)", ylabel=unit)
+    axis.set_xticks(sorted({r.cell.depth for r in results if r.cell.depth is not None}))
+    axis.grid(True, alpha=0.3)
+    if series:
+        axis.legend()
+    return bool(series)
+
+
+PANELS = (("first", "first call, cold cache"), ("steady", "steady-state call"))
+"""What each of a row's two panels shows: its value and its title."""
+
+
+def write_plot(results: Sequence[CellResult], path: str | Path, title: str) -> Path:
+    """Two panels for the smallest batch: cold first call (s) and steady state (ms) vs depth."""
+    require_matplotlib()
     batches = sorted({r.cell.batch for r in results})
     if not batches:
         raise BenchError("--plot: no results to draw")
-    batch = batches[0]
-    figure, (first_axis, steady_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for strategy, points in _series(results, batch, "first").items():
-        points.sort()
-        first_axis.plot([d for d, _ in points], [v for _, v in points], marker="o", label=strategy)
-    for strategy, points in _series(results, batch, "steady").items():
-        points.sort()
-        steady_axis.plot(
-            [d for d, _ in points], [v * 1000 for _, v in points], marker="o", label=strategy
-        )
-    first_axis.set(
-        title=f"first call, cold cache (batch {batch})", xlabel="depth (blocks)", ylabel="seconds"
-    )
-    steady_axis.set(
-        title=f"steady-state call (batch {batch})", xlabel="depth (blocks)", ylabel="milliseconds"
-    )
-    depths = sorted({r.cell.depth for r in results if r.cell.depth is not None})
-    for axis in (first_axis, steady_axis):
-        axis.set_xticks(depths)
-        axis.grid(True, alpha=0.3)
-        if axis.get_legend_handles_labels()[0]:  # nothing measured (a stopped run): no legend
-            axis.legend()
+    figure, axes = _figure(1, 4.2)
+    for axis, (value, kind) in zip(axes[0], PANELS, strict=True):
+        _panel(axis, results, batches[0], value)
+        axis.set_title(f"{kind} (batch {batches[0]})")
     return _save(figure, title, path)
 
 
@@ -76,37 +77,17 @@ def write_runs_plot(
     against depth, smallest batch. Cells that are missing (skipped, failed) are left out; a
     run with none measured gets an empty row that says so."""
     require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; never opens a window
-    import matplotlib.pyplot as plt
-
     if not runs:
         raise BenchError("--plot: no results to draw")
-    figure, axes = plt.subplots(len(runs), 2, figsize=(11, 3.4 * len(runs)), squeeze=False)
-    for (name, results), (first_axis, steady_axis) in zip(runs, axes, strict=True):
+    figure, axes = _figure(len(runs), 3.4)
+    for (name, results), row in zip(runs, axes, strict=True):
         batches = sorted({r.cell.batch for r in results if r.ok})
-        for axis, value, unit, scale in (
-            (first_axis, "first", "seconds", 1.0),
-            (steady_axis, "steady", "milliseconds", 1000.0),
-        ):
-            series = _series(results, batches[0], value) if batches else {}
-            for strategy, points in series.items():
-                points.sort()
-                axis.plot(
-                    [d for d, _ in points], [v * scale for _, v in points], marker="o",
-                    label=strategy,
-                )  # fmt: skip
-            kind = "first call, cold cache" if value == "first" else "steady-state call"
-            axis.set(title=f"{name}: {kind}", xlabel="depth (blocks)", ylabel=unit)
-            depths = sorted({r.cell.depth for r in results if r.cell.depth is not None})
-            axis.set_xticks(depths)
-            axis.grid(True, alpha=0.3)
-            if series:
-                axis.legend()
-            else:
-                axis.text(0.5, 0.5, "not measured", ha="center", va="center",
-                          transform=axis.transAxes)  # fmt: skip
+        for axis, (value, kind) in zip(row, PANELS, strict=True):
+            if not _panel(axis, results, batches[0] if batches else None, value):
+                axis.text(
+                    0.5, 0.5, "not measured", ha="center", va="center", transform=axis.transAxes
+                )
+            axis.set_title(f"{name}: {kind}")
     return _save(figure, title, path)
 
 

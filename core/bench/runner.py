@@ -11,8 +11,13 @@ cell; the run goes on.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,84 +25,141 @@ from typing import Any, TextIO
 
 import attrs
 
+from torchkiln.artifacts.cache import cache_dir_environment
 from torchkiln.bench.progress import BenchProgress
 from torchkiln.bench.results import CellResult, RunFailure
 from torchkiln.bench.settings import BenchSettings, Cell
-from torchkiln.bench.worker_process import run_worker, worker_command
+from torchkiln.bench.worker import PROGRESS_PREFIX
 
 BUDGET_GRACE_SECONDS = 45.0
 """A cell started before the time budget ran out may run this long past it, then it is
 stopped (reported as timed out) so the whole bench ends soon after its budget."""
 SKIPPED_BUDGET = "time budget"
 
-Notify = Callable[[str, str | None], None]
-"""``notify(phase, None)`` as a run starts, ``notify(phase, text)`` with what its worker says
-it is doing (``""``: nothing new, a clock tick)."""
+STDERR_TAIL_LINES = 25
+TICK_SECONDS = 1.0
+"""How often a live (terminal) progress line is redrawn while a worker is quiet."""
 
 
-def run_cell(
-    settings: BenchSettings, cell: Cell, scratch: Path, keep_cache: Path, notify: Notify
-) -> CellResult:
-    """The precompile run (``precompiled``: untimed, in a process and cache directory of its
-    own), the cold run with a fresh cache directory, then (compiled strategies) the warm run.
-    The cache the runs filled is merged into ``keep_cache`` for the steady-state run."""
-    folder = scratch / cell.strategy
-    output = folder / "result.json"
-    folder.mkdir(parents=True, exist_ok=True)
-    result = CellResult(cell)
-
-    def run(phase: str, cache: str) -> tuple[dict[str, Any] | None, RunFailure | None]:
-        notify(phase, None)
-        command = worker_command(
-            settings, cell.depth, cell.batch, output, strategy=cell.strategy,
-            precompile=phase == "precompile", scratch=scratch,
-        )  # fmt: skip
-        said = lambda text: notify(phase, text)  # noqa: E731
-        return run_worker(command, phase, folder / cache, output, settings.timeout, said)
-
-    if cell.strategy == "precompiled":
-        result.precompile, result.failure = run("precompile", "precompile-cache")
-        if result.failure is not None:
-            return result
-    result.cold, result.failure = run("cold", "inductor-cache")
-    if result.failure is None and settings.runs_warm(cell.strategy):
-        result.warm, result.failure = run("warm", "inductor-cache")
-    if (folder / "inductor-cache").exists():
-        # Entries are keyed by content hash, so caches of several strategies merge safely.
-        shutil.copytree(folder / "inductor-cache", keep_cache, dirs_exist_ok=True)
-    return result
-
-
-def run_steady(
+def worker_command(
     settings: BenchSettings,
-    results: list[CellResult],
-    scratch: Path,
-    cache: Path,
-    on_progress: Callable[[str], None],
-) -> None:
-    """Time every strategy of one depth and batch together; attach the samples to ``results``."""
-    for result in results:
-        if not result.ok:
-            result.steady_failure = "not run: its first-call run failed"
-    results = [r for r in results if r.ok]
-    if not results:
-        return
-    strategies = tuple(r.cell.strategy for r in results)
-    output = scratch / "steady.json"
-    cell = results[0].cell
-    command = worker_command(
-        settings, cell.depth, cell.batch, output, steady=strategies, scratch=scratch
+    depth: int | None,
+    batch: int,
+    output: Path,
+    *,
+    strategy: str | None = None,
+    steady: tuple[str, ...] = (),
+    precompile: bool = False,
+    scratch: Path | None = None,
+) -> list[str]:
+    """``python -m torchkiln.bench.worker`` for one first-call run (``strategy``), the shared
+    steady-state run of several strategies (``steady``), or writing ``precompiled``'s artifact
+    directory (``precompile``); with ``scratch``, the artifact directories its strategies use."""
+    command = [
+        sys.executable, "-m", "torchkiln.bench.worker",
+        "--model", settings.model,
+        "--batch", str(batch),
+        "--seq", str(settings.seq),
+        "--backend", settings.backend,
+        "--device", settings.device,
+        "--dtype", settings.dtype,
+        "--steady-iters", str(settings.steady_iters),
+        "--warmup", str(settings.warmup_iters),
+        "--output", str(output),
+        "--spawned-at", repr(time.time()),
+    ]  # fmt: skip
+    if precompile:
+        command.append("--precompile")
+    elif strategy:
+        command += ["--strategy", strategy]
+        if settings.steady_in_first_call:
+            command.append("--steady-here")
+    else:
+        command += ["--strategies", ",".join(steady)]
+    strategies = steady or (("precompiled",) if precompile else (strategy,))
+    if scratch is not None:  # precompiled's artifacts, the form tiered's builder writes
+        for name, option in (("precompiled", "--artifacts"), ("tiered", "--tiered-artifacts")):
+            if name in strategies:
+                command += [option, str(scratch / name / "artifacts")]
+    if settings.mode is not None:
+        command += ["--mode", settings.mode]
+    if depth is not None:
+        command += ["--depth", str(depth)]
+    if settings.train:
+        command.append("--train")
+    if settings.workload == "generate":
+        command += ["--workload", "generate", "--new-tokens", str(settings.new_tokens)]
+    return command
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.strip().splitlines()[-STDERR_TAIL_LINES:])
+
+
+def _stream(
+    command: list[str], env: dict[str, str], timeout: float, on_progress: Callable[[str], None]
+) -> tuple[int | None, str]:
+    """Run ``command``; pass each progress line of its stderr to ``on_progress`` as it comes
+    (``""`` every :data:`TICK_SECONDS` in between). Returns the exit code (``None``: stopped
+    at ``timeout``) and the rest of stderr."""
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
-    # Every strategy compiles once more in this process (warm caches), then the timed rounds.
-    timeout = settings.timeout * len(strategies)
-    data, failure = run_worker(command, "steady", cache, output, timeout, on_progress)
-    for result in results:
-        if data is None:
-            result.steady_failure = failure.message if failure else "no result"
-        elif result.cell.strategy in data["errors"]:
-            result.steady_failure = data["errors"][result.cell.strategy]
-        else:
-            result.steady_samples = data["steady_seconds"][result.cell.strategy]
+    kept: list[str] = []
+    said: list[str] = []
+
+    def read() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.startswith(PROGRESS_PREFIX):
+                said.append(line[len(PROGRESS_PREFIX) :].strip())
+            else:
+                kept.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    shown = 0
+    try:
+        while process.poll() is None and time.monotonic() < deadline:
+            reader.join(TICK_SECONDS)
+            new = said[shown:]
+            shown += len(new)
+            for text in [*new, ""]:
+                on_progress(text)
+    finally:  # also on Ctrl-C: never leave a worker behind
+        timed_out = process.poll() is None
+        if timed_out:
+            process.kill()
+        process.wait()
+    reader.join(5.0)
+    for text in said[shown:]:
+        on_progress(text)
+    return (None if timed_out else process.returncode), "".join(kept)
+
+
+def run_worker(
+    command: list[str],
+    run: str,
+    cache_dir: Path,
+    output: Path,
+    timeout: float,
+    on_progress: Callable[[str], None] = lambda _text: None,
+) -> tuple[dict[str, Any] | None, RunFailure | None]:
+    """One worker process with ``cache_dir`` as its inductor cache; returns its JSON or why
+    there is none. ``on_progress`` gets what the worker says it is doing."""
+    output.unlink(missing_ok=True)
+    env = dict(os.environ) | cache_dir_environment(cache_dir)
+    code, stderr = _stream(command, env, timeout, on_progress)
+    if code is None:
+        return None, RunFailure(
+            run, None, f"stopped after {timeout:.0f} s (--timeout)", _tail(stderr)
+        )
+    if code != 0 or not output.exists():
+        last = _tail(stderr).splitlines()[-1:] or ["(no output)"]
+        message = f"worker exited with code {code}: {last[0]}"
+        return None, RunFailure(run, code, message, _tail(stderr))
+    return json.loads(output.read_text(encoding="utf-8")), None
 
 
 def count_steps(settings: BenchSettings) -> int:
@@ -165,46 +227,46 @@ def run_bench_cells(
     return results
 
 
-def _steady(
-    settings: BenchSettings,
-    results: list[CellResult],
-    scratch: Path,
-    merged: Path,
-    progress: BenchProgress,
-    deadline: float | None,
-) -> None:
-    """The shared steady-state run of one depth and batch, unless the budget is spent."""
-    index = progress.next_step()
-    allowed = _within_budget(settings, deadline)
-    if allowed is None:
-        for result in results:
-            if result.ok:
-                result.steady_failure = f"skipped: {SKIPPED_BUDGET}"
-        return
-    depth, batch = results[0].cell.depth, results[0].cell.batch
-    label = f"{'' if depth is None else f'depth {depth} '}batch {batch}"
-    if any(r.ok for r in results):
-        progress.show(index, label, "steady-state")
-    said = lambda text: progress.show(index, label, "steady-state", text)  # noqa: E731
-    run_steady(allowed, results, scratch, merged, said)
-
-
 def _cell(
     settings: BenchSettings,
     cell: Cell,
     scratch: Path,
-    merged: Path,
+    keep_cache: Path,
     progress: BenchProgress,
     deadline: float | None,
 ) -> CellResult:
-    """One cell, unless the budget is spent; a cell the budget cut short is skipped, not failed."""
+    """One cell, unless the budget is spent (then it is skipped, not failed): the precompile
+    run (``precompiled``: untimed, in a process and cache directory of its own), the cold run
+    with a fresh cache directory, then (compiled strategies) the warm run. The cache the runs
+    filled is merged into ``keep_cache`` for the steady-state run."""
     index = progress.next_step()
     allowed = _within_budget(settings, deadline)
     if allowed is None:
         progress.skipped(cell.label, SKIPPED_BUDGET)
         return CellResult(cell, skipped=SKIPPED_BUDGET)
-    notify = lambda phase, said: progress.show(index, cell.label, phase, said)  # noqa: E731
-    result = run_cell(allowed, cell, scratch, merged, notify)
+    folder = scratch / cell.strategy
+    output = folder / "result.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    result = CellResult(cell)
+
+    def run(phase: str, cache: str) -> tuple[dict[str, Any] | None, RunFailure | None]:
+        progress.show(index, cell.label, phase)
+        command = worker_command(
+            allowed, cell.depth, cell.batch, output, strategy=cell.strategy,
+            precompile=phase == "precompile", scratch=scratch,
+        )  # fmt: skip
+        said = lambda text: progress.show(index, cell.label, phase, text)  # noqa: E731
+        return run_worker(command, phase, folder / cache, output, allowed.timeout, said)
+
+    if cell.strategy == "precompiled":
+        result.precompile, result.failure = run("precompile", "precompile-cache")
+    if result.failure is None:
+        result.cold, result.failure = run("cold", "inductor-cache")
+    if result.failure is None and allowed.runs_warm(cell.strategy):
+        result.warm, result.failure = run("warm", "inductor-cache")
+    if (folder / "inductor-cache").exists():
+        # Entries are keyed by content hash, so caches of several strategies merge safely.
+        shutil.copytree(folder / "inductor-cache", keep_cache, dirs_exist_ok=True)
     failure = result.failure
     timed_out = failure is not None and failure.returncode is None and result.cold is None
     if timed_out and allowed.timeout < settings.timeout:  # only because the budget cut it
@@ -220,3 +282,44 @@ def _cell(
     if result.ok:
         progress.measured(cell.label, result)
     return result
+
+
+def _steady(
+    settings: BenchSettings,
+    results: list[CellResult],
+    scratch: Path,
+    cache: Path,
+    progress: BenchProgress,
+    deadline: float | None,
+) -> None:
+    """The shared steady-state run of one depth and batch, unless the budget is spent: every
+    strategy timed together; the samples are attached to ``results``."""
+    index = progress.next_step()
+    allowed = _within_budget(settings, deadline)
+    for result in results:
+        if result.ok and allowed is None:
+            result.steady_failure = f"skipped: {SKIPPED_BUDGET}"
+        elif not result.ok and allowed is not None:
+            result.steady_failure = "not run: its first-call run failed"
+    ran = [r for r in results if r.ok]
+    if allowed is None or not ran:
+        return
+    cell = ran[0].cell
+    label = f"{'' if cell.depth is None else f'depth {cell.depth} '}batch {cell.batch}"
+    progress.show(index, label, "steady-state")
+    strategies = tuple(r.cell.strategy for r in ran)
+    output = scratch / "steady.json"
+    command = worker_command(
+        allowed, cell.depth, cell.batch, output, steady=strategies, scratch=scratch
+    )
+    # Every strategy compiles once more in this process (warm caches), then the timed rounds.
+    timeout = allowed.timeout * len(strategies)
+    said = lambda text: progress.show(index, label, "steady-state", text)  # noqa: E731
+    data, failure = run_worker(command, "steady", cache, output, timeout, said)
+    for result in ran:
+        if data is None:
+            result.steady_failure = failure.message if failure else "no result"
+        elif result.cell.strategy in data["errors"]:
+            result.steady_failure = data["errors"][result.cell.strategy]
+        else:
+            result.steady_samples = data["steady_seconds"][result.cell.strategy]

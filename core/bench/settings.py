@@ -1,56 +1,26 @@
-"""What one ``torchkiln bench`` run measures: the workload grid, the strategies, the presets."""
+"""What one ``torchkiln bench`` run measures: the workload grid, the strategies, the presets'
+numbers (docs/benchmarks.md says why each preset has the cells it has)."""
 
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import attrs
 
-from torchkiln.bench.quick import (
-    QUICK_BATCHES,
-    QUICK_DEEPEST_ONLY,
-    QUICK_DEPTHS,
-    QUICK_EVERY_DEPTH,
-    QUICK_STEADY_DEEPEST_ONLY,
-    QUICK_STEADY_ITERS,
-    QUICK_WARM,
-    QUICK_WARMUP_ITERS,
-)
 from torchkiln.errors import TorchkilnError
 
 STRATEGIES = (
     "eager", "full", "regional", "precompiled", "hierarchical", "accelerate", "tiered",
 )  # fmt: skip
 """Every strategy the worker knows, in table order."""
-
 COMPILED_STRATEGIES = frozenset(STRATEGIES) - {"eager"}
-
-STRATEGY_HELP = {
-    "eager": "no compilation (the baseline)",
-    "full": "torch.compile(model): the whole model, a fresh OptimizedModule wrapper",
-    "regional": "torchkiln.compile(model): repeated blocks compiled once, in place",
-    "precompiled": "torchkiln.precompile(whole=True) first (not timed), then "
-    "torchkiln.compile(model, artifacts=DIR) in a new process: the whole-model form is loaded "
-    "and serves from the first call, nothing is traced",
-    "hierarchical": "torchkiln.compile(model, regions='hierarchical'): one graph, "
-    "blocks as nested_compile_region",
-    "accelerate": "accelerate.utils.compile_regions(model) (when accelerate is installed)",
-    "tiered": "torchkiln.compile(model, tiered=True): regional first, then the whole model "
-    "built in a builder process and switched to in place (steady = after the switch)",
-}
 
 DEFAULT_MODEL = "llama"
 DEFAULT_DEPTHS = (4, 8, 16, 32)
 DEFAULT_BATCHES = (1, 4)
 DEFAULT_SEQ = 128
 WORKLOADS = ("forward", "train", "generate")
-WORKLOAD_HELP = {
-    "forward": "one forward call under no_grad",
-    "train": "forward and backward (a training step without the optimizer)",
-    "generate": "model.generate(): prefill plus --new-tokens greedy decode steps with the "
-    "model's default KV cache; first call = time to the first generated token, steady = "
-    "median time per decoded token",
-}
 DEFAULT_NEW_TOKENS = 16
 DTYPES = {
     "float32": "float32", "fp32": "float32",
@@ -64,6 +34,40 @@ CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 PRESETS = ("quick", "default", "gpu")
 EXIT_TARGET_MISSED = 3
 """``torchkiln bench --check``'s exit status when every cell ran but a target is NOT met."""
+
+# --quick (README's main job): the cells that fit its promised minutes on 2 CPU cores.
+QUICK_DEPTHS = (4, 16)
+QUICK_BATCHES = (1,)
+QUICK_EVERY_DEPTH = ("full", "regional")
+"""The contrast the story is about: full compile's first call grows with depth, regional's
+stays flat."""
+QUICK_DEEPEST_ONLY = ("precompiled", "tiered")
+"""Run at the deepest quick depth only, where they differ most from full compile."""
+QUICK_WARM = ("regional",)
+"""The compiled strategies whose warm start is measured (each warm run costs a process)."""
+QUICK_STEADY_DEEPEST_ONLY = True
+"""Time the steady state at the deepest quick depth only (one steady-state process)."""
+QUICK_STEADY_ITERS = 10
+QUICK_WARMUP_ITERS = 2
+
+# --preset gpu: one CUDA GPU (torchkiln.bench.plan.gpu_plan builds its runs).
+GPU_MODEL = "llama-1b"
+GPU_DEPTHS = (32, 16)
+"""Deepest first: depth 32 is where the strategies differ most."""
+GPU_BATCHES = (1,)
+GPU_DTYPE = "bfloat16"
+GPU_MODES: tuple[str | None, ...] = (None, "reduce-overhead")
+"""``None`` is torch.compile's default mode."""
+GPU_WORKLOADS = ("forward", "generate")
+GPU_STRATEGIES = ("eager", "full", "regional", "tiered", "accelerate")
+"""hierarchical and precompiled are left out to fit the budget; ``--strategies`` adds them
+back. On a torch without ``aot_compile`` the preset leaves ``tiered`` out and says why."""
+GPU_STEADY_ITERS = {"forward": 20, "generate": 10}
+GPU_BUDGET_MINUTES = 8.0
+GPU_JSON = "bench-gpu.json"
+GPU_PLOT = "bench-gpu.png"
+GPU_TIMEOUT = 420.0
+"""One worker process at most (a full compile of depth 32 under reduce-overhead included)."""
 
 
 class BenchError(TorchkilnError):
@@ -81,16 +85,16 @@ def default_strategies(backend: str = "inductor") -> tuple[str, ...]:
         s
         for s in STRATEGIES
         if (s != "accelerate" or accelerate_available())
-        and (s not in ("precompiled", "tiered") or backend_precompiles(backend))
-        and (s not in ("precompiled", "tiered") or release_problem(s) is None)
+        and (
+            s not in RELEASE_FEATURES
+            or (backend_precompiles(backend) and release_problem(s) is None)
+        )
     )
 
 
-RELEASE_FEATURES = {
-    "precompiled": "precompiled artifacts",
-    "tiered": "tiered compilation",
-}
-"""Strategies some supported torch releases lack: the feature they need."""
+RELEASE_FEATURES = {"precompiled": "precompiled artifacts", "tiered": "tiered compilation"}
+"""Strategies some supported torch releases lack, and the feature they need; both need a
+backend that can be precompiled, too."""
 
 
 def release_problem(name: str) -> str | None:
@@ -101,11 +105,15 @@ def release_problem(name: str) -> str | None:
     return feature_problem(feature) if feature is not None else None
 
 
-def backend_precompiles(backend: str) -> bool:
-    """Whether ``backend`` declares ``BackendSpec.precompile``."""
+def _declared_backend(backend: str) -> Any:
     from torchkiln.plugin_host.default_manager import get_plugin_manager
 
-    declared = get_plugin_manager().ensure_loaded().backends().get(backend.lower())
+    return get_plugin_manager().ensure_loaded().backends().get(backend.lower())
+
+
+def backend_precompiles(backend: str) -> bool:
+    """Whether ``backend`` declares ``BackendSpec.precompile``."""
+    declared = _declared_backend(backend)
     return declared is not None and bool(getattr(declared.spec, "precompile", False))
 
 
@@ -155,7 +163,7 @@ class BenchSettings:
     mode: str | None = None
     """``torch.compile`` mode for every compiled strategy; ``None`` is torch's default."""
     dispatch: str | None = None
-    """The torchkiln strategies' ``dispatch`` setting; ``None``: torchkiln's default."""
+    """Always ``None`` (the removed ``--dispatch``); kept for the JSON documents' ``settings``."""
     steady_in_first_call: bool = False
     """Time the steady state in the first-call process (after its warm-up calls) instead of
     a shared steady-state process per depth and batch: half the processes and compiles, at
@@ -283,12 +291,11 @@ def make_settings(
     dtype: str = "float32",
     mode: str | None = None,
     check_device: bool = True,
-    dispatch: str | None = None,
 ) -> BenchSettings:
     """Validate command-line style values into :class:`BenchSettings`.
 
     ``quick`` without ``strategies`` runs the quick preset's cells (see
-    :mod:`torchkiln.bench.presets`); ``steady_iters=None`` is the preset's number.
+    the ``QUICK_`` numbers); ``steady_iters=None`` is the preset's number.
 
     :raises BenchError: naming the bad option and what is allowed.
     """
@@ -305,14 +312,14 @@ def make_settings(
         raise BenchError(f"--steady-iters {steady_iters}: must be >= 1")
     if timeout <= 0:
         raise BenchError(f"--timeout {timeout}: must be > 0 seconds")
-    device = _check_device(device, check_device)
+    device = _check_device(device, check_device)  # the argument hides check_device
     mode = check_mode(mode, device)
     check_backend_mode(backend, mode)
     chosen = parse_strategies(strategies) if strategies else default_strategies(backend)
     preset_cells = quick and not strategies
     if preset_cells:
         chosen = tuple(s for s in chosen if s in QUICK_EVERY_DEPTH + QUICK_DEEPEST_ONLY)
-    for needs_artifacts in ("precompiled", "tiered"):
+    for needs_artifacts in RELEASE_FEATURES:
         if needs_artifacts in chosen and not backend_precompiles(backend):
             raise BenchError(
                 f"--strategies includes {needs_artifacts}, but backend {backend!r} cannot be "
@@ -354,7 +361,6 @@ def make_settings(
         preset="quick" if quick else "default",
         dtype=check_dtype(dtype),
         mode=mode,
-        dispatch=dispatch,
         deepest_only=QUICK_DEEPEST_ONLY if preset_cells else (),
         warm_strategies=QUICK_WARM if preset_cells else None,
         steady_deepest_only=QUICK_STEADY_DEEPEST_ONLY if preset_cells else False,
@@ -364,11 +370,9 @@ def make_settings(
 
 def check_backend_mode(backend: str, mode: str | None) -> None:
     """Refuse a mode the backend declares it does not take (before any cell runs)."""
-    from torchkiln.plugin_host.default_manager import get_plugin_manager
-
     if mode is None:
         return
-    declared = get_plugin_manager().ensure_loaded().backends().get(backend.lower())
+    declared = _declared_backend(backend)
     modes = None if declared is None else declared.spec.modes
     if modes is not None and mode not in modes:
         allowed = ", ".join(modes) or "none (leave --mode out)"

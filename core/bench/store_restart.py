@@ -9,7 +9,6 @@ steady-state ratio to full is free of the drift between processes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -20,7 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchkiln.bench.results import collect_environment, write_result
 from torchkiln.bench.settings import EXIT_TARGET_MISSED
+from torchkiln.bench.strategies import timed
 
 ROLES = ("full", "store-first", "store-again")
 BUILD_TIMEOUT = 1800.0
@@ -37,9 +38,7 @@ def _model_and_inputs(depth: int) -> tuple[Any, Any]:
 
 
 def _timed(call: Any) -> float:
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
+    return timed(call, "cpu")[0]
 
 
 def _alternate(first: Any, second: Any, rounds: int) -> tuple[float, float]:
@@ -52,7 +51,8 @@ def _alternate(first: Any, second: Any, rounds: int) -> tuple[float, float]:
 
 
 def worker(role: str, store: str, depth: int, backend: str, rounds: int) -> dict[str, Any]:
-    """One process of the cell (``python -m torchkiln.bench.store_restart ROLE ...``)."""
+    """One process of the cell (``python -m torchkiln.bench.store_restart OUT SETTINGS_JSON``,
+    the settings this function's arguments)."""
     import torch
 
     import torchkiln
@@ -117,8 +117,9 @@ def run_cell(depth: int, backend: str, rounds: int, scratch: Path) -> list[dict[
         cache = scratch / f"inductor-{role}"
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHKILN_PROGRESS": "off"}
         out = scratch / f"{role}.json"
-        command = [sys.executable, "-m", "torchkiln.bench.store_restart", role, str(store)]
-        command += [str(depth), backend, str(rounds), str(out)]
+        settings = {"role": role, "store": str(store), "depth": depth, "backend": backend}
+        command = [sys.executable, "-m", "torchkiln.bench.store_restart", str(out)]
+        command.append(json.dumps(settings | {"rounds": rounds}))
         print(
             f"torchkiln bench: store cell, {role} (depth {depth}) ...", file=sys.stderr, flush=True
         )
@@ -151,18 +152,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torchkiln.bench.store_restart")
-    parser.add_argument("role", choices=ROLES)
-    parser.add_argument("store")
-    parser.add_argument("depth", type=int)
-    parser.add_argument("backend")
-    parser.add_argument("rounds", type=int)
-    parser.add_argument("out", type=Path)
-    args = parser.parse_args(argv)
-    result = worker(args.role, args.store, args.depth, args.backend, args.rounds)
-    from torchkiln.bench.results import write_result
-
-    write_result(args.out, result)
+    args = argv or sys.argv
+    write_result(args[1], worker(**json.loads(args[2])))
     return 0
 
 
@@ -182,9 +173,6 @@ def bench_store(
     depth: int, backend: str, rounds: int, json_path: Path | None, check: bool = False
 ) -> int:
     """``torchkiln bench --store``: the cell, its table and targets, and its JSON."""
-    from torchkiln.bench.environment import collect_environment
-    from torchkiln.bench.results import write_result
-
     with tempfile.TemporaryDirectory(prefix="torchkiln-bench-store-") as scratch:
         results = run_cell(depth, backend, rounds, Path(scratch))
     print(table(results))

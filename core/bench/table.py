@@ -213,18 +213,17 @@ def _precision(settings: dict[str, Any]) -> str:
 def render_header(settings: dict[str, Any], environment: dict[str, Any]) -> str:
     workload = settings.get("workload") or ("train" if settings.get("train") else "forward")
     if workload == "generate":
-        return (
-            f"torchkiln bench: model {settings['model']}{_precision(settings)}, prompt "
-            f"{settings['seq']} tokens, "
-            f"generate {settings.get('new_tokens')} tokens (greedy, default KV cache), "
-            f"backend {settings['backend']}, device {environment.get('device_name')}, "
-            f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}"
+        shape = (
+            f"prompt {settings['seq']} tokens, generate {settings.get('new_tokens')} tokens "
+            f"(greedy, default KV cache), backend {settings['backend']}"
         )
-    mode = "forward+backward" if workload == "train" else "forward (no_grad)"
+    else:
+        mode = "forward+backward" if workload == "train" else "forward (no_grad)"
+        shape = f"seq {settings['seq']}, backend {settings['backend']}, {mode}"
     return (
-        f"torchkiln bench: model {settings['model']}{_precision(settings)}, seq {settings['seq']}, "
-        f"backend {settings['backend']}, {mode}, device {environment.get('device_name')}, "
-        f"{environment.get('torch_threads')} threads, torch {environment.get('torch')}"
+        f"torchkiln bench: model {settings['model']}{_precision(settings)}, {shape}, "
+        f"device {environment.get('device_name')}, {environment.get('torch_threads')} threads, "
+        f"torch {environment.get('torch')}"
     )
 
 

@@ -1,6 +1,6 @@
 """``torchkiln bench --workload train --lengths L1,L2,...``: training with variable sequence
-lengths, as a padding collator gives them, one fresh process per strategy with an empty
-inductor cache of its own (:mod:`torchkiln.bench.train_run`), the same lengths in every one.
+lengths, as a padding collator gives them, one fresh process per strategy (:func:`main`) with
+an empty inductor cache of its own, the same lengths in every one.
 
 Per strategy: the first step, the median later step, the total for all steps; for tiered, where
 its builder stood (the step it switched at, or why it did not start or finish), the median step
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,13 @@ STRATEGIES = ("full", "regional", "tiered")
 def run_one(settings: dict[str, Any], timeout: float) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="torchkiln-train-"))
     out = work / "result.json"
-    command = [sys.executable, "-m", "torchkiln.bench.train_run", str(out), json.dumps(settings)]
+    command = [
+        sys.executable,
+        "-m",
+        "torchkiln.bench.train_lengths",
+        str(out),
+        json.dumps(settings),
+    ]
     # cold: an empty inductor cache of its own (runs before it must not warm this one)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
     process = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
@@ -151,3 +159,131 @@ def _tiered_lines(tiered: dict[str, Any], full: dict[str, Any] | None) -> list[s
             f"  tiered: {tiered['misses']} steps outside the whole-model form ran regionally"
         )
     return lines
+
+
+# -- one strategy's process ------------------------------------------------------------------------
+
+
+def lengths_for(settings: dict[str, Any]) -> list[int]:
+    """The sequence length of every step (the same for every strategy)."""
+    pick = random.Random(settings.get("seed", 0))
+    return [pick.choice(settings["lengths"]) for _ in range(settings["steps"])]
+
+
+def apply(strategy: str, model: Any, backend: str, tiered_when: str = "auto") -> Any:
+    import torch
+
+    import torchkiln
+
+    if strategy == "eager":
+        return model
+    if strategy == "full":
+        return torch.compile(model, backend=backend)
+    if strategy in ("regional", "tiered"):
+        tiered = {"enabled": strategy == "tiered", "when": tiered_when}
+        return torchkiln.compile(model, backend=backend, tiered=tiered, progress="off")
+    raise SystemExit(f"unknown strategy {strategy!r}")
+
+
+TIER_FIELDS = (
+    "state", "reason", "switched_at_call", "calls", "builder_processes", "seconds_to_switch",
+    "misses", "builds", "builder_slowdown", "builder_period",
+)  # fmt: skip
+"""What a tiered run's record keeps of its tiers' report (and its ``lines()``)."""
+
+
+def measure(settings: dict[str, Any]) -> dict[str, Any]:
+    """One strategy's run: builds the bench model, applies the strategy (``tiered`` with
+    ``tiered_when``), trains ``steps`` AdamW steps whose sequence length is drawn from
+    ``lengths``; every step's seconds, and for tiered where the tiers stood at each step."""
+    import torch
+
+    import torchkiln
+    import torchkiln.tiered
+    from torchkiln.examples import load_model
+
+    torch.manual_seed(0)
+    model = load_model(settings["model"], depth=settings["depth"]).train()
+    compiled = apply(
+        settings["strategy"], model, settings["backend"], settings.get("tiered_when", "auto")
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(1)
+    vocab = int(getattr(model.config, "vocab_size"))  # noqa: B009 (a transformers config)
+    tiered = settings["strategy"] == "tiered"
+    seconds, tiers_at = [], []
+    for length in lengths_for(settings):
+        ids = torch.randint(0, vocab, (settings["batch"], length), generator=generator)
+        seconds.append(train_step(compiled, optimizer, ids))
+        tiers = torchkiln.tiered.tiers(compiled) if tiered else None
+        tiers_at.append(tiers.state if tiers is not None else None)
+    tiers = torchkiln.tiered.tiers(compiled) if tiered else None
+    alternating = None
+    if tiers is not None and tiers.state == "switched" and settings.get("alternate"):
+        alternating = alternate_with_full(settings, model, compiled, optimizer, generator, vocab)
+    return {
+        "alternating": alternating,
+        "strategy": settings["strategy"],
+        "step_seconds": seconds,
+        "tiers_at": tiers_at,
+        "threads": torch.get_num_threads(),
+        "tiers": None
+        if tiers is None
+        else {name: getattr(tiers, name) for name in TIER_FIELDS} | {"lines": tiers.lines()},
+    }
+
+
+def train_step(compiled: Any, optimizer: Any, ids: Any) -> float:
+    """One AdamW step on ``ids``; its seconds."""
+    started = time.perf_counter()
+    loss = compiled(ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - started
+
+
+def alternate_with_full(
+    settings: dict[str, Any], model: Any, tiered: Any, optimizer: Any, generator: Any, vocab: int
+) -> dict[str, list[float]]:
+    """After the switch, in this one process: full ``torch.compile`` of a copy with the same
+    weights (warmed on two lengths: its static compile, then its dynamic recompile), then
+    ``alternate`` rounds of one tiered step and one full step on the same batch, so that the
+    two forms are compared under the same machine conditions (runs in separate processes
+    drift by a few percent)."""
+    import torch
+
+    from torchkiln.examples import load_model
+
+    plain = load_model(settings["model"], depth=settings["depth"]).train()
+    plain.load_state_dict(model.state_dict())
+    full = torch.compile(plain, backend=settings["backend"])
+    full_optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-4)
+    lengths = sorted(set(settings["lengths"]))
+    for length in (lengths[0], lengths[-1]):  # full compile's static and dynamic compiles
+        train_step(full, full_optimizer, torch.randint(0, vocab, (settings["batch"], length)))
+    out: dict[str, list[float]] = {"tiered_s": [], "full_s": []}
+    pick = random.Random(settings.get("seed", 0) + 1)
+    for _ in range(settings["alternate"]):
+        ids = torch.randint(
+            0, vocab, (settings["batch"], pick.choice(lengths)), generator=generator
+        )
+        out["tiered_s"].append(train_step(tiered, optimizer, ids))
+        out["full_s"].append(train_step(full, full_optimizer, ids))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torchkiln.bench.train_lengths OUT_JSON SETTINGS_JSON``: one strategy's run."""
+    args = argv or sys.argv
+    settings = json.loads(args[2])
+    if settings.get("threads"):
+        import torch
+
+        torch.set_num_threads(settings["threads"])
+    write_result(args[1], measure(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from torchkiln.bench import execute
-from torchkiln.bench.dry_run import parameter_count, planned_cells
-from torchkiln.bench.plan import plan_from_args
+from torchkiln.bench.plan import parameter_count, plan_from_args, planned_cells
 from torchkiln.bench.results import CellResult, RunFailure
 from torchkiln.bench.settings import BenchError, Cell, accelerate_available, make_settings
 from torchkiln.cli.commands import build_parser, main
@@ -304,7 +303,7 @@ def test_a_plan_of_several_runs_end_to_end_and_replayed_from_its_json(
 
 
 def test_from_json_refuses_what_a_bench_did_not_write(tmp_path: Path) -> None:
-    from torchkiln.bench.replay import load_runs
+    from torchkiln.bench.execute import load_runs
 
     (tmp_path / "other.json").write_text('{"cells": []}')
     with pytest.raises(BenchError, match="not written by torchkiln bench --json"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchkiln.bench.environment import cpu_model
+from torchkiln.bench.results import cpu_model
 
 SAPPHIRE = """processor\t: 0
 vendor_id\t: GenuineIntel

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchkiln.bench.train_lengths import render, summary
-from torchkiln.bench.train_run import lengths_for
+from torchkiln.bench.train_lengths import lengths_for, render, summary
 from torchkiln.cli import main
 
 
