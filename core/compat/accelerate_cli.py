@@ -4,7 +4,6 @@ torchkiln YAML (printed, or written with ``--output``)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,10 @@ from torchkiln.compat.accelerate_settings import (
     YAML_KEYS,
     AccelerateDynamo,
     DynamoBackend,
+    load_mapping,
     read_yaml,
     to_overrides,
 )
-from torchkiln.configuration.yaml_reader import parse_yaml, read_config_text
 
 # Accelerate's distributed_type, as the torchkiln strategy that does the same job.
 DISTRIBUTED_HINTS = {
@@ -94,10 +93,7 @@ def _dropped_notes(settings: AccelerateDynamo) -> list[str]:
 
 
 def _other_keys_note(path: str | Path) -> list[str]:
-    where = f"file:{path}"  # read_yaml already accepted this file: same reader, same limits
-    document = parse_yaml(read_config_text(Path(path), where), where) or {}
-    if not isinstance(document, Mapping):
-        return []
+    document = load_mapping(Path(path), f"file:{path}")  # read_yaml accepted it already
     notes = []
     distributed = str(document.get("distributed_type", "")).upper()
     if distributed in DISTRIBUTED_HINTS:

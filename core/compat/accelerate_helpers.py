@@ -33,8 +33,8 @@ from torchkiln.compat.accelerate_settings import (
     ENV_MODE,
     ENV_REGIONAL,
     DynamoBackend,
+    env_truth,
     parse_backend,
-    parse_truth,
     torchkiln_backend,
 )
 from torchkiln.compat.unwrap import (
@@ -86,12 +86,9 @@ _REGION_ROOTS: weakref.WeakKeyDictionary[nn.Module, weakref.ref[nn.Module]] = (
 
 
 _PLUGIN_DEFAULTS: Mapping[str, Any] = {
+    **TORCH_COMPILE_DEFAULTS,
     "backend": "no",
     "mode": "default",
-    "fullgraph": False,
-    "dynamic": None,
-    "options": None,
-    "disable": False,
     "use_regional_compilation": False,
 }
 """What ``TorchDynamoPlugin()`` holds with no ``ACCELERATE_DYNAMO_*`` variable set (in
@@ -127,10 +124,10 @@ class TorchDynamoPlugin:
         if self.mode is None:
             self.mode = os.environ.get(ENV_MODE, "").strip() or "default"
         if self.fullgraph is None:
-            self.fullgraph = _env_truth(ENV_FULLGRAPH, "$.fullgraph") is True
+            self.fullgraph = env_truth(ENV_FULLGRAPH, "$.fullgraph") is True
         if self.use_regional_compilation is None:
-            self.use_regional_compilation = _env_truth(ENV_REGIONAL, "$.regions") is True
-        if self.dynamic is None and _env_truth(ENV_DYNAMIC, "$.dynamic") is True:
+            self.use_regional_compilation = env_truth(ENV_REGIONAL, "$.regions") is True
+        if self.dynamic is None and env_truth(ENV_DYNAMIC, "$.dynamic") is True:
             self.dynamic = True
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,11 +160,6 @@ class TorchDynamoPlugin:
             dict(ACCELERATE_REGIONS) if self.use_regional_compilation else {"strategy": "whole"}
         )
         return options
-
-
-def _env_truth(name: str, path: str) -> bool | None:
-    raw = os.environ.get(name, "").strip()
-    return parse_truth(raw, path, f"env:{name}") if raw else None
 
 
 # --- compiling --------------------------------------------------------------------------------

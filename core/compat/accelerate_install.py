@@ -13,7 +13,6 @@ docs/integrations/accelerate.md says what each replacement does.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import types
@@ -25,7 +24,7 @@ from torch import nn
 
 from torchkiln._internals import dynamo
 from torchkiln._internals.accelerate import has_orig_mod
-from torchkiln.compat.accelerate_settings import ENV_DYNAMIC, parse_truth
+from torchkiln.compat.accelerate_settings import ENV_DYNAMIC, env_truth
 from torchkiln.engine import double_compile
 
 REPLACED = (
@@ -211,12 +210,7 @@ def launcher_dynamic_unforced(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
     ``ACCELERATE_DYNAMO_USE_DYNAMIC=False`` becomes ``None`` (torch's automatic dynamic shapes),
     as everywhere in torchkiln: forced static shapes make blocks that share compiled code
     recompile per sequence length until the recompile limit."""
-    raw = os.environ.get(ENV_DYNAMIC, "").strip()
-    if (
-        compile_kwargs.get("dynamic") is False
-        and raw
-        and not parse_truth(raw, "$.dynamic", f"env:{ENV_DYNAMIC}")
-    ):
+    if compile_kwargs.get("dynamic") is False and env_truth(ENV_DYNAMIC, "$.dynamic") is False:
         return {**compile_kwargs, "dynamic": None}
     return dict(compile_kwargs)
 

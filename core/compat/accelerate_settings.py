@@ -1,10 +1,9 @@
 """Accelerate's dynamo settings, read as Accelerate writes them, mapped onto ``CompileConfig``.
 
-Accelerate keeps its ``torch.compile`` settings in two places: the ``ACCELERATE_DYNAMO_*``
-environment variables (``accelerate launch`` exports all five on every launch) and the
-``dynamo_config`` section of the YAML file ``accelerate config`` writes. This module reads
-both into :class:`AccelerateDynamo` and turns that into the nested override mapping that
-``resolve_compile_config`` returns. It never imports Accelerate.
+The ``ACCELERATE_DYNAMO_*`` variables (``accelerate launch`` exports all five on every launch)
+and the ``dynamo_config`` section of the file ``accelerate config`` writes are read into
+:class:`AccelerateDynamo`, then turned into ``resolve_compile_config``'s nested override mapping.
+It never imports Accelerate.
 
 Deliberate departures from Accelerate, each documented in ``docs/migrating-from-accelerate.md``:
 
@@ -130,20 +129,20 @@ BACKEND_MAP: Mapping[DynamoBackend, BackendMapping] = {
 }
 
 
+def _error(path: str, message: str, source: str) -> ConfigError:
+    return ConfigError([ConfigProblem(path, message, source)])
+
+
 def parse_backend(value: object, path: str, source: str) -> DynamoBackend:
     """Accelerate's backend name (any case, or a :class:`DynamoBackend`) as a member."""
     try:
         return DynamoBackend(value)  # type: ignore[arg-type]  # any case; _missing_ handles it
     except ValueError:
         allowed = ", ".join(name.lower() for name in DynamoBackend.list())
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    path,
-                    f"{value!r} is not an Accelerate dynamo backend; allowed (any case): {allowed}",
-                    source,
-                )
-            ]
+        raise _error(
+            path,
+            f"{value!r} is not an Accelerate dynamo backend; allowed (any case): {allowed}",
+            source,
         ) from None
 
 
@@ -160,7 +159,7 @@ def torchkiln_backend(member: DynamoBackend, path: str = "$.backend", source: st
         f"Accelerate names that map: {mapped}. Or pass backend= / set TORCHKILN_BACKEND to "
         f"any torchkiln backend{_known_backends_hint()}"
     )
-    raise ConfigError([ConfigProblem(path, message, source)])
+    raise _error(path, message, source)
 
 
 def _torch_backends() -> list[str]:
@@ -189,16 +188,18 @@ def parse_truth(value: object, path: str, source: str) -> bool:
         return True
     if word in FALSE_WORDS:
         return False
-    raise ConfigError(
-        [
-            ConfigProblem(
-                path,
-                f"{value!r} is not a truth value; allowed: "
-                f"{', '.join(TRUE_WORDS)} / {', '.join(FALSE_WORDS)}",
-                source,
-            )
-        ]
+    raise _error(
+        path,
+        f"{value!r} is not a truth value; allowed: "
+        f"{', '.join(TRUE_WORDS)} / {', '.join(FALSE_WORDS)}",
+        source,
     )
+
+
+def env_truth(name: str, path: str) -> bool | None:
+    """The truth value of the variable ``name``; ``None`` when unset or empty."""
+    raw = os.environ.get(name, "").strip()
+    return parse_truth(raw, path, f"env:{name}") if raw else None
 
 
 @attrs.frozen
@@ -266,7 +267,7 @@ def read_yaml(path: str | os.PathLike[str]) -> AccelerateDynamo:
     top-level ``dynamo_backend`` form. Every other key of the file is ignored here.
     """
     source = f"file:{path}"
-    document = _load_mapping(Path(path), source)
+    document = load_mapping(Path(path), source)
     section = _dynamo_section(document, source)
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
@@ -274,14 +275,10 @@ def read_yaml(path: str | os.PathLike[str]) -> AccelerateDynamo:
         field = YAML_KEYS.get(key) or YAML_KEYS.get(f"dynamo_{key}")
         where = f"$.dynamo_config.{key}"
         if field is None:
-            raise ConfigError(
-                [
-                    ConfigProblem(
-                        where,
-                        f"unknown dynamo_config key {key!r}; allowed: {', '.join(YAML_KEYS)}",
-                        source,
-                    )
-                ]
+            raise _error(
+                where,
+                f"unknown dynamo_config key {key!r}; allowed: {', '.join(YAML_KEYS)}",
+                source,
             )
         if value is None:
             continue
@@ -290,21 +287,18 @@ def read_yaml(path: str | os.PathLike[str]) -> AccelerateDynamo:
     return AccelerateDynamo(**values, origins=origins)
 
 
-def _load_mapping(path: Path, source: str) -> Mapping[str, Any]:
+def load_mapping(path: Path, source: str) -> Mapping[str, Any]:
+    """The whole Accelerate config file (``{}`` when empty)."""
     # torchkiln's own reader: size, depth and alias limits, UTF-8, regular files only, plain
     # data (JSON is YAML too: old accelerate configs load here).
     document = parse_yaml(read_config_text(path, source, what="the Accelerate config file"), source)
     if document is None:
         return {}
     if not isinstance(document, Mapping):
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "$",
-                    f"an Accelerate config file is a mapping, not {type(document).__name__}",
-                    source,
-                )
-            ]
+        raise _error(
+            "$",
+            f"an Accelerate config file is a mapping, not {type(document).__name__}",
+            source,
         )
     return document
 
@@ -312,24 +306,14 @@ def _load_mapping(path: Path, source: str) -> Mapping[str, Any]:
 def _dynamo_section(document: Mapping[str, Any], source: str) -> Mapping[str, Any]:
     section = document.get("dynamo_config") or {}
     if not isinstance(section, Mapping):
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "$.dynamo_config", f"must be a mapping, not {type(section).__name__}", source
-                )
-            ]
-        )
+        raise _error("$.dynamo_config", f"must be a mapping, not {type(section).__name__}", source)
     if "dynamo_backend" in document:  # the older form, before dynamo_config existed
         if section:
-            raise ConfigError(
-                [
-                    ConfigProblem(
-                        "$.dynamo_backend",
-                        "given both at the top level (the old form) and in "
-                        "dynamo_config; keep only dynamo_config",
-                        source,
-                    )
-                ]
+            raise _error(
+                "$.dynamo_backend",
+                "given both at the top level (the old form) and in "
+                "dynamo_config; keep only dynamo_config",
+                source,
             )
         return {"dynamo_backend": document["dynamo_backend"]}
     return section

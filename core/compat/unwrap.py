@@ -97,11 +97,6 @@ def _closes_over(function: Any, module: nn.Module) -> bool:
     return False
 
 
-def without_fp32_wrapper(original: nn.Module, forward: Any) -> Any:
-    """The forward ``Accelerator.prepare`` wrapped, if it did; else ``forward`` unchanged."""
-    return fp32_wrapped_forward(original, forward)
-
-
 def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
     """``root`` as it was before torchkiln compiled it, as a parameter-sharing twin."""
     state = state_of(root)
@@ -122,7 +117,7 @@ def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
 def root_copy_without_fp32_wrapper(root: nn.Module) -> nn.Module:
     """A copy of ``root`` alone (children shared, still compiled) minus the autocast wrapper."""
     twin = shallow_module_copy(root)
-    _set_forward(twin, carry_forward(without_fp32_wrapper(root, _MISSING), root, twin, ""))
+    _set_forward(twin, carry_forward(fp32_wrapped_forward(root, _MISSING), root, twin, ""))
     drop_fp32_wrapper_record(twin)
     return twin
 
@@ -151,7 +146,7 @@ def _copy_tree(
             )
     forward = previous.get(id(module), module.__dict__.get("forward", _MISSING))
     if drop_fp32_wrapper and not path:
-        forward = without_fp32_wrapper(module, forward)
+        forward = fp32_wrapped_forward(module, forward)
         drop_fp32_wrapper_record(twin)
     _set_forward(twin, carry_forward(forward, module, twin, path))
     return twin
