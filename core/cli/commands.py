@@ -16,6 +16,7 @@ import attrs
 
 from torchkiln.configuration.config_values import describe
 from torchkiln.errors import TorchkilnError
+from torchkiln.reporting.report_table import plural
 
 # Sub-commands that live with their own feature: (module, function adding the parser).
 EXTRA_COMMANDS = (
@@ -47,11 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
-
-
-def plural(count: int, word: str) -> str:
-    """``1 region``, ``2 regions``."""
-    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,9 +231,9 @@ def _plugins(args: argparse.Namespace) -> int:
 LISTING_WIDTH = 120
 """``torchkiln plugins`` fits this many columns: the last column of a table wraps."""
 OPTIONS_SHOWN = 28
+"""The most characters of an options list a table shows (all of them: ``--json``)."""
 MIN_LAST_WIDTH = 48
 """Below this many free columns, a table's last column goes on lines of its own."""
-"""The most characters of an options list a table shows (all of them: ``--json``)."""
 
 
 def _options_text(options: Sequence[str] | None) -> str:

@@ -16,7 +16,7 @@ HEADER = ("region", "group", "status", "graphs", "compile s", "first call s", "b
 LEFT_ALIGNED = frozenset({0, 1, 2})
 
 
-def _plural(count: int, word: str) -> str:
+def plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
@@ -27,8 +27,8 @@ def _is_plain_reuse(region: Any) -> bool:
         and region.graph_break_count == 0
         and region.recompiles == 0
         and not region.fallback_reason
-        and not getattr(region, "reasons", ())
-        and not getattr(region, "eager_calls", 0)
+        and not region.reasons
+        and not region.eager_calls
     )
 
 
@@ -47,9 +47,9 @@ def _row(region: Any) -> tuple[str, ...]:
         str(region.graph_break_count),
         str(region.recompiles),
         str(region.cache_hits),
-        str(getattr(region, "later_graphs", 0)),
-        str(sum(getattr(region, "later_graph_breaks", {}).values())),
-        str(getattr(region, "eager_calls", 0)),
+        str(region.later_graphs),
+        str(sum(region.later_graph_breaks.values())),
+        str(region.eager_calls),
     )
 
 
@@ -148,8 +148,8 @@ def render_report(report: Any) -> str:
     else:
         lines.append("  (no regions)")
     total = (
-        f"total: {_plural(len(report.regions), 'region')}, "
-        f"{_plural(report.total_graphs, 'graph')} compiled in {report.total_compile_seconds:.2f} s"
+        f"total: {plural(len(report.regions), 'region')}, "
+        f"{plural(report.total_graphs, 'graph')} compiled in {report.total_compile_seconds:.2f} s"
     )
     if pending:
         total += f"; {pending} not called yet"
@@ -157,18 +157,15 @@ def render_report(report: Any) -> str:
     notes, causes, full = _notes(report)
     for note in notes:
         lines.append(f"  {note}")
-        if getattr(report, "verbose", False):
+        if report.verbose:
             lines += [
                 f"      {text}" for block in full.get(note, ()) for text in block.splitlines()
             ]
     for cause, remedy in causes.items():
         lines.append(f"  remedy for {cause}: {remedy}")
-    if getattr(report, "tiers", None) is not None:
-        lines += report.tiers.lines()
-    if getattr(report, "remote_cache", None) is not None:
-        lines += report.remote_cache.lines()
-    lines += [f"  code of group {line}" for line in getattr(report, "served_from", ())]
-    lines += [f"  note: {line}" for line in getattr(report, "notes", ())]
-    if getattr(report, "job", None) is not None:
-        lines += report.job.lines()
+    for part in (report.tiers, report.remote_cache):
+        lines += part.lines() if part is not None else []
+    lines += [f"  code of group {line}" for line in report.served_from]
+    lines += [f"  note: {line}" for line in report.notes]
+    lines += report.job.lines() if report.job is not None else []
     return "\n".join(lines)
