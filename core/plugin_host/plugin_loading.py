@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import sys
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -119,28 +119,11 @@ def entry_points_to_load(
     env: Mapping[str, str], disabled: set[str]
 ) -> tuple[list[metadata.EntryPoint], list[str]]:
     """The installed plugins ``TORCHKILN_PLUGINS`` allows, in registration order, each name
-    once; and the names ``disabled`` (``TORCHKILN_DISABLED_PLUGINS``, lower case) blocks."""
-    only = {n.lower() for n in env_names(env, "TORCHKILN_PLUGINS") or ()} or None
-    seen: set[str] = set()
-    allowed: list[metadata.EntryPoint] = []
-    blocked: list[str] = []
-    for entry_point in load_order(metadata.entry_points(group=ENTRY_POINT_GROUP), env):
-        if entry_point.name in seen:
-            continue
-        seen.add(entry_point.name)
-        if entry_point.name.lower() in disabled:
-            blocked.append(entry_point.name)
-        elif only is None or entry_point.name.lower() in only:
-            allowed.append(entry_point)
-    return allowed, blocked
+    once; and the names ``disabled`` (``TORCHKILN_DISABLED_PLUGINS``, lower case) blocks.
 
-
-def load_order(
-    entry_points: Iterable[metadata.EntryPoint], env: Mapping[str, str]
-) -> list[metadata.EntryPoint]:
-    """Registration order: the plugin registered last is called first and wins a name, so
-    the one that must win (first in ``TORCHKILN_PLUGINS``, else the first by name) is
-    registered last. The order Python finds distributions in never matters."""
+    The plugin registered last is called first and wins a name, so the one that must win
+    (first in ``TORCHKILN_PLUGINS``, else the first by name) is registered last. The order
+    Python finds distributions in never matters."""
     listed = [n.strip().lower() for n in env.get("TORCHKILN_PLUGINS", "").split(",")]
     rank = {name: index for index, name in reversed(list(enumerate(listed))) if name}
 
@@ -148,7 +131,19 @@ def load_order(
         name = entry_point.name.lower()
         return (rank.get(name, len(rank)), name, entry_point.value)
 
-    return sorted(entry_points, key=precedence, reverse=True)
+    installed = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    seen: set[str] = set()
+    allowed: list[metadata.EntryPoint] = []
+    blocked: list[str] = []
+    for entry_point in sorted(installed, key=precedence, reverse=True):
+        if entry_point.name in seen:
+            continue
+        seen.add(entry_point.name)
+        if entry_point.name.lower() in disabled:
+            blocked.append(entry_point.name)
+        elif not rank or entry_point.name.lower() in rank:
+            allowed.append(entry_point)
+    return allowed, blocked
 
 
 def loaded_plugin_info(entry_point: metadata.EntryPoint, hooks: tuple[str, ...]) -> PluginInfo:
