@@ -77,6 +77,9 @@ class CallLog:
     """
 
     limit: int = 4
+    closed: bool = False
+    """Whether observing is over (the log was ready, hit its limit, or met a call it cannot
+    describe); after that only :func:`covered` is asked of a call."""
     specs: list[CallSpec] = attrs.Factory(list)
     calls: list[bytes] = attrs.Factory(list)
     """Each call's ``(args, kwargs)``, pickled weightless when seen: a KV cache is the same object

@@ -71,7 +71,7 @@ def install_tiers(model: nn.Module, state: CompileState, config: CompileConfig) 
     if exchange is not None and exchange.world > 1:
         from torchkiln.tiered.job_tiers import JobTiers
 
-        tiered.job = JobTiers(exchange)
+        tiered.build.job = JobTiers(exchange)
     existing = whole_directory(config, model, region_paths)
     if existing is not None:
         _load_existing(tiered, model, existing, config)

@@ -1,16 +1,15 @@
 """The tiered runtime: the root module's ``forward`` while a model is compiled with tiers.
 
 Calls go to the **regional** tier first (the class's ``forward``, whose blocks run their
-regionally compiled code). At the start of the first call a builder process starts compiling the
-whole model from a weightless copy, for that call's shapes: a training or serving loop repeats its
-first call, and the build then runs beside the regional compile instead of after it. If the
-next calls show more (a family of calls whose sizes change, as decode steps do, or another kind
-of call; :class:`~torchkiln.tiered.calls.CallLog` says when enough was seen), the builder is
-restarted once for everything seen. At the start of a later call, once a builder has finished,
-its artifact is loaded and the model switches to the **whole-model** tier in place: the same
-object, the regions' compiled code kept for any call the whole-model form does not fit. The switch happens only at the start of a root call, so never
-inside a forward, between a forward and its backward (whose graph belongs to its forward), or
-inside a decode step.
+regionally compiled code). The first call asks for the whole-model form from the builder
+(:mod:`~torchkiln.tiered.build`), for that call's shapes; a call that shows more (sizes that
+change, another kind of call) has it rebuilt once. At the start of a later call, once the form
+is built, the model switches to the **whole-model** tier in place: the same object, the regions'
+code kept for any call the form does not fit. A form found at compile time (the store's, an
+artifact directory's) serves from the first call. The switch happens only at the start of a root
+call: never inside a forward, between a forward and its backward, or inside a decode step.
+docs/tiered.md, "The root's call", lists a call's steps; :meth:`TieredForward.__call__` numbers
+them.
 """
 
 from __future__ import annotations
@@ -23,51 +22,33 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
-from torchkiln._internals.transformers import can_record_registry
 from torchkiln.artifacts.directory import ArtifactError, environment_key, read_manifest
 from torchkiln.artifacts.whole_build import contiguous_state
 from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING
-from torchkiln.tiered.calls import (
-    CallLog,
-    call_spec,
-    covered,
-    describe_families,
-    family_shapes,
-)
-from torchkiln.tiered.decision import Machine, builder_problem, core_left_free
-from torchkiln.tiered.governor import StepGovernor
-from torchkiln.tiered.process import BuilderProcess
+from torchkiln.tiered.build import BuildFailed, WholeBuild
+from torchkiln.tiered.calls import CallLog, call_spec, covered, describe_families, family_shapes
 from torchkiln.tiered.tier_report import REGIONAL, WHOLE, TierReport
-from torchkiln.tiered.weightless import dumps_weightless, unsendable
-from torchkiln.tiered.whole_store import BuildOutput
 
 logger = logging.getLogger("torchkiln")
 
 
 class TieredForward:
-    """The root's instance ``forward``: dispatches each call to a tier, drives the builder."""
+    """The root's instance ``forward``: dispatches each call to a tier, drives the build.
+
+    ``state``: ``observing`` (no call yet), ``building``, ``switched`` (serving the form this
+    run's builder made), ``loaded`` (serving a form found at compile time: an artifact
+    directory's or the store's), ``stopped`` (regional for good: :attr:`reason` says why)."""
 
     def __init__(self, model: nn.Module, config: CompileConfig, region_paths: list[str]):
         self._model = weakref.ref(model)
         self.config = config
         self.region_paths = region_paths
         self.log = CallLog()
-        self.log_open = True
-        """Whether calls are still being observed (until the log is ready, or its limit)."""
-        self.builder: BuilderProcess | None = None
-        self.prestarted: BuilderProcess | None = None
-        """A builder started at compile time, importing what it needs until the first call."""
-        self.built_for: list[Any] = []
-        """The families (:meth:`CallLog.families`) the current builder compiles for."""
-        self.builds = 0
-        self.pending = False
-        """Whether a builder was started whose result this runtime has not taken yet."""
-        self.rebuild_reason: str | None = None
+        self.build = WholeBuild(config, region_paths, self._say)
         self.form: WholeModelForm | None = None
         self.state = "observing"
         self.reason: str | None = "no call yet: the builder starts at the first call"
@@ -76,18 +57,9 @@ class TieredForward:
         self.first_call_at: float | None = None
         self.switched_at_call: int | None = None
         self.seconds_to_switch: float | None = None
-        self.build_result: dict[str, Any] = {}
-        self._regions: list[tuple[dict[str, Any], Any]] = []
-        self.output = BuildOutput(config, region_paths)
         self.loaded_from: str | None = None
+        self._regions: list[tuple[dict[str, Any], Any]] = []
         self._depth = 0
-        self._job_failure: dict[str, Any] | None = None
-        self.builder_processes = 0
-        self.governor = StepGovernor(config.tiered.max_slowdown)
-        """Measures what the builder costs the steps and pauses it beyond the bound."""
-        self.job: Any = None
-        """A :class:`~torchkiln.tiered.job_tiers.JobTiers` in a job whose ranks share: rank 0
-        builds for all, and every rank switches at the same call."""
         atexit.register(self.stop)
 
     # -- copies and pickles ---------------------------------------------------------------------
@@ -122,32 +94,28 @@ class TieredForward:
             copied._regions = copied._region_forwards(copied_model)
             copied.state = self.state
             copied.reason = None
-            copied.log_open = False
+            copied.log.closed = True
         else:
             copied.state, copied.reason = "stopped", "copied while observing or building"
         return copied
 
-    # -- per call -------------------------------------------------------------------------------
+    # -- per call: docs/tiered.md, "The root's call" ---------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         model = self._model()
         assert model is not None
-        if self._depth:  # a call from inside a call: no tier change here
+        if self._depth:  # 1. a call from inside a call: no tier change here
             return type(model).forward(model, *args, **kwargs)
         if self.first_call_at is None:
             self.first_call_at = time.perf_counter()
-        if self.pending:
-            self._poll(model)
-        if self.pending and self.builder is not None and self.builder.started:
-            measured, self.builder.resumed_idle = not self.builder.resumed_idle, False
-            self.builder.pause(not self.governor.step(time.perf_counter(), measured))
-            if self.governor.priority is not None:
-                self.builder.lower_priority(self.governor.priority)
-        if self.log_open and self.state != "stopped":
-            self._observe(model, args, kwargs)
-        elif self.builds == 1 and self.job is None and self.state in ("building", "switched"):
-            self._watch(model, args, kwargs)
-        if self.form is not None:
+        if self.build.pending:  # 2. a build that finished is taken now, between two calls
+            self._take_build(model)
+        self.build.pace()  # 3. the builder runs or pauses for this step
+        if not self.log.closed and self.state != "stopped":
+            self._observe(model, args, kwargs)  # 4. the first calls ask for the build
+        elif self.build.builds == 1 and self.build.job is None and self.state in _BUILDING:
+            self._watch(model, args, kwargs)  # 5. a call the build does not cover
+        if self.form is not None:  # 6. the whole-model form serves the calls it fits
             intact = self._regions_intact()
             fn = self.form.match(model, args, kwargs) if intact else None
             if fn is None and intact and contiguous_state((args, kwargs)):
@@ -156,7 +124,7 @@ class TieredForward:
                 self.calls[WHOLE] += 1
                 return fn(model, *args, **kwargs)
             self._missed(model, args, kwargs)
-        self.calls[REGIONAL] += 1
+        self.calls[REGIONAL] += 1  # 7. regionally: each block runs its group's code
         self._depth += 1
         try:
             return type(model).forward(model, *args, **kwargs)
@@ -180,19 +148,18 @@ class TieredForward:
         try:
             self.log.add(call_spec(model, args, kwargs), args, kwargs)
         except Exception as error:  # an input we cannot describe: stay regional, say why
-            self.log_open = False
-            if self.builds == 0:
+            self.log.closed = True
+            if self.build.builds == 0:
                 self._stop_with(f"the call's inputs cannot be sent to a builder: {error}")
             return
-        if self.builds == 0:  # the first call: build for it, beside the regional compile
-            self._start_builder(model)
-            if self.log.ready():  # a log of one call (a limit of 1)
-                self.log_open = False
+        if self.build.builds == 0:  # the first call: build for it, beside the regional compile
+            self._ask(lambda call: self.build.start(model, self.log, call, self.form is not None))
+            self.log.closed = self.log.ready()  # a log of one call (a limit of 1)
             return
         if not self.log.ready():
             return
-        self.log_open = False
-        if family_shapes(self.log.families()) != family_shapes(self.built_for):
+        self.log.closed = True
+        if family_shapes(self.log.families()) != family_shapes(self.build.built_for):
             self._rebuild(
                 model,
                 f"calls 1-{len(self.log.specs)} showed "
@@ -209,23 +176,50 @@ class TieredForward:
             spec = call_spec(model, args, kwargs)
         except Exception:  # it runs regionally, as every call it cannot describe
             return
-        if covered(spec, self.built_for, every_size_dynamic=self.config.dynamic is True):
+        built_for = self.build.built_for
+        if covered(spec, built_for, every_size_dynamic=self.config.dynamic is True):
             return
         self.log.add(spec, args, kwargs)
         call = sum(self.calls.values()) + 1
         self._rebuild(
             model,
             f"call {call} showed {describe_families(self.log.families())}; the builder had "
-            f"{describe_families(self.built_for)}",
+            f"{describe_families(built_for)}",
         )
 
     def _rebuild(self, model: nn.Module, reason: str) -> None:
-        self.rebuild_reason = reason
-        self._say(f"restarting the builder: {reason}")
-        if self.builder is not None:
-            self.builder.stop()
-        self.governor.restarted()
-        self._start_builder(model)
+        form_loaded = self.form is not None
+        self._ask(lambda call: self.build.restart(model, self.log, call, reason, form_loaded))
+
+    def _ask(self, start: Any) -> None:
+        """Start a build (``start(call)``): ``building`` while no form serves, or ``stopped``
+        when no build can start here."""
+        try:
+            waiting_for = start(sum(self.calls.values()) + 1)
+        except BuildFailed as failure:
+            self._stop_with(str(failure))
+            return
+        if waiting_for is not None and self.form is None:
+            self.state, self.reason = "building", waiting_for
+
+    def _take_build(self, model: nn.Module) -> None:
+        try:
+            directory = self.build.poll()
+        except BuildFailed as failure:
+            if self.form is None:
+                self._stop_with(str(failure))
+            else:  # the first build's form still serves the calls it fits
+                self.reason = f"the rebuild did not finish, {failure}"
+                self._say(self.reason, logging.WARNING)
+            return
+        if directory is None:
+            return
+        try:
+            self.switch(model, directory)
+        except Exception as error:  # a form that cannot load must never fail the user's call
+            self._stop_with(
+                f"the built whole-model form could not be loaded: {type(error).__name__}: {error}"
+            )
 
     def _stop_with(self, reason: str) -> None:
         self.state = "stopped"
@@ -243,143 +237,8 @@ class TieredForward:
             print(f"torchkiln: tiered: {message}", file=sys.stderr, flush=True)
 
     def prestart(self, model: nn.Module) -> None:
-        """Start the builder process now (compile time), so that it has imported torch and
-        the model's modules (seconds) by the time the first call asks for a build."""
-        if self.job is not None and not self.job.builds_here:
-            return  # rank 0 builds for the job
-        if builder_problem(self.config, Machine.now(model)) is not None:
-            return  # decided again at the first call, which says why
-        if saved_functions_supported() and not unsendable(model):
-            self.prestarted = self._new_builder(model)
-
-    def _start_builder(self, model: nn.Module) -> None:
-        if not saved_functions_supported():
-            self._stop_with(
-                f"torch {torch.__version__} cannot save compiled functions "
-                "(torch.compile(...).aot_compile and torch.compiler.load_compiled_function "
-                "arrived in torch 2.13)"
-            )
-            return
-        problem = unsendable(model)
-        if problem is not None:
-            self._stop_with(problem)
-            return
-        self.built_for = self.log.families()
-        if self.job is None or self.job.builds_here:
-            problem = builder_problem(self.config, Machine.now(model))
-            if problem is not None and self.job is not None:  # the other ranks wait for word
-                self.pending = True
-                self._job_failure = {"ok": False, "error": problem, "decided": True}
-                return
-            if problem is not None:
-                self._stop_with(problem)
-                return
-        if self.job is not None and not self.job.builds_here:
-            self.builds += 1
-            self.pending = True
-            if self.form is None:
-                self.state = "building"
-                self.reason = "rank 0 builds the whole-model form for the job"
-            return
-        try:
-            request = self._request(model)
-        except Exception as error:
-            failure = f"the model cannot be sent to a builder: {type(error).__name__}: {error}"
-            if self.job is not None:  # the other ranks wait for this rank's word: send it
-                self.pending, self._job_failure = True, {"ok": False, "error": failure}
-                return
-            self._stop_with(failure)
-            return
-        prestarted, self.prestarted = self.prestarted, None
-        if prestarted is None or prestarted.process.poll() is not None:  # none started, or it died
-            if prestarted is not None:
-                prestarted.stop()
-            prestarted = self._new_builder(model)
-        prestarted.start(request)
-        self.builder = prestarted
-        self.builds += 1
-        self.pending = True
-        if self.form is None:
-            self.state = "building"
-            self.reason = "the whole-model form is being built"
-        self._say(
-            f"building the whole-model form in process {self.builder.process.pid} for "
-            f"{describe_families(self.built_for)} (call {sum(self.calls.values()) + 1})"
-        )
-
-    def _new_builder(self, model: nn.Module) -> BuilderProcess:
-        """A builder process, importing what the build needs while it waits; at the lowest
-        priority from the start when the steps leave no core free (``when: always``)."""
-        builder = BuilderProcess(self.config.tiered.threads, _preload(model))
-        self.builder_processes += 1
-        if not core_left_free(self.config, Machine.now(model)):
-            self.governor.start_lowered()
-        if self.governor.priority is not None:
-            builder.lower_priority(self.governor.priority)
-        return builder
-
-    def _request(self, model: nn.Module) -> dict[str, Any]:
-        output = self.output.directory(model, form_loaded=self.form is not None)
-        families = [
-            {
-                "kind": spec.kind,
-                "training": spec.training,
-                "call": self.log.calls[index],
-                "dynamic": dims,
-            }
-            for spec, index, dims in self.built_for
-        ]
-        return {
-            "model": dumps_weightless(model),
-            "families": families,
-            "config": self.config,
-            "environment": environment_key(self.config, model),
-            "region_paths": self.region_paths,
-            "output": str(output),
-            "nice": self.config.tiered.nice,
-            "threads": self.config.tiered.threads,
-            "intra_op_threads": torch.get_num_threads(),
-            "registry": _output_registry(),
-        }
-
-    def _poll(self, model: nn.Module) -> None:
-        directory = None
-        if self.job is None:
-            assert self.builder is not None
-            result = self.builder.poll()
-        else:  # every rank, every call until the switch: rank 0's result, or None
-            mine = self._job_failure or (self.builder.poll() if self.builder else None)
-            agreed = self.job.agree(mine, self.output.path)
-            result = agreed["result"] if agreed is not None else None
-            if result is not None and result.get("ok") and not self.job.builds_here:
-                directory = self.job.write(agreed["files"])
-        if result is None:
-            return
-        self.pending = False
-        self.build_result = result
-        if not result.get("ok"):
-            skipped = "; ".join(s["reason"] for s in result.get("skipped", []))
-            failure = (
-                result["error"]
-                if result.get("decided")
-                else f"the builder failed: {result.get('error') or skipped}"
-            )
-            if self.form is None:
-                self._stop_with(failure)
-            else:  # the first build's form still serves the calls it fits
-                self.reason = f"the rebuild did not finish, {failure}"
-                self._say(self.reason, logging.WARNING)
-            return
-        if directory is None:
-            assert self.builder is not None
-            built = self.output.path
-            directory = self.output.publish(Path(self.builder.workdir) if built is None else built)
-        try:
-            self.switch(model, directory)
-        except Exception as error:  # a form that cannot load must never fail the user's call
-            self._stop_with(
-                f"the built whole-model form could not be loaded: {type(error).__name__}: {error}"
-            )
+        """Start the builder process now (compile time): :meth:`WholeBuild.prestart`."""
+        self.build.prestart(model)
 
     # -- switching ------------------------------------------------------------------------------
 
@@ -396,19 +255,20 @@ class TieredForward:
         self.state = "loaded" if loaded else "switched"
         self.reason = None
         if loaded:  # from an artifact directory or the store before any call: nothing to build
-            self.log_open = False
+            self.log.closed = True
             self.loaded_from = str(directory)
         if self.switched_at_call is None:  # the first switch (a rebuild's form replaces it)
             self.switched_at_call = sum(self.calls.values()) + 1
             if self.first_call_at is not None:
                 self.seconds_to_switch = time.perf_counter() - self.first_call_at
-        built = f" (built in {self.build_result['seconds']:.1f} s)" if self.build_result else ""
+        result = self.build.result
+        built = f" (built in {result['seconds']:.1f} s)" if result else ""
         self._say(
             f"serving the whole-model form from call {self.switched_at_call}{built}, loaded in "
             f"{self.form.load_seconds:.2f} s"
         )
-        if self.builder is not None:
-            self.builder.stop()
+        if self.build.builder is not None:
+            self.build.builder.stop()
 
     def _region_forwards(self, model: nn.Module) -> list[tuple[dict[str, Any], Any]]:
         """Each region's ``__dict__`` and the ``forward`` torchkiln installed there now."""
@@ -421,67 +281,44 @@ class TieredForward:
 
     def stop(self) -> None:
         """Stop the builder and remove a directory torchkiln made for it (decompile, exit)."""
-        for builder in (self.builder, self.prestarted):
-            if builder is not None:
-                builder.stop()
-        if self.form is None:
-            self.output.remove()
+        self.build.stop(keep_output=self.form is not None)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the builder has finished (tests, benchmarks); ``True`` if it has. In a
         job, only rank 0 has a builder: other ranks return at once, and every rank switches at
         the next call after rank 0's builder finished."""
-        if self.builder is None:
-            return True
-        return self.builder.wait(timeout) is not None
+        return self.build.wait(timeout)
 
     def report(self) -> TierReport:
-        serving = WHOLE if self.form is not None else REGIONAL
+        build, governor = self.build, self.build.governor
         return TierReport(
-            serving=serving,
+            serving=WHOLE if self.form is not None else REGIONAL,
             state=self.state,
             calls=dict(self.calls),
             reason=self.reason,
             switched_at_call=self.switched_at_call,
             seconds_to_switch=self.seconds_to_switch,
-            build_seconds=self.build_result.get("seconds"),
-            builder_peak_rss_mb=self.build_result.get("peak_rss_mb"),
+            build_seconds=build.result.get("seconds"),
+            builder_peak_rss_mb=build.result.get("peak_rss_mb"),
             load_seconds=self.form.load_seconds if self.form is not None else None,
             loaded_from=self.loaded_from,
-            dropped_guards=dict(self.build_result.get("dropped_guards", {})),
+            dropped_guards=dict(build.result.get("dropped_guards", {})),
             misses=self.misses,
-            builds=self.builds,
-            rebuild_reason=self.rebuild_reason,
-            builder_processes=self.builder_processes,
-            builder_slowdown=self.governor.slowdown,
-            builder_period=self.governor.period,
-            builder_lowered_from=self.governor.lowered_from,
-            builder_lowered=self.governor.lowered,
-            measured_steps={
-                "running": len(self.governor.running),
-                "paused": len(self.governor.paused),
-            },
+            builds=build.builds,
+            rebuild_reason=build.rebuild_reason,
+            builder_processes=build.processes,
+            builder_slowdown=governor.slowdown,
+            builder_period=governor.period,
+            builder_lowered_from=governor.lowered_from,
+            builder_lowered=governor.lowered,
+            measured_steps={"running": len(governor.running), "paused": len(governor.paused)},
             slowdown_bound=self.config.tiered.max_slowdown,
-            job_rank=self.job.rank if self.job is not None else None,
+            job_rank=build.job.rank if build.job is not None else None,
         )
 
 
-def _preload(model: nn.Module) -> list[str]:
-    """The modules of the model's classes, for a builder to import while it waits."""
-    names = {type(module).__module__ for module in model.modules()}
-    return sorted(name for name in names if name in sys.modules and name != "__main__")
-
-
-def _output_registry() -> bytes | None:
-    """transformers' output-capturing registry as this process has it, in order (the builder
-    replays it: the saved guards index it by position)."""
-    registry = can_record_registry()
-    return dumps_weightless(list(dict.items(registry))) if isinstance(registry, dict) else None
-
-
-def saved_functions_supported() -> bool:
-    """Whether this torch can save and load compiled functions (torch 2.13 and later)."""
-    return hasattr(torch.compiler, "load_compiled_function")
+_BUILDING = ("building", "switched")
+"""The states in which a call the build does not cover restarts it (once)."""
 
 
 def _identity(value: Any) -> Any:

@@ -275,8 +275,8 @@ def test_a_real_builder_is_paused_when_the_runtime_says_so_and_still_switches(to
         expected = reference(tokens).logits
         for _ in range(400):
             model(tokens)
-            builder = runtime.builder
-            if builder is None or builder.result is not None or not runtime.pending:
+            builder = runtime.build.builder
+            if builder is None or builder.result is not None or not runtime.build.pending:
                 break
             # a signal takes effect when the kernel next schedules the process: wait for it
             # (Z: the build finished after this call's poll; the next call reads its result)

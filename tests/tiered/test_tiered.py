@@ -178,7 +178,7 @@ def test_pickle_and_decompile_give_the_plain_model(tokens):
     runtime = model.__dict__["forward"]
     torchkiln.decompile(model)
     assert "forward" not in model.__dict__
-    assert runtime.builder is None or runtime.builder.process.poll() is not None
+    assert runtime.build.builder is None or runtime.build.builder.process.poll() is not None
 
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed"])
@@ -247,15 +247,23 @@ def test_the_builder_process_starts_at_compile_time_and_ends_with_decompile(toke
     # Started before any call, it has imported torch and the model's modules by the first.
     model = _compiled()
     runtime = model.__dict__["forward"]
-    prestarted = runtime.prestarted
-    assert prestarted is not None and prestarted.process.poll() is None and runtime.builder is None
+    prestarted = runtime.build.prestarted
+    assert (
+        prestarted is not None
+        and prestarted.process.poll() is None
+        and runtime.build.builder is None
+    )
     with torch.no_grad():
         model(tokens)
-    assert runtime.builder is prestarted and runtime.prestarted is None and prestarted.started
+    assert (
+        runtime.build.builder is prestarted
+        and runtime.build.prestarted is None
+        and prestarted.started
+    )
     torchkiln.decompile(model)
     assert prestarted.process.poll() is not None  # stopped with the model's compilation
 
     never_called = _compiled()
-    waiting = never_called.__dict__["forward"].prestarted
+    waiting = never_called.__dict__["forward"].build.prestarted
     torchkiln.decompile(never_called)
     assert waiting.process.wait(timeout=60) is not None and waiting.result is None
