@@ -255,7 +255,7 @@ def run_tiered_ddp() -> dict[str, Any]:
     out["builder_processes"] = tiers.builder_processes
     out["switched_at_call"] = tiers.switched_at_call
     runtime = torchkiln.report(wrapped)  # the job's sharing: rank 0 builds for both ranks
-    out["job"] = runtime.build.job.lines() if runtime.build.job is not None else None
+    out["job"] = runtime.job.lines() if runtime.job is not None else None
     out["params_checksum"] = params_checksum(model)
     out["reference_checksum"] = params_checksum(reference.module)
     torchkiln.decompile(wrapped)
