@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchkiln.plugin import CompileConfig, hookimpl
+from torchkiln.plugin import hookimpl
 
 if TYPE_CHECKING:
     from torchkiln.compat.accelerate_settings import AccelerateDynamo
@@ -59,9 +59,7 @@ def read_accelerate_settings(environ: Mapping[str, str] | None = None) -> Accele
 
 
 @hookimpl
-def resolve_compile_config(
-    config: CompileConfig, sources: Mapping[str, str]
-) -> Mapping[str, Any] | None:
+def resolve_compile_config(sources: Mapping[str, str]) -> Mapping[str, Any] | None:
     from torchkiln.compat.accelerate_settings import to_overrides
 
     settings = read_accelerate_settings()

@@ -24,12 +24,9 @@ from torch import nn
 
 from torchkiln._internals import accelerate
 from torchkiln.plugin import (
-    CompileConfig,
     GroupPreparation,
-    LayerCacheSpec,
     PartialCompileWarning,
     RegionGroup,
-    RegionPlan,
     hookimpl,
 )
 
@@ -156,13 +153,7 @@ def _notes(found: Sequence[BlockHooks], blocks: int) -> list[str]:
 
 
 @hookimpl(tryfirst=True)  # outermost, as Accelerate's wrapper is
-def prepare_group(
-    model: nn.Module,
-    plan: RegionPlan,
-    group: RegionGroup,
-    config: CompileConfig,
-    layer_caches: Sequence[LayerCacheSpec],
-) -> GroupPreparation | None:
+def prepare_group(group: RegionGroup) -> GroupPreparation | None:
     """Take Accelerate's hook wrappers off the group's blocks and lifted submodules, and run
     their hooks around the compiled call (see the module doc)."""
     align_hook = _align_hook_class()

@@ -18,7 +18,6 @@ from torchkiln.plugin import (
     DDPConfig,
     DistributedResult,
     DistributedSpec,
-    RegionPlan,
     check_not_wrapped,
     check_options,
     hookimpl,
@@ -70,11 +69,7 @@ def ddp_kwargs(settings: DDPConfig, options: dict[str, Any], model: nn.Module) -
 
 @hookimpl
 def wrap_distributed(
-    model: nn.Module,
-    config: CompileConfig,
-    plan: RegionPlan,
-    strategy: str,
-    compile_regions: Callable[[nn.Module], None],
+    model: nn.Module, config: CompileConfig, compile_regions: Callable[[nn.Module], None]
 ) -> DistributedResult:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -83,5 +78,4 @@ def wrap_distributed(
     kwargs = ddp_kwargs(config.distributed.ddp, config.distributed.options, model)
     compile_regions(model)
     wrapped = DistributedDataParallel(model, **kwargs)
-    result = DistributedResult(wrapped=wrapped, module=model, strategy=STRATEGY)
-    return result
+    return DistributedResult(wrapped=wrapped, module=model, strategy=STRATEGY)

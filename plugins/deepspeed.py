@@ -30,7 +30,6 @@ from torchkiln.plugin import (
     DistributedError,
     DistributedResult,
     DistributedSpec,
-    RegionPlan,
     check_not_wrapped,
     check_options,
     hookimpl,
@@ -108,11 +107,7 @@ def require_launch() -> None:
 
 @hookimpl
 def wrap_distributed(
-    model: nn.Module,
-    config: CompileConfig,
-    plan: RegionPlan,
-    strategy: str,
-    compile_regions: Callable[[nn.Module], None],
+    model: nn.Module, config: CompileConfig, compile_regions: Callable[[nn.Module], None]
 ) -> DistributedResult:
     if not (availability := probe()).available:
         raise DistributedError(availability.reason)
@@ -136,7 +131,7 @@ def wrap_distributed(
             "module given to torchkiln.compile, so it cannot be compiled in place"
         )
     compile_regions(engine.module)
-    result = DistributedResult(
+    return DistributedResult(
         wrapped=engine,
         module=model,
         strategy=STRATEGY,
@@ -146,4 +141,3 @@ def wrap_distributed(
             "lr_scheduler": scheduler,
         },
     )
-    return result

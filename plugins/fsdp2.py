@@ -165,7 +165,6 @@ def wrap_distributed(
     model: nn.Module,
     config: CompileConfig,
     plan: RegionPlan,
-    strategy: str,
     compile_regions: Callable[[nn.Module], None],
 ) -> DistributedResult:
     require_process_group(STRATEGY)

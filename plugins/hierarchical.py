@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchkiln._internals.versions import feature_problem
 from torchkiln.plugin import (
     CompileConfig,
     GroupPreparation,
@@ -53,27 +54,10 @@ def declare_selectors() -> list[SelectorSpec]:
 
 
 @hookimpl
-def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan:
+def select_regions(model: nn.Module, config: CompileConfig) -> RegionPlan:
     # A torch without nested_compile_region is refused when the configuration is read
     # (ConfigError at $.regions.strategy, naming the release), before selection.
     return hierarchical_plan(model, config)
-
-
-def nested_region_api() -> Callable[..., Any] | None:
-    """``torch.compiler.nested_compile_region``, or ``None`` where this torch lacks it."""
-    compiler = getattr(torch, "compiler", None)
-    api = getattr(compiler, "nested_compile_region", None)
-    return api if callable(api) else None
-
-
-def missing_api_reason() -> str | None:
-    """Why hierarchical compilation cannot run on this torch (``None``: it can)."""
-    if nested_region_api() is None:
-        return (
-            f"torch {torch.__version__} has no torch.compiler.nested_compile_region "
-            "(hierarchical compilation needs torch 2.11 or later)"
-        )
-    return None
 
 
 def mark_nested(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -81,13 +65,13 @@ def mark_nested(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     Only the function is passed, positionally: the one form torch 2.11 and 2.12+ both accept.
     """
-    api = nested_region_api()
-    if api is None:
-        raise TorchkilnError(missing_api_reason() or "nested_compile_region is unavailable")
+    problem = feature_problem("hierarchical compilation")
+    if problem is not None:
+        raise TorchkilnError(problem)
     if inspect.ismethod(fn):
         # A bound method would bake one instance into the shared region.
         raise TorchkilnError("mark_nested needs the class's forward function, not a bound method")
-    return api(fn)
+    return torch.compiler.nested_compile_region(fn)
 
 
 @hookimpl

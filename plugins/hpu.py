@@ -17,7 +17,6 @@ from torchkiln.plugin import (
     Availability,
     BackendSpec,
     CompileConfig,
-    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -43,11 +42,9 @@ def _lazy_mode_active() -> bool:
     """What the loaded Gaudi bridge says, for releases where lazy mode is the default."""
     try:
         from habana_frameworks.torch.utils.internal import is_lazy
-    except ImportError:
-        return False
-    try:
+
         return bool(is_lazy())
-    except Exception:
+    except Exception:  # not installed (ImportError), or the bridge cannot say
         return False
 
 
@@ -80,8 +77,6 @@ def declare_backends() -> Sequence[BackendSpec]:
 
 
 @hookimpl
-def compile_region(
-    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any]:
+def compile_region(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
     __import__(CORE)  # registers hpu_backend with torch._dynamo
     return compile_with_torch(fn, config, TORCH_BACKEND)

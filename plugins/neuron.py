@@ -18,7 +18,6 @@ from torchkiln.plugin import (
     CompileConfig,
     ConfigError,
     ConfigProblem,
-    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -76,7 +75,5 @@ def resolve_compile_config(
 
 
 @hookimpl
-def compile_region(
-    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any]:
+def compile_region(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
     return compile_with_torch(fn, config, NAME)

@@ -6,13 +6,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from torchkiln.plugin import (
-    CompileConfig,
-    DistributedResult,
-    DistributedSpec,
-    RegionPlan,
-    hookimpl,
-)
+from torchkiln.plugin import DistributedResult, DistributedSpec, hookimpl
 
 
 @hookimpl
@@ -22,11 +16,7 @@ def declare_distributed() -> list[DistributedSpec]:
 
 @hookimpl
 def wrap_distributed(
-    model: nn.Module,
-    config: CompileConfig,
-    plan: RegionPlan,
-    strategy: str,
-    compile_regions: Callable[[nn.Module], None],
+    model: nn.Module, compile_regions: Callable[[nn.Module], None]
 ) -> DistributedResult:
     compile_regions(model)
     return DistributedResult(wrapped=model, module=model, strategy="none")

@@ -16,7 +16,6 @@ from torchkiln.plugin import (
     Availability,
     BackendSpec,
     CompileConfig,
-    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -99,8 +98,6 @@ def declare_backends() -> Sequence[BackendSpec]:
 
 
 @hookimpl
-def compile_region(
-    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any]:
+def compile_region(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
     __import__("torch_tensorrt")  # registers the backend with torch._dynamo
     return compile_with_torch(fn, config, registered_name())

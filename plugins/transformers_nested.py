@@ -24,7 +24,6 @@ from torch import nn
 
 from torchkiln._internals import dynamo
 from torchkiln.plugin import (
-    CompileConfig,
     GroupPreparation,
     PartialCompileWarning,
     RegionGroup,
@@ -316,9 +315,7 @@ def nested_blocks(group: RegionGroup) -> NestedBlocks | None:
 
 
 @hookimpl(trylast=True)
-def prepare_group(
-    model: nn.Module, plan: RegionPlan, group: RegionGroup, config: CompileConfig
-) -> GroupPreparation | None:
+def prepare_group(plan: RegionPlan, group: RegionGroup) -> GroupPreparation | None:
     """Hierarchical plans: install the split forward on transformers decoder layers.
 
     Runs after the ``hierarchical`` plugin's ``prepare_group`` (``trylast``), so the forward it

@@ -22,7 +22,6 @@ from torchkiln.plugin import (
     Availability,
     BackendSpec,
     CompileConfig,
-    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -79,7 +78,5 @@ def declare_backends() -> Sequence[BackendSpec]:
 
 
 @hookimpl
-def compile_region(
-    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
-) -> Callable[..., Any]:
+def compile_region(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
     return compile_with_torch(fn, config, NAME)

@@ -16,7 +16,6 @@ from torchkiln.plugin import (
     Availability,
     BackendSpec,
     CompileConfig,
-    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -55,7 +54,7 @@ def declare_backends() -> Sequence[BackendSpec]:
 
 @hookimpl
 def compile_region(
-    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, backend: str
+    fn: Callable[..., Any], config: CompileConfig, backend: str
 ) -> Callable[..., Any]:
     torch_backend = TORCH_BACKENDS[backend]
     __import__(BRIDGE)  # fail now, naming torch_xla, rather than on the first forward call
