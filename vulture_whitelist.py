@@ -34,5 +34,3 @@ _.get_seq_length
 # the release fact the built-in trap tests and docs/guide.md check against a graph count
 # (core/_internals/versions.py)
 module_compile_skips_torch_nn
-# examples/decode_time_split.py times every guard check through it (core/_internals/cache_entries.py)
-_.with_checks

@@ -87,14 +87,6 @@ class GuardTable(Generic[F]):
     def functions(self) -> list[F]:
         return [function for _, function in self._rows]
 
-    def with_checks(self, wrap: Callable[[Check], Check]) -> GuardTable[F]:
-        """The same rows, each check replaced by ``wrap(check)`` (instrumentation: a timer
-        around every guard check, as ``examples/decode_time_split.py`` installs)."""
-        table: GuardTable[F] = GuardTable()
-        table._guards = list(self._guards)
-        table._rows = [(wrap(check), function) for check, function in self._rows]
-        return table
-
     def __iter__(self) -> Iterator[tuple[Check, F]]:
         return iter(self._rows)
 
