@@ -66,7 +66,7 @@ class _LevelSearch:
         """``regions.classes`` given to ``repeated``: the user's level, grouped by shape."""
         groups = self._group(found, "named in regions.classes")
         kept = [g for g in groups if len(g.regions) >= self.min_repeats]
-        names = ", ".join(self.config_classes_in(found))
+        names = ", ".join(dict.fromkeys(type(m).__name__ for _, m in found))
         level = f"level: {names}, as regions.classes names"
         dropped = [g for g in groups if len(g.regions) < self.min_repeats]
         if dropped:
@@ -194,9 +194,6 @@ class _LevelSearch:
         return group_by_structure(found, reason, self.index)
 
     # -- explaining the level --
-
-    def config_classes_in(self, found: list[tuple[str, nn.Module]]) -> list[str]:
-        return list(dict.fromkeys(type(m).__name__ for _, m in found))
 
     def _level(self, groups: list[RegionGroup]) -> str:
         if not groups:

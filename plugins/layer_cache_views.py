@@ -253,13 +253,7 @@ _call_outside_graph = torch.compiler.disable(_call_whole)
 
 
 def _split_method(method: LayerMethod) -> Any:
-    name, function, position, keyword, default = (
-        method.name,
-        method.function,
-        method.position,
-        method.keyword,
-        method.default,
-    )
+    name, function, position, keyword, default = attrs.astuple(method, recurse=False)
 
     def per_layer(self: LayerView, *args: Any, **kwargs: Any) -> Any:
         if position is not None and len(args) > position:

@@ -14,8 +14,6 @@ The model's own block names (transformers' ``_no_split_modules``, diffusers'
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import nn
 
 from torchkiln.plugin import (
@@ -60,38 +58,17 @@ def declare_selectors() -> list[SelectorSpec]:
 @hookimpl
 def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan:
     # torchkiln calls this only for the names declared above.
-    return SELECTORS[selector](model, config)
-
-
-def _whole(model: nn.Module, config: CompileConfig) -> RegionPlan:
-    return whole_plan(model, "whole model, as configured (regions.strategy=whole)")
-
-
-def _classes(model: nn.Module, config: CompileConfig) -> RegionPlan:
-    return _plan_from(
-        model,
-        config,
-        "classes",
-        by_class(model, config.regions.classes),
-        f"modules whose class matches {', '.join(config.regions.classes)}",
-    )
-
-
-def _paths(model: nn.Module, config: CompileConfig) -> RegionPlan:
-    return _plan_from(
-        model,
-        config,
-        "paths",
-        by_path(model, config.regions.paths),
-        f"modules whose path matches {', '.join(config.regions.paths)}",
-    )
-
-
-def _repeated(model: nn.Module, config: CompileConfig) -> RegionPlan:
-    return _repeated_plan(model, config, requested="repeated")
-
-
-# --- strategies ------------------------------------------------------------------------------
+    if selector == "auto":
+        return _auto(model, config)
+    if selector == "repeated":
+        return _repeated_plan(model, config, requested="repeated")
+    if selector == "whole":
+        return whole_plan(model, "whole model, as configured (regions.strategy=whole)")
+    classes = selector == "classes"  # else "paths"
+    patterns = config.regions.classes if classes else config.regions.paths
+    found = (by_class if classes else by_path)(model, patterns)
+    why = f"modules whose {'class' if classes else 'path'} matches {', '.join(patterns)}"
+    return _plan_from(model, config, selector, found, why)
 
 
 def whole_plan(model: nn.Module, reason: str, requested: str = "") -> RegionPlan:
@@ -204,12 +181,3 @@ def _leaf_groups(
         )
         for g in found
     ]
-
-
-SELECTORS: dict[str, Callable[[nn.Module, CompileConfig], RegionPlan]] = {
-    "auto": _auto,
-    "repeated": _repeated,
-    "whole": _whole,
-    "classes": _classes,
-    "paths": _paths,
-}
