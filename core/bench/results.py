@@ -36,9 +36,6 @@ class RunFailure:
     message: str
     stderr_tail: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
 
 @attrs.define
 class CellResult:
@@ -86,7 +83,7 @@ class CellResult:
             "steady_failure": self.steady_failure,
             "cold": self.cold,
             "warm": self.warm,
-            "failure": self.failure.to_dict() if self.failure else None,
+            "failure": attrs.asdict(self.failure) if self.failure else None,
             "precompile": self.precompile,
             "skipped": self.skipped,
         }

@@ -175,22 +175,24 @@ class BenchSettings:
     steady_deepest_only: bool = False
     """Time the steady state at the deepest of ``depths`` only (the quick preset's)."""
 
+    @property
+    def deepest(self) -> int | None:
+        return max((d for d in self.depths if d is not None), default=None)
+
     def cells(self) -> list[Cell]:
-        deepest = max((d for d in self.depths if d is not None), default=None)
         return [
             Cell(depth, batch, strategy)
             for depth in self.depths
             for batch in self.batches
             for strategy in self.strategies
-            if strategy not in self.deepest_only or depth == deepest
+            if strategy not in self.deepest_only or depth == self.deepest
         ]
 
     def times_steady(self, depth: int | None) -> bool:
         """Whether the cells at ``depth`` get a shared steady-state run."""
         if self.steady_in_first_call:
             return False
-        deepest = max((d for d in self.depths if d is not None), default=None)
-        return not self.steady_deepest_only or depth == deepest
+        return not self.steady_deepest_only or depth == self.deepest
 
     def runs_warm(self, strategy: str) -> bool:
         """Whether ``strategy``'s cells get a warm run after the cold one."""

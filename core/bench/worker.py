@@ -132,7 +132,7 @@ def report_summary(strategy: str, model: Any) -> dict[str, Any] | None:
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m torchkiln.bench.worker")
     p.add_argument("--model", required=True)
-    p.add_argument("--depth", type=int, default=None)
+    p.add_argument("--depth", type=int)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=128)
     group = p.add_mutually_exclusive_group(required=True)
@@ -150,14 +150,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", default="inductor")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="the model's dtype (torch name)")
-    p.add_argument("--mode", default=None, help="torch.compile mode of every compiled strategy")
+    p.add_argument("--mode", help="torch.compile mode of every compiled strategy")
     p.add_argument(
         "--steady-here",
         action="store_true",
         help="--strategy: also time --steady-iters calls after the warm-up (steady_seconds)",
     )
     p.add_argument("--train", action="store_true")
-    p.add_argument("--workload", choices=("forward", "train", "generate"), default=None)
+    p.add_argument("--workload", choices=("forward", "train", "generate"))
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--steady-iters", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
@@ -165,7 +165,6 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--spawned-at",
         type=float,
-        default=None,
         help="time.time() when the runner started this process (to measure startup)",
     )
     args = p.parse_args(argv)
