@@ -1,15 +1,9 @@
-"""What a distributed wrapper returns, and how users get the plain module back.
+"""What a distributed wrapper returns, and how users get the plain module back
+(:func:`unwrap`, :func:`full_state_dict`, :func:`distributed_result`).
 
-Public: :func:`unwrap` (the plain module behind DDP, a DeepSpeed engine or ``torch.compile``),
-:func:`full_state_dict` (the full, unsharded state dict with the plain module's keys) and
-:func:`distributed_result` (everything a strategy returned, DeepSpeed's optimizer included).
-
-The checks a strategy runs before wrapping live here too, so that every strategy, built-in or
-third-party, fails the same way: :func:`require_process_group`, :func:`check_not_wrapped` and,
-after wrapping, :func:`check_result`.
-
-Nothing here imports DeepSpeed: a DeepSpeed engine can only exist once ``deepspeed`` has been
-imported, so :func:`is_deepspeed_engine` looks in ``sys.modules`` first.
+The checks every strategy, built-in or third-party, runs live here too, so that all fail the
+same way: :func:`require_process_group`, :func:`check_not_wrapped`, :func:`check_result`.
+Nothing here imports DeepSpeed (:func:`is_deepspeed_engine` looks in ``sys.modules`` first).
 """
 
 from __future__ import annotations
@@ -147,7 +141,8 @@ def check_not_wrapped(model: Any, strategy: str = "") -> None:
             f"the model given{wanted} is already sharded by FSDP2 (fully_shard); sharding it "
             "again would manage its parameters twice. Build a fresh model, or pass an unsharded one"
         )
-    holder = _live_wrapper(model)
+    ref = getattr(model, "__dict__", {}).get(WRAPPED_BY_ATTR)
+    holder = ref() if ref is not None else None
     if holder is not None:
         raise DistributedError(
             f"the model given{wanted} is still held by the {type(holder).__name__} that an earlier "
@@ -156,20 +151,16 @@ def check_not_wrapped(model: Any, strategy: str = "") -> None:
         )
 
 
-def _live_wrapper(module: Any) -> Any:
-    ref = getattr(module, "__dict__", {}).get(WRAPPED_BY_ATTR)
-    return ref() if ref is not None else None
+def strategy_owner(plugin: str | None, strategy: str) -> str:
+    """``plugin 'acme' (strategy 'odd')``: faults are the plugin's, named with what it serves."""
+    return f"plugin {plugin!r} (strategy {strategy!r})" if plugin else f"strategy {strategy!r}"
 
 
 def check_result(result: _DistributedResult, model: nn.Module, plugin: str | None = None) -> None:
     """Raise :class:`DistributedError` when a strategy returned something inconsistent: its
     ``module`` is not the model it was given, or the model ended up wrapped twice. The message
     names ``plugin`` (the one that declared the strategy) when given."""
-    who = (
-        f"plugin {plugin!r} (strategy {result.strategy!r})"
-        if plugin
-        else (f"strategy {result.strategy!r}")
-    )
+    who = strategy_owner(plugin, result.strategy)
     if result.module is not model:
         raise DistributedError(
             f"{who} returned module {type(result.module).__name__} instead "
@@ -228,10 +219,6 @@ def unwrap(obj: Any) -> nn.Module:
     return obj
 
 
-def _rank() -> int:
-    return torch.distributed.get_rank() if process_group_ready() else 0
-
-
 def _snapshot(state: Mapping[str, Any]) -> dict[str, Any]:
     return {
         dynamo.without_wrapper_keys(key): value.detach().to("cpu", copy=True)
@@ -259,7 +246,7 @@ def full_state_dict(obj: Any, *, rank0_only: bool = True) -> dict[str, Any]:
         state = result.full_state_dict()
     else:
         state = _gather(unwrap(obj), rank0_only)
-    if rank0_only and _rank() != 0:
+    if rank0_only and process_group_ready() and torch.distributed.get_rank() != 0:
         return {}
     return _snapshot(state)
 

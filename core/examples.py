@@ -46,9 +46,7 @@ def llama(
     Built as users get it: the default config (KV cache on, default attention) with only the
     sizes changed, random weights.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
+    return _llama_lm(
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=depth,
@@ -57,8 +55,14 @@ def llama(
         vocab_size=vocab_size,
         max_position_embeddings=1024,
     )
+
+
+def _llama_lm(**config: Any) -> nn.Module:
+    """``LlamaForCausalLM`` of the default ``LlamaConfig`` with ``config`` changed, seeded."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(LlamaConfig(**config)).eval()
 
 
 @contextlib.contextmanager
@@ -86,21 +90,17 @@ def llama_1b(
     Built directly on ``device`` in ``dtype`` (no float32 copy on the CPU first);
     ``device="meta"`` gives the shapes without memory (parameter counts).
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=depth,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=True,
-    )
     torch_dtype: torch.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    torch.manual_seed(0)
     with torch.device(device), _default_dtype(torch_dtype):
-        return LlamaForCausalLM(config).eval()
+        return _llama_lm(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=depth,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            tie_word_embeddings=True,
+        )
 
 
 def gpt2(

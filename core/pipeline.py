@@ -9,12 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import torch
 from torch import nn
 
 from torchkiln.artifacts.cache import apply_cache_dir, check_cache_dir
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.store_layout import tiers_implied
-from torchkiln.distributed import attach, check_result, distributed_result
+from torchkiln.distributed import attach, check_result, distributed_result, strategy_owner
 from torchkiln.engine.adapter_placement import warn_adapters_outside_blocks
 from torchkiln.engine.compile_state import (
     STATE_ATTR,
@@ -25,7 +26,6 @@ from torchkiln.engine.compile_state import (
     state_of,
 )
 from torchkiln.engine.compile_state import decompile as _decompile_inplace
-from torchkiln.engine.cuda_graph_steps import install_step_marker, uses_cuda_graphs
 from torchkiln.engine.plan_check import declared_by, select_plan
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
@@ -42,11 +42,6 @@ from torchkiln.plugin_host.report_causes import ReportCause
 from torchkiln.reporting.compile_report import CompileReport, build_report
 
 logger = logging.getLogger("torchkiln")
-
-
-def _who(plugin: str | None, strategy: str) -> str:
-    """``plugin 'acme' (strategy 'odd')``: faults are the plugin's, named with what it serves."""
-    return f"plugin {plugin!r} (strategy {strategy!r})" if plugin else f"strategy {strategy!r}"
 
 
 def plan(
@@ -236,7 +231,7 @@ def _compile_checked(
         raise bad_result("wrap_distributed", owner, result, "a torchkiln.DistributedResult")
     if compiler.calls != 1:
         raise PluginError(
-            f"{_who(owner, strategy)} called compile_regions {compiler.calls} times in "
+            f"{strategy_owner(owner, strategy)} called compile_regions {compiler.calls} times in "
             "wrap_distributed(); it must call it exactly once",
             plugin=owner,
             hook="wrap_distributed",
@@ -288,6 +283,40 @@ def _print_report(model: nn.Module, state: CompileState, cfg: CompileConfig) -> 
     )
 
 
+CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
+"""``torch.compile`` modes that turn on inductor's CUDA graphs (``triton.cudagraphs``)."""
+
+
+def uses_cuda_graphs(config: CompileConfig) -> bool:
+    """Whether ``config`` asks inductor for CUDA graphs (by mode or by option)."""
+    if config.options.get("triton.cudagraphs") is not None:
+        return bool(config.options["triton.cudagraphs"])
+    return config.mode in CUDA_GRAPH_MODES
+
+
+def _on_cuda(model: nn.Module) -> bool:
+    parameter = next(model.parameters(), None)
+    return parameter is not None and parameter.is_cuda
+
+
+def _step_marker(model: nn.Module, state: CompileState, cfg: CompileConfig) -> Any:
+    """Mark a CUDA-graph step before each inference call of ``model`` (``mode``, in
+    docs/configuration.md): each block is a compiled function of its own, so without a mark
+    CUDA-graph trees start a step per block and refuse the previous block's output.
+
+    Only with gradients off (with gradients on, the trees keep a step open until the backward)
+    and parameters on a CUDA device. Marking is process-wide in torch (once marked, trees wait
+    for explicit marks): other CUDA-graph models keep stepping while this one is called; a loop
+    that then runs only *other* CUDA-graph models should mark its own steps, as torch documents.
+    """
+
+    def mark_step(module: nn.Module, args: Any) -> None:
+        if not torch.is_grad_enabled() and _on_cuda(module):
+            torch.compiler.cudagraph_mark_step_begin()
+
+    return model.register_forward_pre_hook(mark_step).remove
+
+
 def _tiers(model: nn.Module, state: CompileState, cfg: CompileConfig) -> None:
     from torchkiln.tiered.install import install_tiers, region_paths_of, wants_tiers
 
@@ -301,7 +330,7 @@ STEPS: tuple[Step, ...] = (
     Step(
         "CUDA graph step marker",
         lambda cfg, state: cfg.enabled and state.plan.region_count > 1 and uses_cuda_graphs(cfg),
-        lambda model, state, cfg: install_step_marker(model),
+        _step_marker,
     ),
     Step("report at the first calls' end", lambda cfg, state: cfg.report, _print_report),
     Step("tiers", lambda cfg, state: True, _tiers),
@@ -372,15 +401,11 @@ def _root(model: Any) -> nn.Module:
     return model
 
 
-def _compiled_state(model: Any) -> CompileState | None:
-    return state_of(_root(model))
-
-
 def is_compiled(model: Any) -> bool:
     """Whether torchkiln compiled ``model`` (or the module inside the returned wrapper), or
     ``model`` holds blocks torchkiln compiled (PEFT's merged model, a submodule taken out of
     the model, a model another library wrapped)."""
-    return _compiled_state(model) is not None or bool(held_regions(_root(model)))
+    return state_of(_root(model)) is not None or bool(held_regions(_root(model)))
 
 
 def decompile(model: Any) -> nn.Module:
@@ -403,9 +428,7 @@ def report(model: Any, *, verbose: bool = False) -> CompileReport:
 
     :param verbose: ``str(report)`` shows Dynamo's full text under each one-line reason.
     """
-    state = _compiled_state(model)
-    if state is None:
-        state = _held_state(model)
+    state = state_of(_root(model)) or _held_state(model)
     return build_report(state, verbose=verbose, causes=state.report_causes)
 
 

@@ -107,11 +107,9 @@ def register_plugin(
 # --- the default model -----------------------------------------------------------------------
 
 
+@functools.cache
 def _model_classes() -> tuple[type[nn.Module], type[nn.Module]]:
     """Built on first use (torch is imported only then), once per process."""
-    cached = globals().get("_MODEL_CLASSES")
-    if cached is not None:
-        return cached
     import torch.nn.functional as F
     from torch import nn
 
@@ -140,7 +138,6 @@ def _model_classes() -> tuple[type[nn.Module], type[nn.Module]]:
                 x = block(x)
             return self.head(x)
 
-    globals()["_MODEL_CLASSES"] = (TinyBlock, TinyModel)
     return TinyBlock, TinyModel
 
 
@@ -173,12 +170,6 @@ class BackendCheck:
     """Largest absolute difference between compiled and eager outputs."""
     gradients_checked: int
     """Parameters whose gradients were compared (0 for an inference-only backend)."""
-
-
-def _manager_for(plugins: PluginManager | Iterable[object] | None) -> PluginManager:
-    from torchkiln.plugin_host.default_manager import as_plugin_manager
-
-    return as_plugin_manager(plugins)
 
 
 def output_tensors(value: Any) -> list[torch.Tensor]:
@@ -243,8 +234,9 @@ def assert_backend_matches_eager(
     import torch
 
     import torchkiln
+    from torchkiln.plugin_host.default_manager import as_plugin_manager
 
-    manager = _manager_for(plugins)
+    manager = as_plugin_manager(plugins)
     declared = manager.backends().get(backend.lower())
     if declared is None:
         raise AssertionError(

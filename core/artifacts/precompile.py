@@ -57,11 +57,11 @@ from torchkiln.artifacts.isa_probe import recorded_probes
 from torchkiln.artifacts.whole_build import check_savable_backend
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import REGION_ATTR, decompile, state_of
+from torchkiln.engine.group_runtime import trace_settings_of
 from torchkiln.engine.plan_check import select_plan
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
-from torchkiln.engine.trace_settings import trace_settings_of
 from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
 from torchkiln.plugin_host.plugin_manager import PluginManager
 from torchkiln.plugin_host.region_plan import RegionGroup

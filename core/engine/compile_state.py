@@ -23,8 +23,8 @@ from torch import nn
 
 from torchkiln._internals import dynamo
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.engine import compile_events
-from torchkiln.engine.dynamo_metrics import CompileRecord, HeldRecords
+from torchkiln.engine import dynamo_records
+from torchkiln.engine.dynamo_records import CompileRecord, HeldRecords
 from torchkiln.plugin_host.region_plan import Region, RegionPlan
 
 STATE_ATTR = "_torchkiln_compiled"
@@ -76,11 +76,7 @@ class RegionState:
         return attrs.evolve(self)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RegionState:
-        copied = object.__new__(RegionState)
-        memo[id(self)] = copied
-        for field in attrs.fields(RegionState):
-            object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
-        return copied
+        return _deepcopy_fields(self, memo)
 
 
 @attrs.frozen
@@ -128,7 +124,7 @@ def _eager_run(region_state: RegionState, frame_locals: dict[str, Any]) -> Eager
     failed: list[str] = []
     cached = 0
     if code is not None:
-        failed, cached = compile_events.failed_guards_and_count(code, frame_locals)
+        failed, cached = dynamo_records.failed_guards_and_count(code, frame_locals)
     return EagerRun(next(_EAGER_ORDER), cached, tuple(failed), dynamo.stance_name())
 
 
@@ -206,16 +202,22 @@ class CompileState:
         return attrs.evolve(self)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CompileState:
-        copied = object.__new__(CompileState)
-        memo[id(self)] = copied
-        for field in attrs.fields(CompileState):
-            if field.name == "root":
-                continue
-            object.__setattr__(copied, field.name, copy.deepcopy(getattr(self, field.name), memo))
+        copied = _deepcopy_fields(self, memo, skip="root")
         root = self.root() if self.root is not None else None
         copied_root = memo.get(id(root)) if root is not None else None
         copied.root = weakref.ref(copied_root) if copied_root is not None else None
         return copied
+
+
+def _deepcopy_fields(obj: Any, memo: dict[int, Any], skip: str = "") -> Any:
+    """A copy of the attrs instance ``obj`` with each field but ``skip`` deep-copied (``memo``
+    learns the copy first, so cycles through ``obj`` end at it)."""
+    copied = object.__new__(type(obj))
+    memo[id(obj)] = copied
+    for field in attrs.fields(type(obj)):
+        if field.name != skip:
+            object.__setattr__(copied, field.name, copy.deepcopy(getattr(obj, field.name), memo))
+    return copied
 
 
 def _nothing() -> None:
@@ -323,7 +325,7 @@ def decompile(root: nn.Module) -> bool:
     for undo in reversed(state.restore):
         attempt(undo)
     attempt(functools.partial(_untag, root, state))
-    compile_events.forget(set(state.code_names.values()))
+    dynamo_records.forget(set(state.code_names.values()))
     del root.__dict__[STATE_ATTR]
     if errors:
         raise errors[0]

@@ -1,14 +1,8 @@
-"""Detect a second compile of a model torchkiln already compiled.
-
-``torch.compile(model)``, ``model.compile()`` or Accelerate's ``prepare`` on a model torchkiln
-compiled makes Dynamo trace it again: it inlines torchkiln's regions (the regional cold start
-is lost) and puts ``_orig_mod.`` into checkpoint keys, and torch says nothing about it.
-
-It is detected without patching torch and with nothing on the forward path: each region
-group's function and each region's first-call shim starts with ``comptime(check)``, which runs
-only while Dynamo traces the function (:func:`group_function_check`, :func:`first_call_check`).
-:func:`report` then warns, raises or stays silent, by ``TORCHKILN_ON_DOUBLE_COMPILE``.
-docs/double-compile.md says how each check tells the two compiles apart.
+"""Detect a second compile (``torch.compile(model)``, ``model.compile()``, Accelerate's
+``prepare``) of a model torchkiln already compiled: it inlines torchkiln's regions and puts
+``_orig_mod.`` into checkpoint keys, silently. Each group function and first-call step starts
+with ``comptime(check)``, which runs only while Dynamo traces it; :func:`report` then warns,
+raises or stays silent, by ``TORCHKILN_ON_DOUBLE_COMPILE`` (docs/double-compile.md).
 """
 
 from __future__ import annotations
@@ -113,16 +107,3 @@ def has_parent_frame(ctx: Any) -> bool:
     except AttributeError:
         return False
     return True
-
-
-__all__ = [
-    "ENV_POLICY",
-    "POLICIES",
-    "DoubleCompileError",
-    "DoubleCompileWarning",
-    "first_call_check",
-    "group_function_check",
-    "has_parent_frame",
-    "policy",
-    "report",
-]

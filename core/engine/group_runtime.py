@@ -14,11 +14,12 @@
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import time
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
@@ -26,21 +27,77 @@ from torch import nn
 
 from torchkiln._internals import dynamo, frame_strategy
 from torchkiln._internals.aot_artifacts import loaded_guard_table
-from torchkiln.engine import compile_events
+from torchkiln.engine import dynamo_records
 from torchkiln.engine.compile_state import REGION_ATTR, RegionState, restore_forward
 from torchkiln.engine.double_compile import first_call_check
-from torchkiln.engine.dynamo_metrics import Window
+from torchkiln.engine.dynamo_records import Window
 from torchkiln.engine.progress import ProgressObserver
 from torchkiln.errors import RegionCompileError, TorchkilnError
+from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.region_plan import RegionGroup
-
-logger = logging.getLogger("torchkiln")
-
-RegionFunction = Callable[..., Any]
 
 
 class RegionFallbackWarning(RuntimeWarning):
     """A region that failed to compile runs eagerly (``on_region_error: eager``)."""
+
+
+# --- the settings a group's code runs in (``GroupPreparation.trace_settings``) ------------------
+
+
+SettingsFactory = Callable[[], AbstractContextManager[Any]]
+
+
+class TraceSettings:
+    """``compiled(*args, **kwargs)`` inside every factory's context, first factory outermost
+    (so that every call that may trace runs in the preparations' settings).
+
+    Attributes not defined here (``_torchdynamo_orig_callable``, ``aot_compile``, ...) are
+    ``compiled``'s, so hooks that look at what ``torch.compile`` returned still see it.
+    """
+
+    def __init__(self, compiled: Callable[..., Any], factories: list[SettingsFactory]):
+        self.compiled = compiled
+        self.factories = factories
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.entered():
+            return self.compiled(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """The settings, for tracing done by other means (``aot_compile`` when precompiling)."""
+        with contextlib.ExitStack() as stack:
+            for factory in self.factories:
+                stack.enter_context(factory())
+            yield
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TraceSettings:
+        return self  # shared by copies, as the compiled function is (functions copy as is)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (_nothing, ())  # a pickled model holds the plain model (CompileState)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("compiled", "factories"):  # missing only while unpickling: no recursion
+            raise AttributeError(name)
+        return getattr(self.compiled, name)
+
+
+def trace_settings_of(compiled: Any) -> AbstractContextManager[Any]:
+    """The trace settings ``compiled`` runs in (none: a context that does nothing)."""
+    return compiled.entered() if isinstance(compiled, TraceSettings) else contextlib.nullcontext()
+
+
+def with_trace_settings(
+    compiled: Callable[..., Any], preparations: list[GroupPreparation]
+) -> Callable[..., Any]:
+    """``compiled`` wrapped in the preparations' trace settings; itself when there are none."""
+    factories = [p.trace_settings for p in preparations if p.trace_settings is not None]
+    return TraceSettings(compiled, factories) if factories else compiled
+
+
+def _nothing() -> None:
+    return None
 
 
 # --- the group's code: sources before the backend --------------------------------------------
@@ -201,7 +258,7 @@ def first_call_step(
         step = module.__dict__["forward"]
         compiled = types.MethodType(compiled_function, module)
         region = region_state.region
-        compile_events.install()  # again, in case torch._dynamo.reset() dropped it
+        dynamo_records.install()  # again, in case torch._dynamo.reset() dropped it
         progress.start(region, region_state.group_index, group_count)
         window = Window.open()
         eager_before = (region_state.eager_calls, region_state.first_eager)
@@ -284,7 +341,9 @@ def _handle_failure(
     except Exception as eager_error:
         module.__dict__["forward"] = step  # the user's error: the next call starts over
         _resume_compiling(region_state)
-        if eager_error is error or not _is_compile_failure(error):
+        if eager_error is error or not isinstance(
+            error, dynamo.exception_type() | RegionCompileError
+        ):
             raise error from error.__cause__  # the call failed the same way eagerly
         raise eager_error from None  # eager fails too: the input is wrong, not the compile
     region_state.fallback_reason = describe_failure(error)
@@ -318,10 +377,6 @@ def _eager_after_sibling(
     )
     restore_forward(module, region_state.previous_forward)
     return module.forward(*args, **kwargs)
-
-
-def _is_compile_failure(error: BaseException) -> bool:
-    return isinstance(error, dynamo.exception_type() | RegionCompileError)
 
 
 def _resume_compiling(region_state: RegionState) -> None:

@@ -33,18 +33,14 @@ def declared_by(plugin: str | None) -> str:
     return f" (declared by plugin {plugin!r}, which returned None)" if plugin else ""
 
 
-def _selector_owner(pm: PluginManager, selector: str) -> str | None:
-    declared = pm.selectors().get(selector)
-    return declared.plugin if declared is not None else None
-
-
 def select_plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> RegionPlan:
     """The checked plan of the selector ``resolved`` names (``select_regions``), logged: what
     :func:`torchkiln.plan` returns and :func:`torchkiln.compile` and :func:`torchkiln.precompile`
     compile."""
     config = resolved.config
     selector = config.regions.strategy
-    owner = _selector_owner(pm, selector)
+    declared = pm.selectors().get(selector)
+    owner = declared.plugin if declared is not None else None
     with planning_with(pm):
         plan = call_hook(pm, "select_regions", owner, model=model, config=config, selector=selector)
     if plan is None:

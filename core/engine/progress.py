@@ -1,18 +1,11 @@
-"""Per-region progress while the first (compiling) call runs.
-
-Compilation is lazy: it happens inside the model's first forward. The engine calls
-:func:`make_progress` once per ``torchkiln.compile`` and then, from the first-call shim of each
-region, ``start`` before the region's first call and ``done`` after it. The shim removes
-itself after that first call, so nothing here stays on the forward path.
-
-What is shown (on standard error by default)::
+"""Per-region progress while the first (compiling) calls run, from each region's first-call
+step (``start`` before, ``done`` after), so nothing here stays on the forward path::
 
     compiling 1/2 groups: LlamaDecoderLayer (model.layers.0) ...
     compiled 2 groups (17 regions) in 14.2 s
 
-On a terminal the line is rewritten in place as regions go by; on a plain stream (a log file,
-with ``progress="on"``) one line is written when each group starts compiling and one when it
-finishes, never one per reused region.
+On a terminal the line is rewritten in place; on a plain stream (``progress="on"``) one line
+is written when each group starts compiling and one when it finishes.
 """
 
 from __future__ import annotations

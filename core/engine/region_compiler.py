@@ -1,15 +1,10 @@
-"""Compile regions in place and undo it.
+"""Compile regions in place and undo it (docs/architecture.md, "Compiling in place").
 
-Each region's ``forward`` becomes an instance attribute: the group's compiled function bound to
-the module. ``nn.Module.__call__`` still runs the module's hooks eagerly around it, exactly as
-with ``nn.Module.compile()``; the class, attributes, children and ``state_dict()`` keys are
-untouched (:mod:`torchkiln.engine.compile_state` keeps what was there and puts it back).
-Unlike ``nn.Module.compile()`` this also compiles ``torch.nn`` built-ins (``nn.Linear``,
-``nn.TransformerEncoderLayer``): Dynamo skips a *top* frame whose code lives in
-``torch/nn``, so each group is compiled through a small function of its own (a fresh code
-object per group, hence one Dynamo cache per group shared by all of its regions).
-
-What a region's call does then is :mod:`torchkiln.engine.group_runtime`'s.
+Each region's ``forward`` becomes an instance attribute: its group's compiled function, made
+from a small function with a code object of its own per group (one Dynamo cache per group,
+shared by its regions), bound to the module. :mod:`torchkiln.engine.compile_state` keeps what
+was there and puts it back; what a region's call does then is
+:mod:`torchkiln.engine.group_runtime`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from torch import nn
 from torchkiln._internals import dynamo
 from torchkiln._internals.hub_kernels import name_function_modules
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.engine import compile_events
+from torchkiln.engine import dynamo_records
 from torchkiln.engine.compile_state import (
     MISSING,
     REGION_ATTR,
@@ -42,16 +37,16 @@ from torchkiln.engine.compile_state import (
     state_of,
 )
 from torchkiln.engine.double_compile import group_function_check
-from torchkiln.engine.dynamo_metrics import HeldRecords
+from torchkiln.engine.dynamo_records import HeldRecords
 from torchkiln.engine.group_runtime import (
     CodeSource,
     GroupCode,
     describe_failure,
     first_call_step,
     first_line,
+    with_trace_settings,
 )
 from torchkiln.engine.progress import ProgressObserver
-from torchkiln.engine.trace_settings import with_trace_settings
 from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.plugin_faults import bad_result, plugin_at_fault, raised_in
@@ -110,37 +105,12 @@ def group_function(
 
     ``forward`` may be wrapped already (``GroupPreparation.wrap_traced``): the function made
     here is the outermost frame, so each group still gets a code object, and a cache, of its own.
-
     For a group of several regions, module int attributes (``layer_idx``) are traced as
-    symbolic (see :func:`first_call_dynamo_settings`): a shape change after the first calls
-    recompiles once, not once per block up to the recompile limit.
-
-    ``comptime(check)`` does something only while Dynamo traces the function (compiled code
-    does not contain it): it reports another compile inlining this region, a double compile
-    (:mod:`torchkiln.engine.double_compile`).
+    symbolic (see :func:`first_call_dynamo_settings`).
     """
-    from torch.compiler import is_compiling
-
-    comptime = dynamo.comptime_function()  # imported with Dynamo, not with torchkiln
-    check = group_function_check(group.name)
-    if len(group.regions) > 1 and traceable_int_patch():
-        patch_dynamo_config = dynamo.traced_config_patcher()
-
-        def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            comptime(check)
-            if not is_compiling():  # folded away by Dynamo: only eager runs get here
-                ran_eagerly(locals())
-            with patch_dynamo_config(allow_unspec_int_on_nn_module=True):
-                return forward(module, *args, **kwargs)
-
-    else:
-
-        def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            comptime(check)
-            if not is_compiling():  # folded away by Dynamo: only eager runs get here
-                ran_eagerly(locals())
-            return forward(module, *args, **kwargs)
-
+    region_forward = _traced_function(
+        forward, group.name, unspec_ints=len(group.regions) > 1 and traceable_int_patch()
+    )
     # Unique in the process, not just in the model: the report recognises its group's compile
     # records by this name, and two models with a LlamaDecoderLayer group must not mix them.
     name = (
@@ -152,39 +122,57 @@ def group_function(
 
 
 def instance_forward_function(
-    previous: Callable[..., Any],
-    preparations: list[GroupPreparation] | None = None,
-    group_name: str = "",
+    previous: Callable[..., Any], preparations: list[GroupPreparation], group_name: str
 ) -> Callable[..., Any]:
     """For a module whose ``forward`` was already replaced on the instance (autocast wrappers)."""
 
     def previous_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return previous(*args, **kwargs)
 
+    return _traced_function(_wrap_traced(previous_forward, preparations), group_name, False)
+
+
+def _traced_function(
+    forward: Callable[..., Any], group_name: str, unspec_ints: bool
+) -> Callable[..., Any]:
+    """``region_forward(module, *args, **kwargs)``, the frame Dynamo traces, around ``forward``.
+
+    ``comptime(check)`` does something only while Dynamo traces the function (compiled code
+    does not contain it): it reports another compile inlining this region, a double compile
+    (:mod:`torchkiln.engine.double_compile`). ``is_compiling()`` is folded away by Dynamo, so
+    only eager runs count themselves (:func:`ran_eagerly`).
+    """
     from torch.compiler import is_compiling
 
-    comptime = dynamo.comptime_function()
-    traced = _wrap_traced(previous_forward, preparations or [])
+    comptime = dynamo.comptime_function()  # imported with Dynamo, not with torchkiln
     check = group_function_check(group_name)
+    if unspec_ints:
+        patch_dynamo_config = dynamo.traced_config_patcher()
 
-    def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        comptime(check)  # see group_function
-        if not is_compiling():
-            ran_eagerly(locals())
-        return traced(module, *args, **kwargs)
+        def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            comptime(check)
+            if not is_compiling():
+                ran_eagerly(locals())
+            with patch_dynamo_config(allow_unspec_int_on_nn_module=True):
+                return forward(module, *args, **kwargs)
+
+    else:
+
+        def region_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            comptime(check)
+            if not is_compiling():
+                ran_eagerly(locals())
+            return forward(module, *args, **kwargs)
 
     return region_forward
 
 
 def first_call_dynamo_settings(shared_by: int) -> Any:
-    """Dynamo settings for a region's first (compiling) call only, restored on exit.
-
-    Blocks of one group often differ only in an integer attribute (``layer_idx``). Dynamo
-    specialises such attributes by default, so each block would add a recompile and block 9
-    onwards would hit the recompile limit and run eagerly. Treating them as symbolic while the
-    group's code is traced lets every block reuse one graph. Nothing stays changed afterwards.
-    """
-    if shared_by < 2 or traceable_int_patch():  # the group function sets it while tracing
+    """Dynamo settings for a region's first (compiling) call only, restored on exit: module int
+    attributes traced as symbolic, so blocks that differ only in ``layer_idx`` share one graph
+    (docs/architecture.md, "Blocks that differ only in an integer"). Nothing when the group
+    function sets it while tracing (:func:`traceable_int_patch`)."""
+    if shared_by < 2 or traceable_int_patch():
         return contextlib.nullcontext()
     return dynamo.config_patch(allow_unspec_int_on_nn_module=True)
 
@@ -249,7 +237,7 @@ class Compiler:
             records_before=HeldRecords.now(),
         )
         state.root = weakref.ref(root)
-        compile_events.install()
+        dynamo_records.install()
         object.__setattr__(root, STATE_ATTR, state)
         for index, group in enumerate(self.plan.groups):
             preparations = self._prepare(root, state, group)
@@ -273,7 +261,7 @@ class Compiler:
                     plan=self.plan,
                     group=group,
                     config=self.config,
-                    layer_caches=self._layer_caches(),
+                    layer_caches=self.plugins.layer_caches(),
                 )
             except TorchkilnError:
                 raise
@@ -359,10 +347,6 @@ class Compiler:
                 functools.partial(first_call_dynamo_settings, len(group.regions)),
             )
             module.__dict__["forward"] = types.MethodType(step, module)
-
-    def _layer_caches(self) -> tuple[Any, ...]:
-        """Every plugin's ``declare_layer_caches`` declarations (for ``prepare_group``)."""
-        return self.plugins.layer_caches()
 
     def _backend_plugin(self) -> str | None:
         """The plugin that declared the configured backend (``None``: torch's own)."""

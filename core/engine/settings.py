@@ -99,9 +99,3 @@ def hold_setting(
     stack.holds.append(new)
     _apply(stack, value)
     return new
-
-
-def held(key: str) -> int:
-    """How many live holds ``key`` has (0 when nobody holds it)."""
-    stack = _STACKS.get(key)
-    return len(stack.holds) if stack else 0

@@ -1,15 +1,10 @@
-"""Structural identity of modules, exclusion by path, and the group invariant.
+"""Structural identity of modules, exclusion by path, and the group invariant: helpers for
+region selectors (docs/plugins/selector.md lists them and what counts as plain).
 
-Helpers for region selectors (built-in and third-party). Two modules are *structurally
-identical* (:class:`StructureIndex`, :func:`structure_key`) when Dynamo would trace them into
-the same graph with the same guards: same class and ``forward`` function, the same submodule
-tree, parameter and buffer shapes, dtypes, devices and ``requires_grad``, and the same plain
-attributes on every submodule, since Dynamo specialises on those. Integer attributes that
-number a block (:data:`INDEX_ATTRIBUTE`) are left out: torchkiln traces them as symbolic ints
-in a group shared by several regions. :func:`structural_difference` says what tells two
-modules apart, :func:`is_excluded` applies ``regions.exclude``, :func:`group_by_structure`
-groups by key, and :func:`check_plan` checks the invariant every plan must keep before
-anything is touched. docs/plugins/selector.md lists the helpers and what counts as plain.
+Two modules are *structurally identical* when Dynamo would trace them into the same graph with
+the same guards: same class and ``forward`` function, submodule tree, parameter and buffer
+shapes, dtypes, devices and ``requires_grad``, and plain attributes. Integer attributes that
+number a block (:data:`INDEX_ATTRIBUTE`) are left out: they are traced as symbolic ints.
 """
 
 from __future__ import annotations
@@ -400,21 +395,3 @@ def check_plan(plan: RegionPlan, root: nn.Module, *, plugin: str = "") -> None:
 
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-__all__ = [
-    "INDEX_ATTRIBUTE",
-    "StructureIndex",
-    "check_group",
-    "check_plan",
-    "difference_kind",
-    "drop_excluded",
-    "flat_facts",
-    "forward_code_problems",
-    "group_by_structure",
-    "is_excluded",
-    "own_facts",
-    "same_structure",
-    "structural_difference",
-    "structure_key",
-]

@@ -1,14 +1,10 @@
-"""All or nothing: what ``torchkiln.compile`` puts back when it fails after touching the model.
+"""All or nothing: what ``torchkiln.compile`` puts back when it fails after touching the model
+(docs/guide.md, "All or nothing").
 
-:meth:`Snapshot.take` runs after everything that can be checked without touching the model was
-checked, and before ``select_regions``, so whatever a selector, a strategy, a group preparation
-or a backend changed before failing is undone. It records every module's class and
-``__dict__``, each parameter's and buffer's ``requires_grad`` and ``.data`` tensor, the
-environment and ``torch._dynamo.config``; :meth:`Snapshot.restore` puts all of it back.
-Parameter *values* are not copied (that would double the model's memory): an in-place write to
-them cannot be undone, so it is detected from a sample instead, and
-:meth:`Snapshot.changed_values` names the tensors for the ``PluginError`` that
-``torchkiln.compile`` raises. docs/guide.md ("All or nothing") says what is put back.
+:class:`Snapshot` records every module's class and ``__dict__``, each parameter's and buffer's
+``requires_grad`` and ``.data``, the environment and ``torch._dynamo.config``. Parameter
+*values* are not copied (that would double the model's memory): an in-place write to them is
+detected from a sample, and :meth:`Snapshot.changed_values` names the tensors.
 """
 
 from __future__ import annotations
@@ -117,11 +113,6 @@ class _TensorSnapshot:
         return now is None or not torch.equal(now, self.sample)
 
 
-def _tensors(model: nn.Module) -> list[_TensorSnapshot]:
-    named = [*model.named_parameters(), *model.named_buffers()]
-    return [_TensorSnapshot.take(name, tensor) for name, tensor in named if tensor is not None]
-
-
 @attrs.define(eq=False)
 class Snapshot:
     """The model and the process-wide state before ``torchkiln.compile`` touched anything."""
@@ -133,11 +124,12 @@ class Snapshot:
 
     @classmethod
     def take(cls, model: nn.Module) -> Snapshot:
+        tensors = [*model.named_parameters(), *model.named_buffers()]
         return cls(
             [_ModuleSnapshot.take(module) for module in model.modules()],
             dict(os.environ),
             dynamo.config().get_config_copy(),
-            _tensors(model),
+            [_TensorSnapshot.take(name, t) for name, t in tensors if t is not None],
         )
 
     def restore(self) -> None:

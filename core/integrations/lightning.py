@@ -19,7 +19,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from torchkiln.integrations.options import callback_options
+from torchkiln.integrations import callback_options
 
 
 class TorchkilnCallback(pl.Callback):  # type: ignore[misc]
@@ -37,23 +37,13 @@ class TorchkilnCallback(pl.Callback):  # type: ignore[misc]
         self.config = config
         self.options = callback_options("Lightning", options)
 
-    def _compile(self, pl_module: pl.LightningModule) -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         import torchkiln
 
         if not torchkiln.is_compiled(pl_module):
             torchkiln.compile(pl_module, self.config, **self.options)
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._compile(pl_module)
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._compile(pl_module)
-
-    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._compile(pl_module)
-
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._compile(pl_module)
+    on_validation_start = on_test_start = on_predict_start = on_fit_start
 
 
 __all__ = ["TorchkilnCallback"]

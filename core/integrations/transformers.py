@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from torchkiln.integrations.options import callback_options
+from torchkiln.integrations import callback_options
 
 
 class TorchkilnCallback(TrainerCallback):  # type: ignore[misc]

@@ -2,7 +2,7 @@
 
 The first call of each region is measured by its first-call shim (a window over Dynamo's
 records). Everything after that is read lazily, when the report is built: Dynamo's compilation
-metrics and the region each of those compiles ran for (:mod:`torchkiln.engine.compile_events`).
+metrics and the region each of those compiles ran for (:mod:`torchkiln.engine.dynamo_records`).
 Whether a region ran compiled is never re-derived when the report is read nor taken from a
 log: the region's own code counts each call that runs it eagerly
 (:func:`torchkiln.engine.compile_state.ran_eagerly`), and a region is ``compiled`` when no call
@@ -19,9 +19,9 @@ from typing import Any
 
 import attrs
 
-from torchkiln.engine import compile_events
+from torchkiln.engine import dynamo_records
 from torchkiln.engine.compile_state import CompileState, RegionState
-from torchkiln.engine.dynamo_metrics import CompileRecord, all_records
+from torchkiln.engine.dynamo_records import CompileRecord, all_records
 from torchkiln.plugin_host.report_causes import BUILTIN_CAUSES, ReportCause, match_cause
 
 FIRST_CALLS = "first calls"
@@ -391,8 +391,8 @@ def _attribute_later(
     for group, records in by_group.items():
         code_name = state.code_names.get(group, "")
         for record in records:
-            event = compile_events.event_for(
-                compile_events.group_code_of(record.co_name) or code_name, record.compile_id
+            event = dynamo_records.event_for(
+                dynamo_records.group_code_of(record.co_name) or code_name, record.compile_id
             )
             module = event.module() if event is not None and event.module else None
             owner = by_module.get(id(module)) if module is not None else None

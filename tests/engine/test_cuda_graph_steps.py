@@ -16,14 +16,14 @@ from stack_model import Stack
 from torch._inductor import cudagraph_trees
 
 import torchkiln
+from torchkiln import pipeline
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.engine import cuda_graph_steps
 
 
 @pytest.fixture
 def step_counter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Pretend the parameters are on CUDA; restore torch's process-wide step counter."""
-    monkeypatch.setattr(cuda_graph_steps, "_on_cuda", lambda model: True)
+    monkeypatch.setattr(pipeline, "_on_cuda", lambda model: True)
     saved = cudagraph_trees.MarkStepBox.mark_step_counter
     cudagraph_trees.MarkStepBox.mark_step_counter = 0
     yield
@@ -46,7 +46,7 @@ def steps() -> int:
     ],
 )
 def test_cuda_graph_modes_are_recognised(config: CompileConfig, expected: bool) -> None:
-    assert cuda_graph_steps.uses_cuda_graphs(config) is expected
+    assert pipeline.uses_cuda_graphs(config) is expected
 
 
 def test_one_step_per_inference_call_none_with_gradients(step_counter: None) -> None:

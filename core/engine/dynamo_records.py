@@ -1,0 +1,212 @@
+"""Dynamo's own records of each compile, and which region each compile ran for.
+
+:class:`Window` reads Dynamo's counters and compilation metrics between two moments, so the
+report states what torch measured rather than guesses. The region a later compile ran for is
+recorded when it starts (``torch._dynamo.callback_handler``'s start callbacks, given the compile
+id): the frame being compiled is then an argument of Dynamo's ``_compile`` on the stack, and
+when its code is a region group's function, its ``module`` local is the region. The observer
+is installed when a model is compiled (``torch._dynamo.reset()`` drops it until the next
+compile), costs nothing on calls that hit Dynamo's cache and never raises into Dynamo. Eager
+runs are counted by the group's function itself
+(:func:`torchkiln.engine.compile_state.ran_eagerly`); no log is read.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from types import CodeType
+from typing import Any
+
+import attrs
+
+from torchkiln._internals import cache_entries, dynamo
+
+RECOMPILE_LIMIT_MARKERS = ("recompile limit", "recompile_limit", "cache_size_limit")
+GROUP_CODE_PREFIX = "torchkiln_"
+
+# --- Dynamo's compile records --------------------------------------------------------------
+
+
+@attrs.frozen
+class CompileRecord:
+    """One Dynamo frame compilation, reduced to what the report shows."""
+
+    compile_id: str
+    co_name: str
+    seconds: float
+    recompile_reason: str | None
+    fail_reason: str | None
+    cache_hits: int
+    restart_reasons: tuple[str, ...] = ()
+    """Why Dynamo restarted this frame's analysis (a graph break restarts it once)."""
+
+    @property
+    def hit_recompile_limit(self) -> bool:
+        text = f"{self.fail_reason or ''} {self.recompile_reason or ''}".lower()
+        return any(marker in text for marker in RECOMPILE_LIMIT_MARKERS)
+
+
+CACHES = ("inductor_fx_local", "inductor_fx_remote", "aotautograd_local", "aotautograd_remote")
+"""The compile caches whose hit counts Dynamo's compilation metrics carry."""
+
+
+def _record(metrics: Any) -> CompileRecord:
+    return CompileRecord(
+        compile_id=str(getattr(metrics, "compile_id", "") or ""),
+        co_name=str(getattr(metrics, "co_name", "") or ""),
+        seconds=float(getattr(metrics, "entire_frame_compile_time_s", 0.0) or 0.0),
+        recompile_reason=getattr(metrics, "recompile_reason", None),
+        fail_reason=getattr(metrics, "fail_reason", None),
+        cache_hits=sum(int(getattr(metrics, f"{c}_cache_hit_count", 0) or 0) for c in CACHES),
+        restart_reasons=tuple(sorted(getattr(metrics, "restart_reasons", None) or ())),
+    )
+
+
+def all_records(since: HeldRecords | None = None) -> list[CompileRecord]:
+    """Every compilation Dynamo still remembers (it keeps the most recent ones only); with
+    ``since``, only those recorded after that mark."""
+    return [
+        _record(m) for m in dynamo.compilation_metrics() if since is None or id(m) not in since.ids
+    ]
+
+
+@attrs.frozen
+class HeldRecords:
+    """The compilation records Dynamo held at one moment. Compile ids restart after
+    ``torch._dynamo.reset()``, so records are told apart by identity; the mark holds them,
+    so no later record can reuse an id."""
+
+    held: tuple[Any, ...] = attrs.field(repr=False)
+    ids: frozenset[int] = attrs.field(repr=False)
+
+    @classmethod
+    def now(cls) -> HeldRecords:
+        held = tuple(dynamo.compilation_metrics())
+        return cls(held, frozenset(map(id, held)))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HeldRecords:
+        return self  # the same records before a copy as before its original
+
+
+@attrs.define
+class Window:
+    """Counters and compile records between :meth:`open` and :meth:`close`."""
+
+    _records_before: HeldRecords
+    _graphs_before: int
+    _breaks_before: collections.Counter[str]
+
+    @classmethod
+    def open(cls) -> Window:
+        counters = dynamo.counters()
+        return cls(
+            HeldRecords.now(),
+            int(counters["stats"]["unique_graphs"]),
+            collections.Counter(counters["graph_break"]),
+        )
+
+    def close(
+        self, wrapper_code: str | None = None
+    ) -> tuple[list[CompileRecord], int, dict[str, int]]:
+        """New compile records, graphs compiled, and graph-break reasons with counts.
+
+        ``wrapper_code`` names a frame that only calls the real forward (a region group's
+        function). A graph break inside the forward also breaks that frame, at the call, before
+        the forward is compiled as a frame of its own and breaks again: Dynamo counts the one
+        break twice, so each break the wrapper frame restarted for is taken off once.
+        """
+        new = all_records(self._records_before)
+        counters = dynamo.counters()
+        graphs = int(counters["stats"]["unique_graphs"]) - self._graphs_before
+        breaks = collections.Counter(counters["graph_break"]) - self._breaks_before
+        echoes = collections.Counter(
+            reason
+            for record in new
+            if wrapper_code is not None and record.co_name == wrapper_code
+            for reason in record.restart_reasons
+        )
+        return new, max(graphs, 0), dict(breaks - echoes)
+
+
+# --- which region each compile ran for -----------------------------------------------------
+
+
+@attrs.define(eq=False)
+class CompileEvent:
+    """One compile (or limit hit) of a group function, and the region it ran for."""
+
+    compile_id: str
+    group_code: str
+    """The group function's ``co_name`` (a resume function maps to its group's)."""
+    module: weakref.ref[Any] | None
+
+
+_lock = threading.Lock()
+_by_compile_id: dict[tuple[str, str], CompileEvent] = {}
+"""(group code, compile id) -> event: compile ids restart after ``torch._dynamo.reset()``,
+group code names never repeat in a process."""
+
+
+def group_code_of(co_name: str) -> str | None:
+    """The group function a code name belongs to (itself, or a resume function in it)."""
+    co_name = cache_entries.resumed_function_name(co_name)
+    return co_name if co_name.startswith(GROUP_CODE_PREFIX) else None
+
+
+def _event(compile_id: str) -> CompileEvent | None:
+    found = cache_entries.frame_being_compiled()
+    if found is None:
+        return None
+    code, frame_locals = found
+    group = group_code_of(code.co_name)
+    if group is None:
+        return None
+    module = frame_locals.get("module")
+    try:
+        ref = weakref.ref(module) if module is not None else None
+    except TypeError:
+        ref = None
+    return CompileEvent(compile_id, group, ref)
+
+
+def _on_compile_start(compile_id: str) -> None:
+    try:
+        event = _event(compile_id)
+        if event is not None:
+            with _lock:
+                _by_compile_id[(event.group_code, event.compile_id)] = event
+    except Exception:  # an observer never breaks a compile
+        return
+
+
+def install() -> None:
+    """Install the observer (again whenever ``torch._dynamo.reset()``, which clears Dynamo's
+    callbacks, dropped it)."""
+    with _lock:
+        cache_entries.on_compile_start(_on_compile_start)
+
+
+def event_for(group_code: str, compile_id: str) -> CompileEvent | None:
+    with _lock:
+        return _by_compile_id.get((group_code, compile_id))
+
+
+def forget(group_codes: set[str]) -> None:
+    """Drop what was recorded for these groups (their model was decompiled)."""
+    with _lock:
+        for key in [k for k, e in _by_compile_id.items() if e.group_code in group_codes]:
+            del _by_compile_id[key]
+
+
+def failed_guards_and_count(code: CodeType, frame_locals: dict[str, Any]) -> tuple[list[str], int]:
+    """For each of Dynamo's cached entries for ``code``, the first guard a call with these
+    locals fails (Dynamo's own "last reason" names only one entry's), and how many cached
+    entries ``code`` has."""
+    try:
+        entries = cache_entries.dynamo_guard_table(code, lambda entry_code: entry_code)
+    except Exception:
+        return [], 0
+    failures = entries.first_failures(frame_locals, unexplained=None)
+    return [failed.strip() for failed in failures if failed is not None], len(entries)
