@@ -19,50 +19,39 @@ import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchkiln.plugin import hookimpl
-
-if TYPE_CHECKING:
-    from torchkiln.compat.accelerate_settings import AccelerateDynamo
 
 CONFIG_ENV = "TORCHKILN_ACCELERATE_CONFIG"
 """Names the Accelerate config file to read, or ``default`` for Accelerate's default one."""
 
 
-def accelerate_default_config_file(environ: Mapping[str, str] | None = None) -> Path:
-    """Where ``accelerate config`` writes its default file (``HF_HOME``, then XDG cache)."""
-    environ = os.environ if environ is None else environ
-    cache = environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
-    hf_home = environ.get("HF_HOME") or os.path.join(cache, "huggingface")
-    return Path(os.path.expanduser(hf_home)) / "accelerate" / "default_config.yaml"
-
-
-def accelerate_config_file(environ: Mapping[str, str] | None = None) -> Path | None:
-    """The file ``TORCHKILN_ACCELERATE_CONFIG`` points at, or ``None`` when unset."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(CONFIG_ENV, "").strip()
+def accelerate_config_file() -> Path | None:
+    """The file ``TORCHKILN_ACCELERATE_CONFIG`` points at, or ``None`` when unset; ``default``
+    is where ``accelerate config`` writes its default file (``HF_HOME``, then XDG cache)."""
+    value = os.environ.get(CONFIG_ENV, "").strip()
     if not value:
         return None
-    if value.lower() == "default":
-        return accelerate_default_config_file(environ)
-    return Path(os.path.expanduser(value))
-
-
-def read_accelerate_settings(environ: Mapping[str, str] | None = None) -> AccelerateDynamo:
-    """Accelerate's dynamo settings from the pointed-at file, then the environment over it."""
-    from torchkiln.compat.accelerate_settings import AccelerateDynamo, read_env, read_yaml
-
-    path = accelerate_config_file(environ)
-    from_file = read_yaml(path) if path is not None else AccelerateDynamo()
-    return read_env(environ).merged_over(from_file)
+    if value.lower() != "default":
+        return Path(os.path.expanduser(value))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    hf_home = os.environ.get("HF_HOME") or os.path.join(cache, "huggingface")
+    return Path(os.path.expanduser(hf_home)) / "accelerate" / "default_config.yaml"
 
 
 @hookimpl
 def resolve_compile_config(sources: Mapping[str, str]) -> Mapping[str, Any] | None:
-    from torchkiln.compat.accelerate_settings import to_overrides
+    from torchkiln.compat.accelerate_settings import (
+        AccelerateDynamo,
+        read_env,
+        read_yaml,
+        to_overrides,
+    )
 
-    settings = read_accelerate_settings()
+    # The pointed-at file, then the environment over it.
+    path = accelerate_config_file()
+    settings = read_env().merged_over(read_yaml(path) if path is not None else AccelerateDynamo())
     if settings.is_empty:
         return None
     overrides = to_overrides(settings, sources)

@@ -196,8 +196,6 @@ class _LevelSearch:
     # -- explaining the level --
 
     def _level(self, groups: list[RegionGroup]) -> str:
-        if not groups:
-            return ""
         classes = list(dict.fromkeys(g.module_class for g in groups))
         chosen = {c.__name__ for c in classes}
         names = ", ".join(c.__name__ for c in classes)

@@ -55,8 +55,6 @@ from torchkiln.plugins.layer_cache_views import (
     view_class,
 )
 
-MARK_LAYER_INDEX_DYNAMIC = True
-"""Trace every layer index as symbolic from the first compile (see :func:`layer_index_sources`)."""
 compiler_config = torch.compiler.config
 
 
@@ -416,7 +414,7 @@ def prepare_group(
     settings = functools.partial(layer_index_dynamic, indices.names)
     return GroupPreparation(
         wrap_call=adapter.wrap_call,
-        trace_settings=settings if MARK_LAYER_INDEX_DYNAMIC else None,
+        trace_settings=settings,
         forwards=forwards,
     )
 
