@@ -18,7 +18,6 @@ import importlib.util
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from torch import nn
@@ -63,15 +62,6 @@ def declare_distributed() -> list[DistributedSpec]:
     ]
 
 
-def import_deepspeed() -> ModuleType:
-    availability = probe()
-    if not availability.available:
-        raise DistributedError(availability.reason)
-    import deepspeed  # picks its accelerator itself; DS_ACCELERATOR=cpu silences its CPU warning
-
-    return deepspeed
-
-
 def deepspeed_config(config: CompileConfig) -> dict[str, Any] | str:
     """DeepSpeed's configuration from ``distributed.deepspeed.config``: a copy of the mapping,
     or the path of an existing JSON file."""
@@ -112,7 +102,8 @@ def wrap_distributed(
     if not (availability := probe()).available:
         raise DistributedError(availability.reason)
     require_launch()
-    deepspeed = import_deepspeed()
+    import deepspeed  # picks its accelerator itself; DS_ACCELERATOR=cpu silences its CPU warning
+
     check_not_wrapped(model, STRATEGY)
     kwargs = check_options(
         STRATEGY,

@@ -95,11 +95,6 @@ def _release(holds: list[Any]) -> None:
         held.release()
 
 
-def _checkpoint_regions(model: nn.Module, paths: list[str]) -> None:
-    for path in paths:
-        checkpoint_activations(model.get_submodule(path))
-
-
 def _shard(model: nn.Module, paths: list[str], kwargs: dict[str, Any]) -> None:
     from torch.distributed.fsdp import fully_shard
 
@@ -173,7 +168,8 @@ def wrap_distributed(
     kwargs = shard_kwargs(config, model)
     paths = list(dict.fromkeys(region.path for region in plan.regions()))
     if settings.activation_checkpointing:
-        _checkpoint_regions(model, paths)
+        for path in paths:
+            checkpoint_activations(model.get_submodule(path))
     compile_regions(model)
     if settings.dynamo_flags and is_compiled(model):
         add_undo(model, set_dynamo_flags(model))

@@ -301,11 +301,9 @@ def view_class(cache_class: type, resolved: ResolvedSpec, outside: bool) -> type
 
 def _view_name(cache_class: type, outside: bool) -> str:
     name = f"{cache_class.__name__}{'Outside' if outside else ''}LayerView"
-    taken = globals().get(name)
     count = 1
-    while taken is not None:  # another declaration for a class of the same name
-        count += 1
-        taken = globals().get(f"{name}{count}")
+    while globals().get(name if count == 1 else f"{name}{count}") is not None:
+        count += 1  # another declaration for a class of the same name
     return name if count == 1 else f"{name}{count}"
 
 
