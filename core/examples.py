@@ -85,7 +85,7 @@ def llama_1b(
     """A Llama-3.2-1B-sized causal LM (``LlamaForCausalLM``, random weights) at ``depth``
     decoder layers: hidden 2048, intermediate 8192, 32 heads, 8 KV heads, vocabulary 128256,
     input and output embeddings tied as in Llama-3.2-1B; the default config otherwise (KV
-    cache on, default attention and RoPE). About 1.24e9 parameters at depth 16, 2.21e9 at 32.
+    cache on, default attention and RoPE).
 
     Built directly on ``device`` in ``dtype`` (no float32 copy on the CPU first);
     ``device="meta"`` gives the shapes without memory (parameter counts).

@@ -132,17 +132,16 @@ def _compile_all(
         logger.info("compilation is off (backend=%r, disable=%r)", cfg.backend, cfg.disable)
         if cfg.distributed.strategy == "none":
             return model
-    region_plan = (
-        select_plan(model, resolved, pm)
-        if cfg.enabled
-        else RegionPlan("none", (), reason="compilation off")
-    )
-    notes = warn_adapters_outside_blocks(model, region_plan) if cfg.enabled else []
-    if cfg.enabled and cfg.cache_dir is not None:
+        return _compile_checked(
+            model, cfg, RegionPlan("none", (), reason="compilation off"), pm, []
+        )
+    region_plan = select_plan(model, resolved, pm)
+    notes = warn_adapters_outside_blocks(model, region_plan)
+    if cfg.cache_dir is not None:
         check_cache_dir(cfg.cache_dir)
-    if cfg.enabled and cfg.tiered.enabled and tiers_implied(resolved.sources):
+    if cfg.tiered.enabled and tiers_implied(resolved.sources):
         cfg = _keep_implied_tiers(cfg, region_plan, pm)
-    if cfg.enabled and cfg.tiered.enabled:
+    if cfg.tiered.enabled:
         from torchkiln.tiered.install import check_plan_for_tiers
 
         check_plan_for_tiers(region_plan)
@@ -300,14 +299,11 @@ def _on_cuda(model: nn.Module) -> bool:
 
 
 def _step_marker(model: nn.Module, state: CompileState, cfg: CompileConfig) -> Any:
-    """Mark a CUDA-graph step before each inference call of ``model`` (``mode``, in
-    docs/configuration.md): each block is a compiled function of its own, so without a mark
-    CUDA-graph trees start a step per block and refuse the previous block's output.
-
-    Only with gradients off (with gradients on, the trees keep a step open until the backward)
-    and parameters on a CUDA device. Marking is process-wide in torch (once marked, trees wait
-    for explicit marks): other CUDA-graph models keep stepping while this one is called; a loop
-    that then runs only *other* CUDA-graph models should mark its own steps, as torch documents.
+    """Mark a CUDA-graph step before each inference call of ``model`` with gradients off and
+    parameters on a CUDA device: each block is a compiled function of its own, so unmarked,
+    CUDA-graph trees start a step per block and refuse the previous block's output (``mode``
+    in docs/configuration.md). Marking is process-wide in torch: a loop that then runs only
+    *other* CUDA-graph models should mark its own steps, as torch documents.
     """
 
     def mark_step(module: nn.Module, args: Any) -> None:

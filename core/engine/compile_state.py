@@ -69,6 +69,10 @@ class RegionState:
     first_eager: EagerRun | None = None
     """What the first of those calls saw, taken at that call."""
 
+    def group_code(self) -> types.CodeType | None:
+        """Its group's compiled function's code object (Dynamo's cache entries hang off it)."""
+        return self.owner.codes.get(self.region.group) if self.owner is not None else None
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         return (_nothing, ())  # a pickled model is the plain model (see CompileState)
 
@@ -99,18 +103,13 @@ _EAGER_ORDER = itertools.count()
 
 @torch.compiler.disable(recursive=True)
 def ran_eagerly(frame_locals: dict[str, Any]) -> None:
-    """Count one eager run of the region ``frame_locals["module"]``.
+    """Count one eager run of the region ``frame_locals["module"]``; the first also records
+    which guard each cached graph failed, with this call's locals and global state.
 
-    Never traced: where Dynamo falls back to running a group's frame eagerly, it would otherwise
-    compile this bookkeeping (and what it calls) as frames of their own (seen on torch 2.15).
-
-    Called by a group's function only when ``torch.compiler.is_compiling()`` is false: Dynamo
-    folds that test to a constant while tracing, so compiled code never contains the call and
-    a call that runs compiled code pays nothing for it. The first eager run of a region also
-    records which guard each cached graph failed, evaluated now, with this call's locals and
-    global state."""
-    module = frame_locals.get("module")
-    region_state = getattr(module, "__dict__", {}).get(REGION_ATTR)
+    Called by a group's function only when ``torch.compiler.is_compiling()`` is false (folded
+    away while tracing: compiled code never calls it). Never traced itself: where Dynamo runs a
+    group's frame eagerly, it would otherwise compile this bookkeeping (seen on torch 2.15)."""
+    region_state = region_state_of(frame_locals.get("module"))
     if region_state is None:
         return
     if region_state.first_eager is None:
@@ -119,8 +118,7 @@ def ran_eagerly(frame_locals: dict[str, Any]) -> None:
 
 
 def _eager_run(region_state: RegionState, frame_locals: dict[str, Any]) -> EagerRun:
-    owner = region_state.owner
-    code = owner.codes.get(region_state.region.group) if owner is not None else None
+    code = region_state.group_code()
     failed: list[str] = []
     cached = 0
     if code is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from torchkiln.errors import ConfigError, ConfigProblem, TorchkilnError
@@ -37,13 +37,12 @@ class DoubleCompileError(TorchkilnError):
     """A model torchkiln compiled is being compiled a second time (policy ``raise``)."""
 
 
-def policy(env: Mapping[str, str] | None = None) -> str:
+def policy() -> str:
     """``warn`` (the default), ``raise`` or ``off``, from ``TORCHKILN_ON_DOUBLE_COMPILE``.
 
     :raises ConfigError: for any other value, naming the variable and the allowed values.
     """
-    environ = os.environ if env is None else env
-    raw = environ.get(ENV_POLICY, "").strip().lower()
+    raw = os.environ.get(ENV_POLICY, "").strip().lower()
     if not raw:
         return "warn"
     if raw not in POLICIES:

@@ -107,9 +107,7 @@ class Window:
             collections.Counter(counters["graph_break"]),
         )
 
-    def close(
-        self, wrapper_code: str | None = None
-    ) -> tuple[list[CompileRecord], int, dict[str, int]]:
+    def close(self, wrapper_code: str) -> tuple[list[CompileRecord], int, dict[str, int]]:
         """New compile records, graphs compiled, and graph-break reasons with counts.
 
         ``wrapper_code`` names a frame that only calls the real forward (a region group's
@@ -124,7 +122,7 @@ class Window:
         echoes = collections.Counter(
             reason
             for record in new
-            if wrapper_code is not None and record.co_name == wrapper_code
+            if record.co_name == wrapper_code
             for reason in record.restart_reasons
         )
         return new, max(graphs, 0), dict(breaks - echoes)

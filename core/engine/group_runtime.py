@@ -382,8 +382,7 @@ def _eager_after_sibling(
 def _resume_compiling(region_state: RegionState) -> None:
     """The user's error must not stop Dynamo compiling the group's code: torch 2.14+ marks it
     "skip" for good when the error unwound through the group function's ``with`` block."""
-    owner = region_state.owner
-    code = owner.codes.get(region_state.region.group) if owner is not None else None
+    code = region_state.group_code()
     if code is not None:
         frame_strategy.resume_compiling(code)
 

@@ -98,9 +98,7 @@ def traceable_int_patch() -> bool:
     return True
 
 
-def group_function(
-    group: RegionGroup, index: int, forward: Callable[..., Any]
-) -> Callable[..., Any]:
+def group_function(group: RegionGroup, forward: Callable[..., Any]) -> Callable[..., Any]:
     """``fn(module, *args, **kwargs) -> forward(module, ...)`` with a code object of its own.
 
     ``forward`` may be wrapped already (``GroupPreparation.wrap_traced``): the function made
@@ -298,7 +296,7 @@ class Compiler:
         preparations: list[GroupPreparation],
     ) -> None:
         modules = [region.module for region in group.regions]
-        shared = group_function(group, index, _wrap_traced(type(modules[0]).forward, preparations))
+        shared = group_function(group, _wrap_traced(type(modules[0]).forward, preparations))
         state.code_names[group.name] = shared.__code__.co_name
         state.codes[group.name] = shared.__code__
         hooks = list(self.group_hooks)
