@@ -14,6 +14,8 @@ The model's own block names (transformers' ``_no_split_modules``, diffusers'
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
 from torchkiln.plugin import (
@@ -58,17 +60,17 @@ def declare_selectors() -> list[SelectorSpec]:
 @hookimpl
 def select_regions(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan:
     # torchkiln calls this only for the names declared above.
-    if selector == "auto":
-        return _auto(model, config)
-    if selector == "repeated":
-        return _repeated_plan(model, config, requested="repeated")
-    if selector == "whole":
-        return whole_plan(model, "whole model, as configured (regions.strategy=whole)")
-    classes = selector == "classes"  # else "paths"
-    patterns = config.regions.classes if classes else config.regions.paths
-    found = (by_class if classes else by_path)(model, patterns)
-    why = f"modules whose {'class' if classes else 'path'} matches {', '.join(patterns)}"
-    return _plan_from(model, config, selector, found, why)
+    return SELECTORS[selector](model, config)
+
+
+def _matching(model: nn.Module, config: CompileConfig, selector: str) -> RegionPlan:
+    """``classes`` or ``paths``: the modules whose class name or path matches the globs."""
+    what, find, patterns = {
+        "classes": ("class", by_class, config.regions.classes),
+        "paths": ("path", by_path, config.regions.paths),
+    }[selector]
+    why = f"modules whose {what} matches {', '.join(patterns)}"
+    return _plan_from(model, config, selector, find(model, patterns), why)
 
 
 def whole_plan(model: nn.Module, reason: str, requested: str = "") -> RegionPlan:
@@ -181,3 +183,14 @@ def _leaf_groups(
         )
         for g in found
     ]
+
+
+SELECTORS: dict[str, Callable[[nn.Module, CompileConfig], RegionPlan]] = {
+    "auto": lambda model, config: _auto(model, config),
+    "repeated": lambda model, config: _repeated_plan(model, config, requested="repeated"),
+    "whole": lambda model, config: whole_plan(
+        model, "whole model, as configured (regions.strategy=whole)"
+    ),
+    "classes": lambda model, config: _matching(model, config, "classes"),
+    "paths": lambda model, config: _matching(model, config, "paths"),
+}
