@@ -19,7 +19,7 @@ import statistics
 
 import attrs
 
-SETTLE_STEPS = 2
+UNMEASURED_STEPS = 2
 """Steps not measured after a builder starts: the regional tier compiles in them (the first
 call, and the recompile for sizes that vary), which is not the builder's cost."""
 FIRST_PROBE_AFTER = 4
@@ -58,7 +58,7 @@ class StepGovernor:
     the start (``tiered.when: always`` with no core left free: :meth:`start_lowered`)."""
     _last: float | None = None
     _ran: bool | None = None
-    _settle: int = SETTLE_STEPS
+    _unmeasured: int = UNMEASURED_STEPS
     _until_probe: int = FIRST_PROBE_AFTER
     _probe_gap: int = 16
     _pause_left: int = 0
@@ -66,15 +66,15 @@ class StepGovernor:
 
     def restarted(self) -> None:
         """A new builder started: its first steps land on the regional recompile again."""
-        self._settle = SETTLE_STEPS
+        self._unmeasured = UNMEASURED_STEPS
 
     def step(self, now: float, measured: bool = True) -> bool:
         """At a root call's start (``now``: ``time.perf_counter()``): record the step that
         ended (unless not ``measured``: a pause cut short because the process idled), and say
         whether the builder runs during the next one."""
         if self._last is not None and self._ran is not None:
-            if self._settle:
-                self._settle -= 1
+            if self._unmeasured:
+                self._unmeasured -= 1
             elif measured:
                 (self.running if self._ran else self.paused).append(now - self._last)
                 self._measure()
@@ -88,7 +88,7 @@ class StepGovernor:
         if self.period > 1:  # throttled: one step running, then period - 1 paused
             self._phase = (self._phase + 1) % self.period
             return self._phase == 0
-        if self._settle:
+        if self._unmeasured:
             return True
         if self._pause_left:
             self._pause_left -= 1

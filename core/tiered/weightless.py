@@ -67,7 +67,7 @@ def _plain_copy(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return tensor.detach().clone().requires_grad_(requires_grad)
 
 
-class _HollowPickler(pickle.Pickler):
+class _WeightlessPickler(pickle.Pickler):
     def __init__(self, file: Any, protocol: int):
         super().__init__(file, protocol=protocol)
         self._detached: dict[int, torch.Tensor] = {}
@@ -100,7 +100,7 @@ def dumps_weightless(obj: Any) -> bytes:
         see :func:`unimportable_classes`).
     """
     buffer = io.BytesIO()
-    _HollowPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    _WeightlessPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buffer.getvalue()
 
 

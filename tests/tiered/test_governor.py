@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from torchkiln.tiered.governor import (
     MOST_PERIOD,
     PROBE_STEPS,
-    SETTLE_STEPS,
+    UNMEASURED_STEPS,
     StepGovernor,
     period_for,
 )
@@ -108,7 +108,7 @@ def test_the_steps_after_a_builder_starts_are_not_measured():
     assert governor.running == []
     governor.step(60.1)
     assert governor.running == [pytest.approx(0.1)]
-    assert SETTLE_STEPS == 2
+    assert UNMEASURED_STEPS == 2
 
 
 @given(
