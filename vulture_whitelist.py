@@ -16,11 +16,11 @@ add_bench_parser; add_import_accelerate_parser; add_precompile_parser
 _.on_fit_start; _.on_validation_start; _.on_test_start; _.on_predict_start; trainer
 _.on_train_begin; control
 # public API and fields read by users, reports or JSON (attrs fields, reprlib limits)
-_.to_kwargs; _.to_torchkiln; ENV_NAMES; STRATEGY_HELP; preset; format; extras; cache_misses
+_.to_kwargs; _.to_torchkiln; ENV_NAMES; preset; format; extras
 _.maxlevel; _.maxdict; _.maxlist; _.maxtuple; _.maxset; _.maxstring; _.maxother; _.maxlong
 _.hits; _.misses; _.load_seconds; max_abs_diff; gradients_checked
 # read by transformers (its output collector) and by the bench table / a queue protocol
-_.global_var; WORKLOAD_HELP; _.end
+_.global_var; _.end
 # report fields read by users and to_dict(); the manager's dispatch found by hook name
 # (plugin_faults.call_hook); an attrs validator
 recompile_reasons; _.wrap_distributed; _compiles; recompile_limit_hit; later_recompiles

@@ -39,9 +39,11 @@ imported = time.perf_counter()
 from torch._inductor import cpu_vec_isa  # noqa: E402
 
 import torchkiln  # noqa: E402
+import torchkiln.artifacts.deferred_templates as deferred_templates  # noqa: E402
 import torchkiln.artifacts.precompiled as precompiled  # noqa: E402
 import torchkiln.plugins.backends as backends  # noqa: E402
 from torchkiln.configuration.config import CompileConfig  # noqa: E402
+from torchkiln.engine.group_runtime import GroupCode  # noqa: E402
 from torchkiln.examples import example_inputs, llama  # noqa: E402
 
 spent: dict[str, float] = {}
@@ -89,14 +91,15 @@ class ImportClock:
 
 
 def _eager_fallback() -> None:
-    """Build each loaded group's fallback ``torch.compile`` at load, as before it was lazy."""
-    load_group = precompiled.ArtifactLoader.load_group
+    """Build each served group's fallback ``torch.compile`` as its sources' code loads, as
+    before the backend's code was built only for a call none of them fits."""
+    serve = GroupCode._serve
 
-    def building(self: Any, group: Any, shared: Any, compile_group: Any, *rest: Any) -> Any:
-        built = compile_group()
-        return load_group(self, group, shared, lambda: built, *rest)
+    def building(self: GroupCode, loaded: Any) -> None:
+        serve(self, loaded)
+        self._built = self._build()
 
-    precompiled.ArtifactLoader.load_group = building  # type: ignore[method-assign]
+    GroupCode._serve = building  # type: ignore[method-assign]
 
 
 def main(directory: str, options: list[str]) -> None:
@@ -127,9 +130,7 @@ def main(directory: str, options: list[str]) -> None:
     if "--probe" in options:
         precompiled.answered_probes = lambda record: contextlib.nullcontext()
     if "--parse-templates" in options:
-        precompiled.ArtifactLoader._templates_deferred = (  # type: ignore[method-assign]
-            lambda self: contextlib.nullcontext()
-        )
+        deferred_templates.deferred_templates = contextlib.nullcontext
     if "--eager-fallback" in options:
         _eager_fallback()
     depth = 32
