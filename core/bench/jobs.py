@@ -175,7 +175,7 @@ def measure(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = load_model(settings["model"], depth=settings["depth"]).train()
+    model: Any = load_model(settings["model"], depth=settings["depth"]).train()
     inputs = example_inputs(model, settings["batch"], settings["seq"])
     cache = str(out_dir / f"inductor-cache-{rank}")
     if settings.get("full"):  # what a user writes without torchkiln
