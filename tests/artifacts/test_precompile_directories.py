@@ -139,8 +139,14 @@ def test_a_failed_precompile_keeps_the_previous_artifacts(
     shutil.copytree(artifacts, copy)
     before = _snapshot(copy)
     torch.manual_seed(0)
-    with pytest.raises(raised):
-        _precompile(model(), copy)
+    # Python's own Ctrl-C handler: a library an earlier test in this worker imported (a
+    # trainer's signal connector, say) may have left another one installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(raised):
+            _precompile(model(), copy)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert _snapshot(copy) == before
     assert _siblings(copy) == []
     loaded = torchkiln.compile(stack(), backend="aot_eager", artifacts=str(copy), progress="off")
