@@ -19,6 +19,7 @@ import logging
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,7 @@ class TieredForward:
         form_loaded = self.form is not None
         self._ask(lambda call: self.build.restart(model, self.log, call, reason, form_loaded))
 
-    def _ask(self, start: Any) -> None:
+    def _ask(self, start: Callable[[int], str | None]) -> None:
         """Start a build (``start(call)``): ``building`` while no form serves, or ``stopped``
         when no build can start here."""
         try:
