@@ -254,7 +254,7 @@ def _reason(
         count,
         cause.name if cause else None,
         cause.remedy if cause else None,
-        full if "\n" in full.strip() or one_line(full) != text else "",
+        full if "\n" in full.strip() else "",
     )
 
 
@@ -267,19 +267,16 @@ def _reasons(
     fallback: str | None,
     causes: Sequence[ReportCause],
 ) -> tuple[Reason, ...]:
-    found: list[Reason] = []
-    for reason, count in state.graph_breaks.items():
-        found.append(_reason("graph break", reason, FIRST_CALLS, causes, count))
-    for record in records:
-        if record.recompile_reason and not record.hit_recompile_limit:
-            found.append(_reason("guard", record.recompile_reason, FIRST_CALLS, causes))
-    for record in later.records:
-        if record.hit_recompile_limit:
-            continue
-        if record.recompile_reason:
-            found.append(_reason("guard", record.recompile_reason, LATER_CALLS, causes))
-    for reason, count in later_breaks.items():
-        found.append(_reason("graph break", reason, LATER_CALLS, causes, count))
+    found = [
+        _reason("graph break", r, FIRST_CALLS, causes, n) for r, n in state.graph_breaks.items()
+    ]
+    for phase, phase_records in ((FIRST_CALLS, records), (LATER_CALLS, later.records)):
+        found += [
+            _reason("guard", r.recompile_reason, phase, causes)
+            for r in phase_records
+            if r.recompile_reason and not r.hit_recompile_limit
+        ]
+    found += [_reason("graph break", r, LATER_CALLS, causes, n) for r, n in later_breaks.items()]
     if later.limit_hit is not None:
         found.append(_limit_reason(state, later, causes))
     if status in ("eager", "failed") and fallback:
@@ -304,8 +301,7 @@ def _limit_reason(state: RegionState, later: _Later, causes: Sequence[ReportCaus
     full = (hit.fail_reason or hit.recompile_reason or "") if hit is not None else ""
     run = state.first_eager
     distinct = list(dict.fromkeys(run.failed_guards)) if run is not None else []
-    if distinct:
-        full = "\n".join([full, *distinct]) if full else "\n".join(distinct)
+    full = "\n".join([full, *distinct] if full else distinct)
     reason = _reason("recompile limit", full or "recompile limit hit", later.limit_phase, causes)
     if distinct and run is not None:
         reason = attrs.evolve(
@@ -435,42 +431,30 @@ def _attribute_limit_hits(
                 later[id(region_state)].still_compiled_after = at.region.display_path
 
 
-def _region_reports(state: CompileState, causes: Sequence[ReportCause]) -> list[RegionReport]:
-    later = _attribute_later(state, _later_records(state))
-    return [
-        _region_report(region_state, later[id(region_state)], causes)
-        for region_state in state.regions
-    ]
-
-
 def build_report(
     state: CompileState, *, verbose: bool = False, causes: Sequence[ReportCause] = ()
 ) -> CompileReport:
     all_causes = (*causes, *BUILTIN_CAUSES)
-    regions = tuple(_region_reports(state, all_causes))
-    later = {
-        group: tuple(one_line(r.recompile_reason or r.fail_reason) or "compiled" for r in records)
-        for group, records in _later_records(state).items()
-    }
+    by_group = _later_records(state)
+    later = _attribute_later(state, by_group)
     return CompileReport(
         backend=state.config.backend,
         selector=state.plan.selector,
         reason=state.plan.reason,
-        regions=regions,
+        regions=tuple(_region_report(s, later[id(s)], all_causes) for s in state.regions),
         eager=tuple((e.path, e.reason) for e in state.plan.eager),
-        later_recompiles=later,
+        later_recompiles={
+            group: tuple(one_line(r.recompile_reason or r.fail_reason) or "compiled" for r in rs)
+            for group, rs in by_group.items()
+        },
         verbose=verbose,
         causes=all_causes,
         tiers=state.tiered.report() if state.tiered is not None else None,
-        job=_job_report(state.job),
+        # a live share reports itself; a decision not to share is its own report
+        job=state.job.report() if hasattr(state.job, "report") else state.job,
         served_from=tuple(code.line() for code in state.group_codes.values()),
         notes=tuple(state.notes),
         remote_cache=state.remote_cache.report() if state.remote_cache is not None else None,
         backend_plugin=state.providers.get("backend"),
         selector_plugin=state.providers.get("selector"),
     )
-
-
-def _job_report(job: Any) -> Any:
-    """The job's report: a live share reports itself, a decision not to share is one."""
-    return job.report() if hasattr(job, "report") else job
