@@ -65,13 +65,11 @@ def _rows(regions: Sequence[Any]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     run: list[Any] = []
     for region in regions:
-        if _is_plain_reuse(region) and (not run or run[-1].group == region.group):
-            run.append(region)
-            continue
-        if run:
+        plain = _is_plain_reuse(region)
+        if run and not (plain and run[-1].group == region.group):
             rows.append(_folded_row(run))
             run = []
-        if _is_plain_reuse(region):
+        if plain:
             run.append(region)
         else:
             rows.append(_row(region))
@@ -101,7 +99,6 @@ def _where(paths: Sequence[str]) -> str:
 _KIND_LABEL = {
     "guard": "recompile",
     "recompile limit": "recompile limit hit",
-    "graph break": "graph break",
     "eager": "runs eagerly",
     "failed": "failed",
     "compiled": "still compiled",
