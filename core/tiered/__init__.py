@@ -30,10 +30,12 @@ def wait(model: Any, timeout: float | None = None) -> bool:
     """Block until the builder of ``model`` has finished (at most ``timeout`` seconds).
 
     The switch itself happens at the start of the next call. Returns ``True`` when there is
-    nothing left to wait for (built, failed, or never started), ``False`` on timeout.
+    nothing left to wait for (built, failed, or never started), ``False`` on timeout. In a job,
+    only rank 0 has a builder: other ranks return at once, and every rank switches at the next
+    call after rank 0's builder finished.
     """
     runtime = _runtime(model)
-    return True if runtime is None else runtime.wait(timeout)
+    return True if runtime is None else runtime.build.wait(timeout)
 
 
 __all__ = ["tiers", "wait"]

@@ -182,9 +182,7 @@ class WholeBuild:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the builder has finished; ``True`` if it has (or there is none here)."""
-        if self.builder is None:
-            return True
-        return self.builder.wait(timeout) is not None
+        return self.builder is None or self.builder.wait(timeout) is not None
 
     def _new_builder(self, model: nn.Module) -> BuilderProcess:
         """A builder process, importing what the build needs while it waits; at the lowest

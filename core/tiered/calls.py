@@ -90,12 +90,10 @@ class CallLog:
         self.calls.append(dumps_weightless((args, kwargs)))
 
     def ready(self) -> bool:
-        if len(self.specs) >= self.limit:
-            return True
-        last = self.specs[-1]
-        if last in self.specs[:-1]:
-            return True
-        return any(s.family == last.family for s in self.specs[:-1])
+        last = self.specs[-1]  # a call repeated exactly is one of its family too
+        return len(self.specs) >= self.limit or any(
+            s.family == last.family for s in self.specs[:-1]
+        )
 
     def families(self) -> list[tuple[CallSpec, int, dict[str, tuple[int, ...]]]]:
         """Per family: the spec and index of the call to compile from, and its dynamic dims."""

@@ -3,10 +3,9 @@
 A builder compiles the whole model in another process. Where it has cores of its own (the
 model runs on an accelerator, whose steps leave the CPU mostly free; or a CPU process that
 leaves a core free) it costs the foreground little and pays back once the switch comes. On
-CPU cores the steps keep busy it slows every step 3-4x and finishes late or never (issue 30:
-a depth-8 Llama training on 2 cores stepped at 352 ms against regional's 119 and had not
-switched after 165 s). ``auto`` starts it only in the first case; the report says why not,
-with the numbers it used.
+CPU cores the steps keep busy it slows every step several times and finishes late or never
+(docs/tiered.md has the numbers). ``auto`` starts it only in the first case; the report says
+why not, with the numbers it used.
 """
 
 from __future__ import annotations

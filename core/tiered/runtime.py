@@ -284,12 +284,6 @@ class TieredForward:
         """Stop the builder and remove a directory torchkiln made for it (decompile, exit)."""
         self.build.stop(keep_output=self.form is not None)
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the builder has finished (tests, benchmarks); ``True`` if it has. In a
-        job, only rank 0 has a builder: other ranks return at once, and every rank switches at
-        the next call after rank 0's builder finished."""
-        return self.build.wait(timeout)
-
     def report(self) -> TierReport:
         build, governor = self.build, self.build.governor
         return TierReport(

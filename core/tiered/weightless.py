@@ -112,14 +112,9 @@ def loads_weightless(data: bytes) -> Any:
 
 def unimportable_classes(model: nn.Module) -> list[str]:
     """Classes of ``model``'s modules that another process cannot import by name."""
-    found = []
-    for module in model.modules():
-        cls = type(module)
-        if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
-            name = f"{cls.__module__}.{cls.__qualname__}"
-            if name not in found:
-                found.append(name)
-    return found
+    classes = [type(module) for module in model.modules()]
+    foreign = [c for c in classes if c.__module__ == "__main__" or "<locals>" in c.__qualname__]
+    return list(dict.fromkeys(f"{c.__module__}.{c.__qualname__}" for c in foreign))
 
 
 def accelerate_hooked(model: nn.Module) -> list[str]:
