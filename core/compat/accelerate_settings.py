@@ -1,17 +1,10 @@
 """Accelerate's dynamo settings, read as Accelerate writes them, mapped onto ``CompileConfig``.
 
-The ``ACCELERATE_DYNAMO_*`` variables (``accelerate launch`` exports all five on every launch)
-and the ``dynamo_config`` section of the file ``accelerate config`` writes are read into
-:class:`AccelerateDynamo`, then turned into ``resolve_compile_config``'s nested override mapping.
-It never imports Accelerate.
-
-Deliberate departures from Accelerate, each documented in ``docs/migrating-from-accelerate.md``:
-
-* ``dynamic``: a *false* ``ACCELERATE_DYNAMO_USE_DYNAMIC`` / ``dynamo_use_dynamic`` leaves
-  ``dynamic`` at ``None``. ``accelerate launch`` exports ``False`` whether or not anybody
-  chose it, and a forced ``dynamic=False`` makes blocks that share compiled code recompile
-  for every new sequence length until Dynamo's recompile limit turns them eager.
-* ``mode: default`` is ``mode=None`` (the same thing in ``torch.compile``).
+The ``ACCELERATE_DYNAMO_*`` variables and the ``dynamo_config`` section of the file ``accelerate
+config`` writes are read into :class:`AccelerateDynamo`, then turned into
+``resolve_compile_config``'s nested override mapping. It never imports Accelerate. Where it
+departs from Accelerate (a false ``dynamic`` is left unset, ``mode: default`` is ``None``),
+docs/migrating-from-accelerate.md says why.
 """
 
 from __future__ import annotations
@@ -351,7 +344,7 @@ def to_overrides(
         put("mode", settings.mode)
     if settings.fullgraph is not None:
         put("fullgraph", settings.fullgraph)
-    if settings.dynamic:  # false means "not asked for": see the module docstring
+    if settings.dynamic:  # false means "not asked for" (docs/migrating-from-accelerate.md)
         put("dynamic", True)
     if settings.regional is not None and sources.get("regions.strategy", "default") == "default":
         put("regions.strategy", "repeated" if settings.regional else "whole")

@@ -1,16 +1,8 @@
 """Lightning: compile the ``LightningModule`` region by region, in place, when training starts.
 
-::
-
-    from torchkiln.integrations.lightning import TorchkilnCallback
-
-    trainer = lightning.Trainer(callbacks=[TorchkilnCallback(backend="inductor")])
-    trainer.fit(module)
-
 The module stays the same object of the same class (no ``OptimizedModule`` for Lightning to
-special-case), its checkpoint keys stay plain, and ``torchkiln.report(module)`` shows the
-regions. With Fabric no helper is needed: call ``torchkiln.compile(model)`` before
-``fabric.setup(model, ...)`` (see ``docs/integrations/lightning.md``).
+special-case) and its checkpoint keys stay plain. With Fabric no helper is needed: call
+``torchkiln.compile(model)`` before ``fabric.setup(model, ...)`` (docs/integrations/lightning.md).
 """
 
 from __future__ import annotations

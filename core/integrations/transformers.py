@@ -1,16 +1,8 @@
 """The Hugging Face ``Trainer``: compile the model region by region, in place, when training
-starts.
-
-Two ways, use one:
-
-- ``torchkiln.compat.accelerate.install()`` with ``TrainingArguments(torch_compile=True)``
-  and ``ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION=1``: the Trainer's own compile switch,
-  carried out by torchkiln (its backend and mode are the ``torch_compile_*`` arguments);
-- :class:`TorchkilnCallback` with ``torch_compile=False``: torchkiln's own configuration
-  (keyword options, ``torchkiln.yaml``, ``TORCHKILN_*``).
-
-Either way the model stays the same object of the same class and the checkpoints the Trainer
-saves have plain keys.
+starts, with :class:`TorchkilnCallback` (``torch_compile=False``: torchkiln's own configuration)
+or with ``torchkiln.compat.accelerate.install()`` and ``TrainingArguments(torch_compile=True)``
+(docs/integrations/transformers-trainer.md compares them). Either way the model stays the same
+object of the same class and the Trainer's checkpoints have plain keys.
 """
 
 from __future__ import annotations

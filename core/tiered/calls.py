@@ -1,11 +1,9 @@
 """What the regional tier observes of the model's calls, so the builder compiles for them.
 
-A call is described by its *kind* (grad mode and the root's train/eval mode), the structure of
-its arguments (every tensor's path, rank and dtype, every other leaf's type and value) and the
-sizes of its tensors. Calls with the same kind and structure form a *family*; a dimension whose
-size differed between two calls of a family is compiled as dynamic, the others as static. A
-training loop is one family of identical calls (static); ``generate()`` is a prefill family and
-a decode family whose KV-cache length is dynamic.
+A call's *kind* (grad mode, train/eval) and the structure of its arguments (every tensor's
+path, rank and dtype, every other leaf) make its *family*; a dimension whose size differed
+between two calls of a family is compiled dynamic, the others static (docs/tiered.md, "What
+happens, call by call").
 """
 
 from __future__ import annotations

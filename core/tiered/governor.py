@@ -1,15 +1,11 @@
 """Bounding what the builder costs the foreground's steps (``tiered.max_slowdown``).
 
-A *step* is the time from one root call's start to the next's. Whether a builder slows the
-steps depends on what else wants the cores, which no rule read at the first call can know for
-sure; so while it builds, torchkiln measures it: now and then it pauses the builder for a
-couple of steps and compares the steps with the builder paused to the steps with it running.
-Over the bound, the builder is first given the lowest scheduling priority and measured again;
-still over it, it runs only one step in ``period``, chosen so that the *mean* step stays within
-the bound (a slower build, never a slower loop). The governor is pure bookkeeping: it is told
-when each root call starts and answers whether the builder should run until the next;
-:class:`~torchkiln.tiered.process.BuilderProcess` does the pausing. docs/tiered.md ("A bound
-on what the builder costs the steps") says how often it probes.
+A *step* is the time from one root call's start to the next's. While it builds, the builder is
+now and then paused for a couple of steps to compare them with the steps it runs in; over the
+bound it is first lowered in priority, then run one step in ``period`` (a slower build, never a
+slower loop). The governor is bookkeeping only: at each root call it says whether the builder
+runs until the next; :class:`~torchkiln.tiered.process.BuilderProcess` pauses it. docs/tiered.md
+("A bound on what the builder costs the steps") says how and how often.
 """
 
 from __future__ import annotations

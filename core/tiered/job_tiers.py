@@ -1,11 +1,9 @@
 """Tiered compilation in a job of several ranks: one builder for the job, one switch step.
 
-Rank 0 alone runs a builder process. At the start of every call while the build is pending,
-every rank takes part in one broadcast from rank 0 (a few bytes over torchkiln's gloo group):
-``None`` while the builder works; once it is done, its whole-model directory (manifest, the
-whole-model functions, the kernels) or its failure. Each rank writes the directory into a
-directory of its own and switches, at that same call: no two ranks ever run different forms at
-one step, and the gradients DDP averages come from the same function on every rank.
+Rank 0 alone runs a builder. At each call while the build is pending, every rank takes part in
+one broadcast from rank 0: ``None`` while it builds, then the form's files (or its failure),
+which every rank writes into a directory of its own and switches to at that same call
+(docs/tiered.md, "Distributed").
 """
 
 from __future__ import annotations

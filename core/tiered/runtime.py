@@ -1,15 +1,9 @@
 """The tiered runtime: the root module's ``forward`` while a model is compiled with tiers.
 
-Calls go to the **regional** tier first (the class's ``forward``, whose blocks run their
-regionally compiled code). The first call asks for the whole-model form from the builder
-(:mod:`~torchkiln.tiered.build`), for that call's shapes; a call that shows more (sizes that
-change, another kind of call) has it rebuilt once. At the start of a later call, once the form
-is built, the model switches to the **whole-model** tier in place: the same object, the regions'
-code kept for any call the form does not fit. A form found at compile time (the store's, an
-artifact directory's) serves from the first call. The switch happens only at the start of a root
-call: never inside a forward, between a forward and its backward, or inside a decode step.
-docs/tiered.md, "The root's call", lists a call's steps; :meth:`TieredForward.__call__` numbers
-them.
+Calls run regionally (each block runs its group's code) until a whole-model form is there: the
+builder's (:mod:`~torchkiln.tiered.build`), or one found at compile time; the model then switches
+to it in place, at the start of a root call, never inside one. docs/tiered.md, "The root's
+call", lists a call's steps; :meth:`TieredForward.__call__` numbers them.
 """
 
 from __future__ import annotations

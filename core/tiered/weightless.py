@@ -1,15 +1,11 @@
 """Sending a model's structure to another process without its weights.
 
-A *weightless* tensor has the shape, strides, dtype, device and ``requires_grad`` of the tensor it
-stands for, and no memory: its storage is resized to zero bytes, as FSDP does with a freed
-unsharded parameter. Dynamo and inductor trace and compile from tensor metadata only, so a
-builder process can compile the whole model from weightless parameters. Nothing reads them: a
-kernel that did would fail loudly (a zero-byte storage), never compute on stale data.
-
-:func:`dumps_weightless` pickles any object graph (the model, a call's arguments, a KV cache) with
-every tensor larger than :data:`SMALL_TENSOR_BYTES` replaced by its description; small tensors
-(token ids, positions, masks) keep their values, since tracing may branch on them. Shared
-tensors (tied embeddings) stay shared: the pickle memo sees the same object twice.
+A *weightless* tensor has the metadata of the tensor it stands for and a zero-byte storage (as
+FSDP frees an unsharded parameter): Dynamo and inductor compile from metadata only, and a kernel
+that read one would fail loudly, never compute on stale data. :func:`dumps_weightless` pickles
+any object graph with every parameter and every tensor above :data:`SMALL_TENSOR_BYTES`
+weightless; small tensors (token ids, masks) keep their values, since tracing may branch on
+them. Shared tensors (tied embeddings) stay shared.
 """
 
 from __future__ import annotations
