@@ -48,17 +48,6 @@ from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine import double_compile
 from torchkiln.engine.compile_state import CompileState, region_state_of, state_of
 
-__all__ = [
-    "DynamoBackend",
-    "TorchDynamoPlugin",
-    "compile_regions",
-    "compile_regions_deepspeed",
-    "compile_regions_fsdp2",
-    "extract_model_from_parallel",
-    "has_compiled_regions",
-    "is_compiled_module",
-]
-
 TORCH_COMPILE_DEFAULTS: Mapping[str, Any] = {
     "backend": "inductor",
     "mode": None,
@@ -148,18 +137,16 @@ class TorchDynamoPlugin:
         Accelerate's backend name mapped to torchkiln's, regional compilation as
         ``regions``."""
         backend = DynamoBackend(self.backend or DynamoBackend.NO)  # __post_init__ filled it
-        options: dict[str, Any] = {
+        whole = {"strategy": "whole"}
+        return {
             "backend": torchkiln_backend(backend, "$.backend", "argument"),
             "mode": None if self.mode in (None, "default") else self.mode,
             "fullgraph": bool(self.fullgraph),
             "dynamic": self.dynamic,
             "options": dict(self.options or {}),
             "disable": self.disable,
+            "regions": dict(ACCELERATE_REGIONS) if self.use_regional_compilation else whole,
         }
-        options["regions"] = (
-            dict(ACCELERATE_REGIONS) if self.use_regional_compilation else {"strategy": "whole"}
-        )
-        return options
 
 
 # --- compiling --------------------------------------------------------------------------------

@@ -180,19 +180,18 @@ def _rebind(originals: dict[str, Any], replacements: dict[str, Any]) -> list[Bin
 def _replacements(originals: dict[str, Any]) -> dict[str, Any]:
     from torchkiln.compat import accelerate_helpers as kiln
 
+    compilers = (kiln.compile_regions, kiln.compile_regions_deepspeed, kiln.compile_regions_fsdp2)
     return {
-        "compile_regions": _compiling(kiln.compile_regions, "compile_regions"),
-        "compile_regions_deepspeed": _compiling(
-            kiln.compile_regions_deepspeed, "compile_regions_deepspeed"
-        ),
-        "compile_regions_fsdp2": _compiling(kiln.compile_regions_fsdp2, "compile_regions_fsdp2"),
+        **{function.__name__: _compiling(function) for function in compilers},
         "is_compiled_module": is_compiled_module,
         "has_compiled_regions": kiln.has_compiled_regions,
         "extract_model_from_parallel": _extracting(originals["extract_model_from_parallel"]),
     }
 
 
-def _compiling(compile_function: Callable[..., nn.Module], name: str) -> Callable[..., Any]:
+def _compiling(compile_function: Callable[..., nn.Module]) -> Callable[..., Any]:
+    name = compile_function.__name__
+
     def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
         # a model compiled already is returned as on the import path (_compile_in_place)
         compile_function(module, **launcher_dynamic_unforced(compile_kwargs))

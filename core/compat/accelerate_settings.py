@@ -209,14 +209,8 @@ class AccelerateDynamo:
 
     def merged_over(self, lower: AccelerateDynamo) -> AccelerateDynamo:
         """These settings, with ``lower``'s filling the fields not given here."""
-        values: dict[str, Any] = {}
-        origins = dict(lower.origins)
-        for field in ("backend", "mode", "fullgraph", "dynamic", "regional"):
-            mine = getattr(self, field)
-            values[field] = mine if mine is not None else getattr(lower, field)
-            if mine is not None:
-                origins[field] = self.origins[field]
-        return AccelerateDynamo(**values, origins=origins)
+        given = {field: getattr(self, field) for field in self.origins}
+        return attrs.evolve(lower, **given, origins={**lower.origins, **self.origins})
 
     @property
     def is_empty(self) -> bool:
