@@ -390,10 +390,7 @@ def _plan(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     options = {"regions": args.regions} if args.regions else {}
     plan = torchkiln.plan(model, args.config, **options)
-    if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
-        return 0
-    print(render_plan_tree(model, plan))
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else render_plan_tree(model, plan))
     return 0
 
 
