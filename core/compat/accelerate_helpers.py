@@ -1,8 +1,5 @@
-"""The Accelerate dynamo helpers on torchkiln: ``TorchDynamoPlugin``, ``compile_regions`` and its
-DeepSpeed and FSDP2 variants, ``is_compiled_module``, ``has_compiled_regions``,
-``extract_model_from_parallel``. Users import them from :mod:`torchkiln.compat.accelerate`
-(which says what is kept from Accelerate and what changed); ``install()``
-(:mod:`torchkiln.compat.accelerate_install`) puts them into Accelerate.
+"""The Accelerate dynamo helpers on torchkiln. Users import them from
+:mod:`torchkiln.compat.accelerate`, which says what is kept from Accelerate and what changed.
 """
 
 from __future__ import annotations

@@ -67,11 +67,9 @@ def dynamic_dims(specs: list[CallSpec]) -> dict[str, tuple[int, ...]]:
 class CallLog:
     """The calls the regional tier saw before it asked for a build.
 
-    ``ready()`` says when what was seen is enough to build: a call repeated exactly (a training
-    or inference loop), or a second call of a family with other sizes (decode steps, whose cache
-    grows; a padding collator's batches): as torch's automatic dynamic shapes does, one change
-    is taken as evidence that the size varies, so a builder for the dynamic form starts one call
-    after the evidence, not later; or :attr:`limit` calls in all.
+    ``ready()`` says when what was seen is enough to build: a second call of a family, the same
+    (a loop) or with other sizes (one change is evidence that a size varies, as for torch's
+    automatic dynamic shapes), or :attr:`limit` calls in all.
     """
 
     limit: int = 4

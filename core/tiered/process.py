@@ -111,11 +111,9 @@ class BuilderProcess:
                 ).start()
 
     def _resume_when_idle(self, done: threading.Event) -> None:
-        """A probe pauses the builder to measure what it costs the steps; a process that idles
-        (a server between requests) has no steps to slow, and the builder should have that
-        time, so once this process used less than a tenth of a core over a quarter second, the
-        builder continues and the step is not measured (:attr:`resumed_idle`). This thread only
-        sends a signal: no compile work runs on it (Dynamo is not thread-safe)."""
+        """Continue the paused builder once this process idles (less than a tenth of a core over
+        a quarter second: no steps to slow); that step is not measured (:attr:`resumed_idle`).
+        This thread only sends a signal: no compile work runs on it (Dynamo is not thread-safe)."""
         cpu, wall = time.process_time(), time.monotonic()
         while not done.wait(IDLE_CHECK_SECONDS):
             cpu_now, wall_now = time.process_time(), time.monotonic()

@@ -162,11 +162,9 @@ class TieredForward:
             )
 
     def _watch(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """After the log closed, until the one rebuild: a call the build does not cover (sizes
-        that varied where they had been the same, as a padding collator's batches do after two
-        of one length; another kind of call) is evidence the first calls did not give, so the
-        builder is restarted for everything seen, at once; the form already loaded, if any,
-        serves the calls it fits meanwhile."""
+        """After the log closed, until the one rebuild: a call the build does not cover (other
+        sizes, another kind of call) restarts the builder for everything seen; the form already
+        loaded, if any, serves the calls it fits meanwhile (docs/tiered.md, "Sizes that vary")."""
         try:
             spec = call_spec(model, args, kwargs)
         except Exception:  # it runs regionally, as every call it cannot describe
