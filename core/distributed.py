@@ -241,11 +241,8 @@ def full_state_dict(obj: Any, *, rank0_only: bool = True) -> dict[str, Any]:
     :param rank0_only: return the dict on rank 0 only.
     """
     result = distributed_result(obj)
-    state: Mapping[str, Any]
-    if result is not None and result.full_state_dict is not None:
-        state = result.full_state_dict()
-    else:
-        state = _gather(unwrap(obj), rank0_only)
+    custom = result.full_state_dict if result is not None else None
+    state = custom() if custom is not None else _gather(unwrap(obj), rank0_only)
     if rank0_only and process_group_ready() and torch.distributed.get_rank() != 0:
         return {}
     return _snapshot(state)

@@ -257,7 +257,6 @@ def read_yaml(path: str | os.PathLike[str]) -> AccelerateDynamo:
     document = load_mapping(Path(path), source)
     section = _dynamo_section(document, source)
     values: dict[str, Any] = {}
-    origins: dict[str, str] = {}
     for key, value in section.items():
         field = YAML_KEYS.get(key) or YAML_KEYS.get(f"dynamo_{key}")
         where = f"$.dynamo_config.{key}"
@@ -270,8 +269,7 @@ def read_yaml(path: str | os.PathLike[str]) -> AccelerateDynamo:
         if value is None:
             continue
         values[field] = _parse_field(field, value, where, source)
-        origins[field] = source
-    return AccelerateDynamo(**values, origins=origins)
+    return AccelerateDynamo(**values, origins=dict.fromkeys(values, source))
 
 
 def load_mapping(path: Path, source: str) -> Mapping[str, Any]:

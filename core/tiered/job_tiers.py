@@ -38,14 +38,12 @@ class JobTiers:
 
         On rank 0, ``result`` is what its builder's ``poll()`` gave and ``output`` its
         directory; a finished result travels with the directory's files (``"files"``)."""
-        message = None
+        message = b""  # nothing yet
         if self.builds_here and result is not None:
             files = _read_tree(output) if result.get("ok") and output is not None else {}
             message = pickle.dumps({"result": result, "files": files})
-        data = self.exchange.broadcast(message if message is not None else b"", 0, STATE)
-        if not data:
-            return None
-        return pickle.loads(data)
+        data = self.exchange.broadcast(message, 0, STATE)
+        return pickle.loads(data) if data else None
 
     @staticmethod
     def write(files: dict[str, bytes]) -> Path:
