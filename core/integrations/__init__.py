@@ -1,12 +1,6 @@
-"""Integrations with training frameworks, each imported only when asked for.
-
-- :mod:`torchkiln.integrations.lightning`: a Lightning ``Callback`` that compiles the
-  ``LightningModule`` region by region, in place, when the ``Trainer`` starts.
-- :mod:`torchkiln.integrations.transformers`: the same for the Hugging Face ``Trainer``, as a
-  ``TrainerCallback`` (or use ``torchkiln.compat.accelerate.install()`` with
-  ``TrainingArguments(torch_compile=True)``).
-
-``import torchkiln`` imports neither framework.
+"""Integrations with training frameworks: Lightning (:mod:`torchkiln.integrations.lightning`) and
+the Hugging Face ``Trainer`` (:mod:`torchkiln.integrations.transformers`), each imported only
+when asked for (``import torchkiln`` imports neither framework).
 """
 
 from __future__ import annotations
