@@ -114,6 +114,8 @@ def read_meta(directory: Path) -> dict[str, Any]:
         meta = read_json(path, MAX_META_BYTES)  # a link, a non-regular or a larger file refused
     except (OSError, ValueError) as error:
         raise ArtifactError(f"{path} cannot be read: {error}") from error
+    except RecursionError as error:
+        raise ArtifactError(f"{path} is malformed: nested too deeply") from error
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ArtifactError(f"{path} is not a torchkiln job entry of format {FORMAT}")
     return meta

@@ -26,7 +26,6 @@ from torch import nn
 from torchkiln._internals.versions import feature_problem
 from torchkiln.artifacts.directory import (
     KINDS,
-    MANIFEST,
     ArtifactError,
     environment_key,
     error_reason,
@@ -236,11 +235,6 @@ def _target_directory(path: str | Any) -> Path:
         names = sorted(os.listdir(directory))
     except OSError as error:
         raise ArtifactError(f"artifacts path {str(path)!r} cannot be read: {error}") from error
-    if MANIFEST in names:
-        raise ArtifactError(
-            f"artifacts path {str(path)!r} holds artifacts of an older torchkiln (manifest.json); "
-            "remove the directory or choose another: precompile now writes a store"
-        )
     if not set(names) <= STORE_NAMES:
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
         raise ArtifactError(

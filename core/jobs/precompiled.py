@@ -67,11 +67,15 @@ class PrecompiledDirectory(CodeSource):
             if problem is not None:
                 self._reject("any group", problem)
                 return self._entries
-            for path in JobStore(self.directory, writable=False).published():
-                try:
-                    self._entries.append((path, read_meta(path)))
-                except ArtifactError as error:  # the others may still serve
-                    logger.warning("torchkiln: %s", error)
+            try:  # a shipped directory with a broken entry is damaged: none is used
+                found = [
+                    (path, read_meta(path))
+                    for path in JobStore(self.directory, writable=False).published()
+                ]
+            except ArtifactError as error:
+                self._reject("any group", str(error))
+            else:
+                self._entries = found
         return self._entries
 
     def _problem(self) -> str | None:
