@@ -26,9 +26,9 @@ from torchkiln.plugin_host.hooks import hookimpl
 
 if TYPE_CHECKING:
     from torchkiln.artifacts.cache import load_cache_artifacts, save_cache_artifacts
-    from torchkiln.artifacts.precompile import precompile
     from torchkiln.configuration.config import CompileConfig
     from torchkiln.distributed import distributed_result, full_state_dict, unwrap
+    from torchkiln.jobs.precompile import precompile
     from torchkiln.pipeline import compile, decompile, is_compiled, plan, report
     from torchkiln.plugin_host.default_manager import get_plugin_manager
     from torchkiln.plugin_host.plugin_manager import PluginManager
@@ -51,7 +51,7 @@ _LAZY = {
     "distributed_result": "torchkiln.distributed",
     "save_cache_artifacts": "torchkiln.artifacts.cache",
     "load_cache_artifacts": "torchkiln.artifacts.cache",
-    "precompile": "torchkiln.artifacts.precompile",
+    "precompile": "torchkiln.jobs.precompile",
 }
 
 

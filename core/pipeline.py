@@ -195,9 +195,9 @@ def _compile_checked(
 ) -> Any:
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
     if cfg.enabled and cfg.artifacts is not None:
-        from torchkiln.artifacts.precompiled import ArtifactSource
+        from torchkiln.jobs.precompiled import PrecompiledDirectory
 
-        source = ArtifactSource(cfg.artifacts, cfg.artifacts_strict, cfg, pm, cfg.cache_dir)
+        source = PrecompiledDirectory(cfg.artifacts, cfg.artifacts_strict, cfg, pm)
         compiler.sources.append(source)
     job_share, job_report = (None, None)
     if cfg.enabled:

@@ -41,6 +41,7 @@ from torch._inductor import cpu_vec_isa  # noqa: E402
 import torchkiln  # noqa: E402
 import torchkiln.artifacts.deferred_templates as deferred_templates  # noqa: E402
 import torchkiln.artifacts.precompiled as precompiled  # noqa: E402
+import torchkiln.jobs.entry as entry  # noqa: E402
 import torchkiln.plugins.backends as backends  # noqa: E402
 from torchkiln.configuration.config import CompileConfig  # noqa: E402
 from torchkiln.engine.group_runtime import GroupCode  # noqa: E402
@@ -106,7 +107,7 @@ def main(directory: str, options: list[str]) -> None:
     backends.compile_with_torch = timed(
         "fallback torch.compile (imports inductor's compile stack)", backends.compile_with_torch
     )
-    precompiled.copy_kernels = timed("copying DIR/kernels into the cache", precompiled.copy_kernels)
+    entry.copy_kernels = timed("copying the entries' kernels into the cache", entry.copy_kernels)
     clock = ImportClock()
     real_load = torch.compiler.load_compiled_function
 

@@ -1,13 +1,13 @@
-"""The precompiled-artifact directory: what it holds and the keys that decide whether it fits.
+"""A directory of saved compiled code: its manifest, the keys that decide whether it fits, and
+the one checked way to read its files.
 
-A directory written by :func:`torchkiln.precompile` holds ``manifest.json`` (the environment
-key, one entry per region group and kind), ``groups/`` (torch's serialised compiled functions)
-and ``kernels/`` (the inductor cache the compile filled, so loading compiles nothing). An
-artifact fits when its environment (torch, backend, mode, options, dynamic, device, dtype)
-matches and its group matches by name, code hash and parameter layout; input specs are checked
-on each call by the guards torch saved. The directory is code (pickles, shared libraries):
-:func:`read_entry` is the one way torchkiln reads its files, and it refuses any file the
-manifest's size and SHA-256 do not vouch for. docs/precompile.md says what is checked and why.
+A whole-model form (``STORE/whole/<key>/``) holds ``manifest.json`` (the environment key, the
+``whole`` entry, every kernel), ``whole/`` (torch's serialised compiled functions) and
+``kernels/`` (the inductor cache the compile filled, so loading compiles nothing); a store's
+region entry lists its files in ``meta.json`` (:mod:`torchkiln.jobs.entry`). Such a directory is
+code (pickles, shared libraries): :func:`read_entry` is the one way torchkiln reads its files,
+and it refuses any file the recorded size and SHA-256 do not vouch for. docs/precompile.md says
+what is checked and why.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 * 2**20
 """A larger manifest.json is refused unread (a real one is a few kilobytes)."""
-GROUPS_DIR = "groups"
 KERNELS_DIR = "kernels"
 WHOLE_DIR = "whole"
 """The whole-model entry's compiled functions (:mod:`torchkiln.artifacts.whole_build`)."""
@@ -86,15 +85,6 @@ def environment_key(config: CompileConfig, model: nn.Module) -> dict[str, Any]:
         "device": device,
         "dtype": dtype,
     }
-
-
-def environment_mismatches(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``field: saved X, now Y`` for every key that differs."""
-    return [
-        f"{key}: precompiled with {saved.get(key)!r}, now {current.get(key)!r}"
-        for key in current
-        if saved.get(key) != current.get(key)
-    ]
 
 
 def class_name(module: nn.Module) -> str:
@@ -164,11 +154,10 @@ def input_spec(args: Iterable[Any], kwargs: Mapping[str, Any]) -> list[str]:
 
 
 class StoredFile(Protocol):
-    """What :func:`read_entry` needs of a manifest entry (a :class:`GroupEntry`, a
-    :class:`KernelFile`, or any other entry of the directory)."""
+    """What :func:`read_entry` needs of a record (a :class:`KernelFile`, a whole-model entry)."""
 
     file: str
-    """The path relative to the artifact directory, with ``/`` separators."""
+    """The path relative to the directory, with ``/`` separators."""
     size: int
     sha256: str
 
@@ -187,34 +176,8 @@ class KernelFile:
 
 
 @attrs.define
-class GroupEntry:
-    """One compiled function of one group, for one kind."""
-
-    kind: str
-    file: str
-    """Relative to the artifact directory."""
-    inputs: list[str]
-    compile_seconds: float
-    size: int = -1
-    """Bytes of ``file``, recorded by the writer (-1: not recorded; such an entry is refused)."""
-    sha256: str = ""
-    """SHA-256 of ``file``'s bytes, recorded by the writer."""
-
-
-@attrs.define
-class GroupArtifacts:
-    name: str
-    cls: str
-    code_hash: str
-    structure_hash: str
-    regions: int
-    entries: list[GroupEntry] = attrs.Factory(list)
-
-
-@attrs.define
 class Manifest:
     environment: dict[str, Any]
-    groups: list[GroupArtifacts] = attrs.Factory(list)
     skipped: list[dict[str, str]] = attrs.Factory(list)
     """``{"group", "kind", "reason"}`` for every entry that could not be precompiled."""
     format: int = FORMAT_VERSION
@@ -227,39 +190,19 @@ class Manifest:
     kernels: list[KernelFile] = attrs.Factory(list)
     """Every file of ``kernels/``; loading copies only these, each checked first."""
 
-    def group(self, name: str) -> GroupArtifacts | None:
-        return next((g for g in self.groups if g.name == name), None)
-
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
-        groups = [
-            GroupArtifacts(
-                name=g["name"],
-                cls=g["cls"],
-                code_hash=g["code_hash"],
-                structure_hash=g["structure_hash"],
-                regions=int(g["regions"]),
-                entries=[GroupEntry(**e) for e in g["entries"]],
-            )
-            for g in data["groups"]
-        ]
         return cls(
             environment=dict(data["environment"]),
-            groups=groups,
             skipped=list(data.get("skipped", [])),
             format=int(data["format"]),
             cpu_isa=data.get("cpu_isa"),
             whole=data.get("whole"),
             kernels=[KernelFile(**k) for k in data.get("kernels", [])],
         )
-
-
-def entry_file(index: int, group: str, kind: str, variant: int = 0) -> str:
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", group)[:60]
-    return f"{GROUPS_DIR}/{index:03d}-{slug}-{kind}-{variant}.bin"
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> None:
@@ -310,28 +253,6 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         return Manifest.from_dict(data)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ArtifactError(f"{path} is malformed: {type(error).__name__}: {error}") from error
-
-
-ARTIFACT_NAMES = frozenset({MANIFEST, GROUPS_DIR, KERNELS_DIR, WHOLE_DIR})
-"""Everything a directory written by ``torchkiln precompile`` holds at its top level."""
-
-
-def is_artifact_directory(directory: str | os.PathLike[str]) -> bool:
-    """Whether ``directory`` holds only what precompile writes, with a manifest that is one
-    of torchkiln's (any format): the directories precompile may replace."""
-    path = Path(directory)
-    try:
-        names = set(os.listdir(path))
-        data = read_json(path / MANIFEST)
-    except (OSError, ValueError, RecursionError, ArtifactError):
-        return False
-    return (
-        names <= ARTIFACT_NAMES
-        and isinstance(data, dict)
-        and isinstance(data.get("format"), int)
-        and isinstance(data.get("environment"), dict)
-        and isinstance(data.get("groups"), list)
-    )
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -30,17 +30,23 @@ from torch import nn
 from torchkiln._internals import cache_entries, inductor
 from torchkiln._internals.aot_artifacts import installed_module_globals
 from torchkiln._internals.hub_kernels import name_function_modules
+from torchkiln.artifacts.cache import apply_cache_dir
 from torchkiln.artifacts.directory import (
+    KERNELS_DIR,
     WHOLE_DIR,
     ArtifactError,
+    Manifest,
     class_name,
     code_hash,
     error_reason,
     hash_files,
     input_spec,
+    kernel_files,
     stored_file,
     structure_hash,
+    write_manifest,
 )
+from torchkiln.artifacts.isa_probe import recorded_probes
 from torchkiln.artifacts.whole_guards import GuardFilter, referenced_files
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.plugin_host.plugin_manager import PluginManager
@@ -349,4 +355,29 @@ def build_whole(
         dropped_guards=dict(guard_filter.dropped),
         entries=entries,
     )
+    return whole, skipped
+
+
+def build_whole_form(
+    model: nn.Module,
+    families: list[Family],
+    config: CompileConfig,
+    directory: Path,
+    region_paths: list[str],
+    plugins: PluginManager,
+    environment: dict[str, Any],
+) -> tuple[WholeArtifacts, list[dict[str, str]]]:
+    """:func:`build_whole` into the new ``directory``, with inductor's cache in its
+    ``kernels/`` (and, for inductor on the CPU, the ISA probe's answers recorded), then the
+    directory's ``manifest.json``: a whole-model form as a store holds it."""
+    probes: dict[str, Any] = {}
+    with (
+        apply_cache_dir(directory / KERNELS_DIR),
+        recorded_probes(probes, config.backend, environment["device"]),
+    ):
+        whole, skipped = build_whole(model, families, config, directory, region_paths, plugins)
+    manifest = Manifest(environment=environment, cpu_isa=probes or None, whole=whole.to_dict())
+    manifest.skipped = [{"group": WHOLE_GROUP, **s} for s in skipped]
+    manifest.kernels = kernel_files(directory)  # every kernel, hashed
+    write_manifest(directory, manifest)
     return whole, skipped

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -71,9 +72,14 @@ class Strategies:
     def config(self, strategy: str) -> Any:
         """A complete CompileConfig: no YAML file or TORCHKILN_* variable can change the cell.
         ``precompiled`` loads strictly: artifacts that do not fit fail the cell rather than
-        compile normally and pass for loaded. ``tiered``'s builder writes into
+        compile normally and pass for loaded. ``tiered``'s builder publishes into the store
         :attr:`tiered_artifacts`; a run that finds the whole-model form there starts from it."""
-        from torchkiln.configuration.config import CompileConfig, RegionsConfig, TieredConfig
+        from torchkiln.configuration.config import (
+            CompileConfig,
+            JobConfig,
+            RegionsConfig,
+            TieredConfig,
+        )
 
         extra: dict[str, Any] = {}
         if strategy == "precompiled":
@@ -84,8 +90,11 @@ class Strategies:
             # slows (docs/benchmarks.md says so); the training bench (--lengths) measures the
             # defaults.
             extra["tiered"] = TieredConfig(enabled=True, when="always", max_slowdown=0)
-            if self.tiered_artifacts:
-                extra["artifacts"] = self.tiered_artifacts
+            if self.tiered_artifacts:  # the whole-model form only: no region entries, and
+                # the kernels stay in the cell's cache directory, as without a store
+                extra["store"] = self.tiered_artifacts
+                extra["job"] = JobConfig(share="off")
+                extra["cache_dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         selector = "hierarchical" if strategy == "hierarchical" else "auto"
         return CompileConfig(
             backend=self.backend,

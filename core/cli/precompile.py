@@ -1,4 +1,4 @@
-"""``torchkiln precompile MODEL --output DIR``: write precompiled region artifacts."""
+"""``torchkiln precompile MODEL --output DIR``: write precompiled region entries into a store."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torchkiln.errors import TorchkilnError
 def add_precompile_parser(commands: Any) -> None:
     p = commands.add_parser(
         "precompile",
-        help="compile each region group ahead of time into an artifact directory",
+        help="compile each region group ahead of time into a store",
         description="Compile MODEL's region groups for example inputs (token ids of --batch x "
         "--seq, or the module's own example_inputs(model, batch, seq)) and write DIR; "
         "torchkiln.compile(model, artifacts=DIR) then loads them without tracing or compiling. "
@@ -37,7 +37,7 @@ def add_precompile_parser(commands: Any) -> None:
     p.add_argument("--device", default="cpu", help="device to build and compile on")
     p.add_argument("--dtype", help="cast the model to this floating dtype (bfloat16, ...)")
     p.add_argument("--config", help="YAML file")
-    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.add_argument(
         "--whole",
         action="store_true",
@@ -99,7 +99,7 @@ def _precompile(args: argparse.Namespace) -> int:
         **options,
     )
     if args.json:
-        print(json.dumps(result.manifest.to_dict(), indent=1))
+        print(json.dumps(result.to_dict(), indent=1))
     else:
         print(result.summary())
     if not result.entries:

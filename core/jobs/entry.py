@@ -1,12 +1,11 @@
 """One shared entry: a region group's compiled function for one key, as files in a directory
 (``meta.json``, ``entry.bin``, ``kernels/...``), as bytes on the wire, and loaded.
 
-Built with torch's ``aot_compile`` and ``save_compiled_function``, exactly as
-``torchkiln.precompile`` builds a group entry (:mod:`torchkiln.artifacts.precompile`), into a
-fresh inductor cache directory so that every kernel the compile wrote travels with it. Loaded
-as ``artifacts=DIR`` loads one (:mod:`torchkiln.artifacts.precompiled`): every file is checked
-against ``meta.json`` (:func:`~torchkiln.artifacts.directory.read_entry`) before anything is
-copied, unpickled or imported.
+Built with torch's ``aot_compile`` and ``save_compiled_function`` into a fresh inductor cache
+directory, so that every kernel the compile wrote travels with it; ``torchkiln.precompile``
+writes the same entries (:mod:`torchkiln.jobs.precompile`). Every file is checked against
+``meta.json`` (:func:`~torchkiln.artifacts.directory.read_entry`) before anything is copied,
+unpickled or imported.
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ import os
 import pickle
 import shutil
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from torchkiln.artifacts.directory import (
     KERNELS_DIR,
     ArtifactError,
     KernelFile,
+    closure_data,
     entry_path,
     kernel_files,
     read_entry,
@@ -35,13 +36,46 @@ from torchkiln.artifacts.directory import (
     stored_file,
 )
 from torchkiln.artifacts.isa_probe import recorded_probes
-from torchkiln.artifacts.precompile import save_compiled_call
 from torchkiln.artifacts.precompiled import copy_kernels, load_functions
+from torchkiln.engine.compile_state import REGION_ATTR
+from torchkiln.engine.group_runtime import trace_settings_of
 
 META = "meta.json"
 ENTRY = "entry.bin"
 FORMAT = 1
 MAX_META_BYTES = 4 * 2**20
+INSTALLED = ("forward", REGION_ATTR)
+
+
+@contextlib.contextmanager
+def plain_module(module: nn.Module) -> Iterator[None]:
+    """The module as the user built it while torch saves the guards: torch pickles the guarded
+    module's ``__dict__``, which must not hold torchkiln's installed forward and region state
+    (neither pickles, and neither exists in the loading process before compile)."""
+    installed = {name: module.__dict__.pop(name) for name in INSTALLED if name in module.__dict__}
+    try:
+        yield
+    finally:
+        module.__dict__.update(installed)
+
+
+def save_compiled_call(
+    savable: Any,
+    shared: Callable[..., Any],
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    path: Path,
+) -> None:
+    """Compile ``savable`` (the group function ``shared`` under ``torch.compile``) for this
+    call with ``aot_compile`` and save it at ``path``."""
+    with warnings.catch_warnings():
+        # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards; torch's
+        # warning about it says nothing the user can act on.
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
+        with plain_module(module), trace_settings_of(savable):
+            aot = savable.aot_compile(((module, *args), kwargs))
+        aot.save_compiled_function(str(path), external_data=closure_data(shared))
 
 
 def build_entry(
@@ -80,6 +114,8 @@ def read_meta(directory: Path) -> dict[str, Any]:
         meta = read_json(path, MAX_META_BYTES)  # a link, a non-regular or a larger file refused
     except (OSError, ValueError) as error:
         raise ArtifactError(f"{path} cannot be read: {error}") from error
+    except RecursionError as error:
+        raise ArtifactError(f"{path} is malformed: nested too deeply") from error
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ArtifactError(f"{path} is not a torchkiln job entry of format {FORMAT}")
     return meta

@@ -67,10 +67,13 @@ def _first_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def share_fields(
-    config: CompileConfig, group: str, module: nn.Module, args: Any, kwargs: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Every field of the key, by name (what :func:`differing_fields` compares)."""
+CALL_FIELDS = ("inputs", "kind")
+"""The fields of one call; the others are the group's (equal for every call of it)."""
+
+
+def group_fields(config: CompileConfig, group: str, module: nn.Module) -> dict[str, Any]:
+    """The key's fields every call of the group shares (a precompiled directory serves all of
+    the group's entries whose group fields are these)."""
     return {
         **environment_key(config, module),
         "transformers": _release("transformers"),
@@ -80,6 +83,15 @@ def share_fields(
         "class": class_name(module),
         "code": code_hash(module),
         "structure": structure_hash(module),
+    }
+
+
+def share_fields(
+    config: CompileConfig, group: str, module: nn.Module, args: Any, kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Every field of the key, by name (what :func:`differing_fields` compares)."""
+    return {
+        **group_fields(config, group, module),
         "inputs": input_spec(args, dict(kwargs)),
         "kind": call_kind(module),
     }

@@ -46,10 +46,18 @@ class JobStore:
         entries/.<key16>.<host>.<pid>.<random>   an entry being written (hidden, never read)
     """
 
-    def __init__(self, root: str | os.PathLike[str], section: str = ENTRIES, marker: str = META):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        section: str = ENTRIES,
+        marker: str = META,
+        writable: bool = True,
+    ):
         self.root = Path(root).expanduser().resolve()
         self.entries = self.root / section
         self.marker = marker
+        if not writable:  # a precompiled directory (artifacts=): read, never changed
+            return
         try:
             self.entries.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -57,6 +65,18 @@ class JobStore:
                 f"job.store {str(root)!r} cannot be created: {error.strerror or error}"
             ) from error
         self.sweep()
+
+    def published(self) -> list[Path]:
+        """Every published entry, in key order."""
+        try:
+            names = sorted(os.listdir(self.entries))
+        except OSError:
+            return []
+        return [
+            self.entries / name
+            for name in names
+            if _KEY.fullmatch(name) and (self.entries / name / self.marker).is_file()
+        ]
 
     def find(self, key: str) -> Path | None:
         """The published entry of ``key``, or ``None``."""

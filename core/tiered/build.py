@@ -21,12 +21,12 @@ from torch import nn
 from torchkiln._internals.transformers import can_record_registry
 from torchkiln.artifacts.directory import environment_key
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.jobs.whole_store import BuildOutput
 from torchkiln.tiered.calls import CallLog, describe_families
 from torchkiln.tiered.decision import Machine, builder_problem, core_left_free
 from torchkiln.tiered.governor import StepGovernor
 from torchkiln.tiered.process import BuilderProcess
 from torchkiln.tiered.weightless import dumps_weightless, unsendable
-from torchkiln.tiered.whole_store import BuildOutput
 
 Say = Callable[[str], None]
 

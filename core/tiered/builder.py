@@ -69,31 +69,6 @@ def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def _write_manifest(output: Path, request: dict[str, Any], whole: Any, skipped: list[Any]) -> None:
-    from torchkiln.artifacts.directory import (
-        MANIFEST,
-        ArtifactError,
-        Manifest,
-        kernel_files,
-        read_manifest,
-        write_manifest,
-    )
-
-    manifest = Manifest(environment=request["environment"], cpu_isa=request.get("cpu_isa"))
-    if (output / MANIFEST).exists():
-        try:
-            existing = read_manifest(output)
-        except ArtifactError:
-            existing = None
-        if existing is not None and existing.environment == request["environment"]:
-            manifest = existing
-    manifest.whole = whole.to_dict()
-    manifest.kernels = kernel_files(output)  # every kernel, hashed, as precompile lists them
-    manifest.skipped = [s for s in manifest.skipped if s.get("group") != "<whole model>"]
-    manifest.skipped += [{"group": "<whole model>", **s} for s in skipped]
-    write_manifest(output, manifest)
-
-
 def replay_construction_state(model: Any, registry_items: list[Any] | None) -> None:
     """Global state a library records when a model is *constructed*, which unpickling skips.
 
@@ -161,10 +136,7 @@ def plugin_problem(config: Any, plugins: Any) -> str | None:
 
 
 def build(workdir: Path) -> dict[str, Any]:
-    from torchkiln.artifacts.cache import apply_cache_dir
-    from torchkiln.artifacts.directory import KERNELS_DIR
-    from torchkiln.artifacts.isa_probe import recorded_probes
-    from torchkiln.artifacts.whole_build import Family, build_whole
+    from torchkiln.artifacts.whole_build import Family, build_whole_form
     from torchkiln.plugin_host.default_manager import get_plugin_manager
     from torchkiln.tiered.weightless import loads_weightless
 
@@ -174,7 +146,6 @@ def build(workdir: Path) -> dict[str, Any]:
     if problem is not None:
         return {"ok": False, "error": problem, "peak_rss_mb": _peak_rss_mb()}
     _limit(request["nice"], request["intra_op_threads"])
-    output = Path(request["output"])
     model = loads_weightless(request["model"])
     replay_construction_state(
         model, loads_weightless(request["registry"]) if request.get("registry") else None
@@ -185,21 +156,15 @@ def build(workdir: Path) -> dict[str, Any]:
         args, kwargs = loads_weightless(family["call"])
         families.append(Family(family["kind"], family["training"], args, kwargs, family["dynamic"]))
     started = time.perf_counter()
-    probes: dict[str, Any] = {}
-    config = request["config"]
-    record = config.backend == "inductor" and request["environment"]["device"] == "cpu"
-    with apply_cache_dir(output / KERNELS_DIR):
-        if record:
-            with recorded_probes(probes):
-                whole, skipped = build_whole(
-                    model, families, config, output, request["region_paths"], plugins
-                )
-        else:
-            whole, skipped = build_whole(
-                model, families, config, output, request["region_paths"], plugins
-            )
-    request["cpu_isa"] = probes or None
-    _write_manifest(output, request, whole, skipped)
+    whole, skipped = build_whole_form(
+        model,
+        families,
+        request["config"],
+        Path(request["output"]),
+        request["region_paths"],
+        plugins,
+        request["environment"],
+    )
     return {
         "ok": bool(whole.entries),
         "entries": len(whole.entries),

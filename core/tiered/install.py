@@ -11,9 +11,9 @@ from torchkiln.artifacts.directory import ArtifactError, read_manifest
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING, STATE_ATTR, CompileState, add_undo
 from torchkiln.errors import TorchkilnError
+from torchkiln.jobs.whole_store import whole_key, whole_section, whole_store
 from torchkiln.plugin_host.region_plan import RegionPlan
 from torchkiln.tiered.runtime import TieredForward
-from torchkiln.tiered.whole_store import whole_key, whole_store
 
 
 def check_plan_for_tiers(plan: RegionPlan) -> None:
@@ -41,15 +41,16 @@ def _has_whole_entry(directory: Path) -> bool:
 def whole_directory(
     config: CompileConfig, model: nn.Module, region_paths: list[str]
 ) -> Path | None:
-    """Where a whole-model form for ``model`` already is: the artifact directory's entry, else
-    the store's form for this model's key; ``None`` when neither holds one."""
-    if config.artifacts is not None and _has_whole_entry(Path(config.artifacts).expanduser()):
-        return Path(config.artifacts).expanduser()
+    """Where a whole-model form for ``model`` already is: the precompiled directory's form for
+    this model's key, else the store's; ``None`` when neither holds one."""
+    key = whole_key(config, model, region_paths)
+    sections = [whole_section(config.artifacts, writable=False)] if config.artifacts else []
     store = whole_store(config)
-    if store is None:
-        return None
-    found = store.find(whole_key(config, model, region_paths))
-    return found if found is not None and _has_whole_entry(found) else None
+    for section in [*sections, *([store] if store is not None else [])]:
+        found = section.find(key)
+        if found is not None and _has_whole_entry(found):
+            return found
+    return None
 
 
 def wants_tiers(config: CompileConfig, model: nn.Module, region_paths: list[str]) -> bool:

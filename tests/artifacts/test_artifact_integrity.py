@@ -1,7 +1,8 @@
-"""An artifact directory is code: every file torchkiln reads from it is confined to it, a plain
-regular file of the recorded size, and hashed in the manifest, all checked before anything is
-unpickled (issue 23, C2, U1, D4, W2). A directory that fails the check warns and compiles
-normally (an :class:`ArtifactError` under ``artifacts_strict``), never blames a plugin."""
+"""A precompiled directory is code: every file torchkiln reads from it is confined to its entry,
+a plain regular file of the recorded size, and hashed in the entry's ``meta.json``, all checked
+before anything is unpickled (issue 23, C2, U1, D4, W2). A directory that fails the check warns
+and compiles normally (an :class:`ArtifactError` under ``artifacts_strict``), never blames a
+plugin."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import torchkiln
 from torchkiln.artifacts.directory import (
     MANIFEST,
     ArtifactError,
-    GroupEntry,
     KernelFile,
     entry_path,
     read_entry,
@@ -31,6 +31,7 @@ from torchkiln.artifacts.directory import (
     stored_file,
 )
 from torchkiln.artifacts.precompiled import ArtifactWarning, copy_kernels
+from torchkiln.jobs.entry import ENTRY, META
 
 
 class Planted:
@@ -45,22 +46,22 @@ class Planted:
 
 @pytest.fixture
 def copy(artifacts: Path, tmp_path: Path) -> Path:
-    """A private copy of the module's artifact directory, to tamper with."""
+    """A private copy of the module's precompiled directory, to tamper with."""
     target = tmp_path / "artifacts"
     shutil.copytree(artifacts, target)
     return target
 
 
-def _manifest(directory: Path) -> dict[str, Any]:
-    return dict(json.loads((directory / MANIFEST).read_text()))
+def _entries(directory: Path) -> list[Path]:
+    return sorted(p for p in (directory / "entries").iterdir() if not p.name.startswith("."))
 
 
-def _write_manifest(directory: Path, data: dict[str, Any]) -> None:
-    (directory / MANIFEST).write_text(json.dumps(data))
+def _meta(entry: Path) -> dict[str, Any]:
+    return dict(json.loads((entry / META).read_text()))
 
 
-def _first_entry(directory: Path) -> dict[str, Any]:
-    return dict(_manifest(directory)["groups"][0]["entries"][0])
+def _write_meta(entry: Path, data: dict[str, Any]) -> None:
+    (entry / META).write_text(json.dumps(data))
 
 
 def _compile(directory: Path, **options: Any) -> torch.nn.Module:
@@ -80,9 +81,9 @@ def _runs_normally(model: torch.nn.Module) -> None:
 @pytest.mark.needs_feature("precompiled artifacts")
 def test_a_planted_pickle_never_runs_and_is_called_tampered(copy: Path, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    for entry in (copy / "groups").iterdir():
-        entry.write_bytes(pickle.dumps(Planted(marker)))
-    with pytest.warns(ArtifactWarning, match=r"groups/000-Block-.* does not match .*tampered"):
+    for entry in _entries(copy):
+        (entry / ENTRY).write_bytes(pickle.dumps(Planted(marker)))
+    with pytest.warns(ArtifactWarning, match=r"'entry\.bin' does not match .*tampered"):
         model = _compile(copy)
     assert not marker.exists()
     _runs_normally(model)
@@ -93,7 +94,7 @@ def test_a_planted_pickle_never_runs_and_is_called_tampered(copy: Path, tmp_path
 
 @pytest.mark.needs_feature("precompiled artifacts")
 def test_a_truncated_entry_is_refused(copy: Path) -> None:
-    entry = copy / _first_entry(copy)["file"]
+    entry = _entries(copy)[0] / ENTRY
     entry.write_bytes(entry.read_bytes()[:100])
     with pytest.warns(ArtifactWarning, match=r"100 bytes, the manifest says \d+"):
         _runs_normally(_compile(copy))
@@ -101,7 +102,7 @@ def test_a_truncated_entry_is_refused(copy: Path) -> None:
 
 @pytest.mark.needs_feature("precompiled artifacts")
 def test_a_same_size_change_is_caught_by_the_hash(copy: Path) -> None:
-    entry = copy / _first_entry(copy)["file"]
+    entry = _entries(copy)[0] / ENTRY
     data = bytearray(entry.read_bytes())
     data[len(data) // 2] ^= 0xFF
     entry.write_bytes(bytes(data))
@@ -115,19 +116,19 @@ def test_an_entry_outside_the_directory_is_refused_even_with_its_hash(
     copy: Path, tmp_path: Path, where: str
 ) -> None:
     """The file outside has the right bytes and hash: only confinement refuses it."""
-    data = _manifest(copy)
-    entry = data["groups"][0]["entries"][0]
+    entry = _entries(copy)[0]
+    data = _meta(entry)
     outside = tmp_path / "outside.bin"
-    shutil.copy(copy / entry["file"], outside)
-    entry["file"] = str(outside) if where == "absolute" else "groups/../../outside.bin"
-    _write_manifest(copy, data)
+    shutil.copy(entry / ENTRY, outside)
+    data["entry"]["file"] = str(outside) if where == "absolute" else "../../../outside.bin"
+    _write_meta(entry, data)
     with pytest.warns(ArtifactWarning, match="points outside the artifact directory"):
         _runs_normally(_compile(copy))
 
 
 @pytest.mark.needs_feature("precompiled artifacts")
-def test_a_deep_manifest_warns_and_compiles_normally(copy: Path) -> None:
-    (copy / MANIFEST).write_text("[" * 100_000)
+def test_a_deep_meta_warns_and_compiles_normally(copy: Path) -> None:
+    (_entries(copy)[0] / META).write_text("[" * 100_000)
     with pytest.warns(ArtifactWarning, match="nested too deeply"):
         _runs_normally(_compile(copy))
     with pytest.raises(ArtifactError, match="nested too deeply") as raised:
@@ -135,24 +136,23 @@ def test_a_deep_manifest_warns_and_compiles_normally(copy: Path) -> None:
     assert not isinstance(raised.value, torchkiln.PluginError)
 
 
-@pytest.mark.needs_feature("precompiled artifacts")
-def test_a_manifest_without_hashes_says_to_precompile_again(copy: Path) -> None:
-    data = _manifest(copy)
-    data["format"] = 1
-    for group in data["groups"]:
-        for entry in group["entries"]:
-            del entry["size"], entry["sha256"]
-    _write_manifest(copy, data)
+def test_a_manifest_without_hashes_says_to_precompile_again(tmp_path: Path) -> None:
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": 1, "environment": {}, "whole": {}}))
     with pytest.raises(ArtifactError, match=r"format 1.*re-run `torchkiln precompile`"):
-        read_manifest(copy)
+        read_manifest(tmp_path)
+
+
+def _kernels(directory: Path) -> list[tuple[Path, str]]:
+    """Every entry's kernel files: (entry, file relative to it)."""
+    return [(e, k["file"]) for e in _entries(directory) for k in _meta(e)["kernels"]]
 
 
 @pytest.mark.needs_feature("precompiled artifacts")
 def test_a_tampered_kernel_is_refused_before_it_reaches_the_cache(
     copy: Path, tmp_path: Path
 ) -> None:
-    kernel = _manifest(copy)["kernels"][0]["file"]
-    (copy / kernel).write_bytes(b"planted")
+    entry, kernel = _kernels(copy)[0]
+    (entry / kernel).write_bytes(b"planted")
     cache = tmp_path / "cache"
     with pytest.warns(ArtifactWarning, match=rf"{kernel}' does not match"):
         model = _compile(copy, cache_dir=str(cache))
@@ -168,7 +168,7 @@ def test_kernels_go_to_the_models_own_cache_dir(
     """W2: with artifacts= and cache_dir=, the kernels land in the chosen directory."""
     previous, chosen = tmp_path / "previous", tmp_path / "chosen"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(previous))
-    kernels = [k["file"] for k in _manifest(copy)["kernels"]]
+    kernels = [kernel for _, kernel in _kernels(copy)]
     assert kernels
     model = _compile(copy, cache_dir=str(chosen))
     _runs_normally(model)
@@ -191,8 +191,6 @@ def _entry(directory: Path, name: str, data: bytes) -> KernelFile:
 def test_read_entry_returns_checked_bytes(tmp_path: Path) -> None:
     entry = _entry(tmp_path, "groups/a.bin", b"payload")
     assert read_entry(tmp_path, entry) == b"payload"
-    group_entry = GroupEntry("inference", entry.file, [], 0.0, entry.size, entry.sha256)
-    assert read_entry(tmp_path, group_entry) == b"payload"
 
 
 def test_read_entry_refuses_links_even_inside_the_directory(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Precompiled regions: ``torchkiln.precompile`` writes an artifact directory; a new process
+"""Precompiled regions: ``torchkiln.precompile`` writes a store of entries; a new process
 loads it through ``torchkiln.compile(model, artifacts=DIR)`` without Dynamo tracing; anything
 that does not fit warns (or raises under ``artifacts_strict``) and compiles normally."""
 
@@ -20,8 +20,9 @@ import torch._dynamo
 from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
 
 import torchkiln
-from torchkiln.artifacts.directory import MANIFEST, ArtifactError, read_manifest
+from torchkiln.artifacts.directory import ArtifactError
 from torchkiln.artifacts.precompiled import ArtifactWarning
+from torchkiln.jobs.entry import ENTRY, META
 from torchkiln.plugin import BackendSpec
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -50,26 +51,33 @@ def forget_compiles() -> None:
     clear_compilation_metrics()
 
 
-def test_the_manifest_keys_every_entry(artifacts: Path) -> None:
-    manifest = read_manifest(artifacts)
-    env = manifest.environment
-    assert (env["torch"], env["backend"], env["device"], env["dtype"]) == (
-        torch.__version__,
-        "aot_eager",
-        "cpu",
-        "float32",
-    )
-    (group,) = manifest.groups
-    assert (group.name, group.cls, group.regions) == ("Block", "precompile_models.Block", 3)
-    assert len(group.code_hash) == len(group.structure_hash) == 64
+def entries(directory: Path) -> list[Path]:
+    return sorted(p for p in (directory / "entries").iterdir() if not p.name.startswith("."))
+
+
+def metas(directory: Path) -> list[dict[str, Any]]:
+    return [json.loads((entry / META).read_text()) for entry in entries(directory)]
+
+
+def test_each_entry_is_keyed_by_its_group_and_call(artifacts: Path) -> None:
+    fields = [meta["fields"] for meta in metas(artifacts)]
+    for field in fields:
+        assert (field["torch"], field["backend"], field["device"], field["dtype"]) == (
+            torch.__version__,
+            "aot_eager",
+            "cpu",
+            "float32",
+        )
+        assert (field["group"], field["class"]) == ("Block", "precompile_models.Block")
+        assert len(field["code"]) == len(field["structure"]) == 64
     # Training: the first block's input needs no grad, the others' do (one entry each).
-    assert [(e.kind, e.inputs) for e in group.entries] == [
+    assert sorted((f["kind"], f["inputs"]) for f in fields) == [
         ("inference", ["Tensor[2, 4, 16] float32"]),
         ("training", ["Tensor[2, 4, 16] float32"]),
         ("training", ["Tensor[2, 4, 16] float32 grad"]),
     ]
-    for entry in group.entries:
-        assert (artifacts / entry.file).stat().st_size > 0
+    for entry in entries(artifacts):
+        assert (entry / ENTRY).stat().st_size > 0
 
 
 LOADER = textwrap.dedent(
@@ -245,9 +253,10 @@ def test_changed_code_is_refused(artifacts: Path, tmp_path: Path) -> None:
     import shutil
 
     shutil.copytree(artifacts, copy)
-    data = json.loads((copy / MANIFEST).read_text())
-    data["groups"][0]["code_hash"] = "0" * 64
-    (copy / MANIFEST).write_text(json.dumps(data))
+    for entry in entries(copy):
+        data = json.loads((entry / META).read_text())
+        data["fields"]["code"] = "0" * 64
+        (entry / META).write_text(json.dumps(data))
     with pytest.warns(ArtifactWarning, match="group 'Block': the source of the group's classes"):
         model = torchkiln.compile(stack(), backend="aot_eager", artifacts=str(copy))
     with torch.no_grad():
@@ -258,14 +267,14 @@ def test_changed_code_is_refused(artifacts: Path, tmp_path: Path) -> None:
 def test_a_missing_directory_warns_and_a_corrupt_entry_is_refused(
     artifacts: Path, tmp_path: Path
 ) -> None:
-    with pytest.warns(ArtifactWarning, match="has no manifest.json"):
+    with pytest.warns(ArtifactWarning, match="holds no precompiled entries"):
         torchkiln.compile(stack(), backend="aot_eager", artifacts=str(tmp_path / "nowhere"))
     import shutil
 
     copy = tmp_path / "copy"
     shutil.copytree(artifacts, copy)
-    for entry in (copy / "groups").iterdir():
-        entry.write_bytes(b"not a pickle")
+    for entry in entries(copy):
+        (entry / ENTRY).write_bytes(b"not a pickle")
     with pytest.warns(ArtifactWarning, match="does not match the manifest"):
         torchkiln.compile(stack(), backend="aot_eager", artifacts=str(copy))
 
@@ -335,8 +344,8 @@ def test_the_cli_writes_the_directory(tmp_path: Path, capsys: pytest.CaptureFixt
     )
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "Block (3 regions), inference" in out
-    assert [e.kind for e in read_manifest(tmp_path).groups[0].entries] == ["inference"]
+    assert "Block, inference" in out
+    assert [meta["kind"] for meta in metas(tmp_path)] == ["inference"]
 
 
 def test_the_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -344,7 +353,7 @@ def test_the_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     (code,) = re.findall(r"^```python\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "docs/precompile.md", "exec"), {"__name__": "__main__"})
-    assert (tmp_path / "kiln-artifacts" / MANIFEST).exists()
+    assert entries(tmp_path / "kiln-artifacts")
 
 
 def test_the_artifacts_field_comes_from_the_environment(
@@ -440,15 +449,16 @@ def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
     torchkiln.decompile(earlier)
     directory = tmp_path / "artifacts"
     result = torchkiln.precompile(stack(), inputs(), directory, kinds=["inference"])
-    assert result.skipped == [] and result.manifest.environment["backend"] == "inductor"
-    assert any((directory / "kernels").rglob("*.so"))  # the compiled C++ kernels travel along
+    (meta,) = metas(directory)
+    assert result.skipped == [] and meta["fields"]["backend"] == "inductor"
+    assert any(directory.rglob("*.so"))  # the compiled C++ kernels travel along
     assert ".cpp" in calls.read_text()  # the precompile did compile C++ through the wrapper
-    record = result.manifest.cpu_isa
+    record = meta["cpu_isa"]
     assert record is not None and record["probes"] and all(record["probes"].values())
     # The probe's test libraries travel, not the marks of their load check (torch 2.14+
     # writes ``<library>.load_ok`` and then trusts it): the loading machine loads them itself.
-    assert not any(k.file.endswith(".load_ok") for k in result.manifest.kernels)
-    assert not any((directory / "kernels").rglob("*.load_ok"))
+    assert not any(k["file"].endswith(".load_ok") for k in meta["kernels"])
+    assert not any(directory.rglob("*.load_ok"))
 
     # Same CPU and compiler: the ISA probe is answered from the record, no child is started.
     loaded, compiled = _load_in_new_process(directory, tmp_path / "cache-1", compiler, calls)
@@ -463,9 +473,9 @@ def test_inductor_artifacts_load_in_a_new_process_with_an_empty_cache(
     # Another compiler version recorded: the probe runs as usual (its test libraries came
     # with the artifacts, so it still compiles nothing, but loads each in a child, here) and
     # picks the same ISA.
-    manifest = json.loads((directory / MANIFEST).read_text())
-    manifest["cpu_isa"]["compiler"] = "g++=some other version"
-    (directory / MANIFEST).write_text(json.dumps(manifest))
+    (entry,) = entries(directory)
+    meta["cpu_isa"]["compiler"] = "g++=some other version"
+    (entry / META).write_text(json.dumps(meta))
     probed, compiled = _load_in_new_process(directory, tmp_path / "cache-2", compiler, calls)
     assert probed["probe_children"] > 0
     assert compiled == [] and probed["fxgraph_misses"] == 0 and probed["diff"] < 1e-5

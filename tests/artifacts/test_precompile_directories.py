@@ -1,12 +1,11 @@
 """``torchkiln precompile -o DIR`` never destroys what it did not write, and never loses the
-previous artifacts: a non-empty directory that is not an artifact directory is refused
-untouched (issue 23, D2); new artifacts are written aside and replace the old ones in one step
-at the end, so a failed or interrupted precompile leaves them as they were (D3); a directory
-that cannot be written is a clear error, exit status 2 (T1)."""
+previous entries: a non-empty directory that is not a store is refused untouched (issue 23,
+D2); each entry is published with one rename and never changed, so a failed or interrupted
+precompile leaves the directory as it was (D3); a directory that cannot be written is a clear
+error, exit status 2 (T1)."""
 
 from __future__ import annotations
 
-import importlib
 import shutil
 import signal
 from pathlib import Path
@@ -19,7 +18,8 @@ from precompile_models import Stack, inputs, stack
 
 import torchkiln
 from torchkiln import cli
-from torchkiln.artifacts.directory import ARTIFACT_NAMES, MANIFEST, ArtifactError, read_manifest
+from torchkiln.artifacts.directory import MANIFEST, ArtifactError
+from torchkiln.jobs.precompile import STORE_NAMES
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
@@ -45,16 +45,14 @@ def test_a_web_project_directory_is_refused_untouched(tmp_path: Path) -> None:
     (site / "groups").mkdir()
     (site / "groups" / "admins.txt").write_text("alice")
     before = _snapshot(site)
-    with pytest.raises(ArtifactError, match=r"is not empty and is not a torchkiln artifact"):
+    with pytest.raises(ArtifactError, match=r"is not empty and is not a torchkiln store"):
         _precompile(stack(), site)
     assert _snapshot(site) == before
     assert _siblings(site) == []  # no staging directory left behind
 
 
 @pytest.mark.needs_feature("precompiled artifacts")
-def test_an_artifact_directory_with_a_foreign_file_is_refused(
-    artifacts: Path, tmp_path: Path
-) -> None:
+def test_a_store_with_a_foreign_file_is_refused(artifacts: Path, tmp_path: Path) -> None:
     copy = tmp_path / "artifacts"
     shutil.copytree(artifacts, copy)
     (copy / "notes.txt").write_text("mine")
@@ -70,7 +68,7 @@ def test_an_artifact_directory_with_a_foreign_file_is_refused(
 @given(
     names=st.lists(
         st.text(alphabet="abcdefghij._-", min_size=1, max_size=8).filter(
-            lambda n: n not in {".", ".."} and n not in ARTIFACT_NAMES
+            lambda n: n not in {".", ".."} and n not in STORE_NAMES
         ),
         min_size=1,
         max_size=4,
@@ -89,25 +87,25 @@ def test_any_directory_precompile_did_not_write_is_refused(
     if manifest is not None:
         (directory / MANIFEST).write_text(manifest)
     before = _snapshot(directory)
-    with pytest.raises(ArtifactError, match="not a torchkiln artifact directory"):
+    with pytest.raises(ArtifactError, match="not a torchkiln store"):
         _precompile(stack(), directory)
     assert _snapshot(directory) == before
     assert _siblings(directory) == []
 
 
 @pytest.mark.needs_feature("precompiled artifacts")
-def test_an_empty_directory_is_filled_and_an_artifact_directory_replaced(tmp_path: Path) -> None:
+def test_an_empty_directory_is_filled_and_a_store_added_to(tmp_path: Path) -> None:
     directory = tmp_path / "empty"
     directory.mkdir()
-    first = _precompile(stack(), directory)
-    assert first.path == str(directory) and read_manifest(directory).groups
-    stale = directory / "groups" / "stale.bin"
-    stale.write_bytes(b"from an earlier run")
-    second = torchkiln.precompile(
+    first = torchkiln.precompile(
         stack(), inputs(), directory, backend="aot_eager", kinds=["inference"]
     )
-    assert second.entries == 1 and not stale.exists()
-    assert [e.kind for e in read_manifest(directory).groups[0].entries] == ["inference"]
+    assert first.path == str(directory) and first.entries == 1
+    second = _precompile(stack(), directory)
+    assert (second.groups[0].kind, second.groups[0].path) == ("inference", first.groups[0].path)
+    assert second.groups[0].compile_seconds == 0.0  # found, kept as it was
+    assert second.entries == 3 and min(e.compile_seconds for e in second.groups[1:]) > 0
+    assert sorted(p.name for p in directory.iterdir()) == ["entries"]
     assert _siblings(directory) == []
 
 
@@ -170,26 +168,3 @@ def test_an_output_that_cannot_be_written_is_a_clear_error(
     assert code == 2
     assert f"torchkiln: error: artifacts directory '{output}' cannot be written" in err
     assert "Traceback" not in err
-
-
-@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
-def test_the_commit_replaces_an_artifact_directory_in_one_step(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
-) -> None:
-    """With the atomic exchange, and with the fallback where the system has none."""
-    module = importlib.import_module(
-        "torchkiln.artifacts.precompile"
-    )  # the module, not the function
-
-    if not exchange:
-        monkeypatch.setattr(module, "_exchange", lambda first, second: False)
-    directory, staging = tmp_path / "artifacts", tmp_path / ".artifacts.precompile-x"
-    for root, text in ((directory, "old"), (staging, "new")):
-        (root / "groups").mkdir(parents=True)
-        (root / "groups" / "a.bin").write_text(text)
-        (root / MANIFEST).write_text(text)
-    directory.chmod(0o750)
-    module._commit(staging, directory)
-    assert _snapshot(directory) == {"groups/a.bin": b"new", MANIFEST: b"new"}
-    assert _siblings(directory) == []
-    assert directory.stat().st_mode & 0o777 == 0o750

@@ -164,7 +164,7 @@ def test_precompile_whole_compiles_through_the_backends_own_plugin(tokens, tmp_p
         whole=True,
     )
     assert not result.skipped, result.summary()
-    assert [e["kind"] for e in result.manifest.whole["entries"]] == ["inference"]
+    assert [e.kind for e in result.whole] == ["inference"]
     assert (WHOLE_GROUP, True, True) in plugin.calls  # fullgraph, the guard filter in options
     assert ("LlamaDecoderLayer", True, False) in plugin.calls
 
@@ -228,7 +228,7 @@ def test_precompile_whole_with_an_inductor_mode(tokens, tmp_path) -> None:
         whole=True,
     )
     assert not result.skipped, result.summary()  # was: "Either mode or options can be ..."
-    assert [e["kind"] for e in result.manifest.whole["entries"]] == ["inference"]
+    assert [e.kind for e in result.whole] == ["inference"]
     _loads_whole_first(tokens, tmp_path, backend="inductor", mode=MODE)
 
 

@@ -42,12 +42,17 @@ def whole_store(config: CompileConfig) -> JobStore | None:
     """The store's section of whole-model forms (``None`` without a store)."""
     if config.store is None:
         return None
-    return JobStore(Path(config.store).expanduser(), section=WHOLE, marker=MANIFEST)
+    return whole_section(config.store)
+
+
+def whole_section(root: str | Path, writable: bool = True) -> JobStore:
+    """The whole-model forms of the store (or precompiled directory) ``root``."""
+    return JobStore(Path(root).expanduser(), section=WHOLE, marker=MANIFEST, writable=writable)
 
 
 class BuildOutput:
-    """Where the builder writes the whole-model form: the artifact directory (``artifacts=``),
-    else aside in the store (published once built), else a private temporary directory. One
+    """Where the builder writes the whole-model form: aside in the store (published once
+    built), else a private temporary directory (a precompiled directory is never written). One
     per runtime: a restarted builder writes where the first one did, until a form is published;
     a later rebuild then writes to a directory of its own, so a published form never changes."""
 
@@ -64,10 +69,7 @@ class BuildOutput:
         if self.path is not None:
             return self.path
         store = whole_store(self.config) if not form_loaded else None
-        if self.config.artifacts is not None:
-            self.path = Path(self.config.artifacts).expanduser()
-            self.path.mkdir(parents=True, exist_ok=True)
-        elif store is not None:
+        if store is not None:
             self.key = whole_key(self.config, model, self.region_paths)
             self.path, self.owned = store.staging(self.key), True
         else:
