@@ -1,14 +1,11 @@
-"""A directory of saved compiled code: its manifest, the keys that decide whether it fits, and
-the one checked way to read its files.
+"""Saved compiled code on disk: the keys that decide whether it fits, an entry's ``meta.json``,
+and the one checked way to read its files.
 
-A whole-model form (``STORE/whole/<key>/``) holds ``manifest.json`` (the environment key, the
-``whole`` entry, every kernel), ``whole/`` (torch's serialised compiled functions) and
-``kernels/`` (the inductor cache the compile filled, so loading compiles nothing); a store's
-region entry lists its files in ``meta.json`` (:mod:`torchkiln.jobs.entry`). Such a directory is
-code (pickles, shared libraries): :func:`read_entry` is the one way torchkiln reads its files,
-and it refuses any file the recorded size and SHA-256 do not vouch for. docs/precompile.md says
-what is checked and why.
-"""
+Every entry of a store (a region group's call, :mod:`torchkiln.jobs.entry`, or a whole-model
+form, :mod:`torchkiln.artifacts.whole_build`) lists its files in ``meta.json`` with their size
+and SHA-256. An entry is code (pickles, shared libraries): :func:`read_entry` is the one way
+torchkiln reads its files, and it refuses any file the recorded size and SHA-256 do not vouch
+for. docs/precompile.md says what is checked and why."""
 
 from __future__ import annotations
 
@@ -33,11 +30,13 @@ from torchkiln.configuration.config import CompileConfig
 from torchkiln.errors import TorchkilnError
 from torchkiln.files import write_atomic
 
-FORMAT_VERSION = 2
-"""2: every file carries its size and SHA-256 (format 1 had no hashes and is refused)."""
+META = "meta.json"
+"""An entry's metadata: its key's fields, and every file's size and SHA-256."""
+META_FORMAT = 1
+MAX_META_BYTES = 4 * 2**20
+"""A larger meta.json is refused unread (a real one is a few kilobytes)."""
 MANIFEST = "manifest.json"
-MAX_MANIFEST_BYTES = 16 * 2**20
-"""A larger manifest.json is refused unread (a real one is a few kilobytes)."""
+"""What a directory an older torchkiln precompiled into holds (refused, with a message)."""
 KERNELS_DIR = "kernels"
 WHOLE_DIR = "whole"
 """The whole-model entry's compiled functions (:mod:`torchkiln.artifacts.whole_build`)."""
@@ -175,84 +174,47 @@ class KernelFile:
         return attrs.asdict(self)
 
 
-@attrs.define
-class Manifest:
-    environment: dict[str, Any]
-    skipped: list[dict[str, str]] = attrs.Factory(list)
-    """``{"group", "kind", "reason"}`` for every entry that could not be precompiled."""
-    format: int = FORMAT_VERSION
-    cpu_isa: dict[str, Any] | None = None
-    """Inductor on CPU: the ISA probe's answers, the CPU's capabilities and the compiler
-    (:mod:`torchkiln.artifacts.isa_probe`); loading answers the probe from them when they match."""
-    whole: dict[str, Any] | None = None
-    """The whole-model entry (:class:`torchkiln.artifacts.whole_build.WholeArtifacts` as a dict),
-    written by ``precompile(..., whole=True)`` or the tiered builder."""
-    kernels: list[KernelFile] = attrs.Factory(list)
-    """Every file of ``kernels/``; loading copies only these, each checked first."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
-        return cls(
-            environment=dict(data["environment"]),
-            skipped=list(data.get("skipped", [])),
-            format=int(data["format"]),
-            cpu_isa=data.get("cpu_isa"),
-            whole=data.get("whole"),
-            kernels=[KernelFile(**k) for k in data.get("kernels", [])],
-        )
+def write_meta(directory: Path, meta: Mapping[str, Any]) -> None:
+    write_atomic(directory / META, json.dumps(meta, indent=1, default=repr))
 
 
-def write_manifest(directory: Path, manifest: Manifest) -> None:
-    write_atomic(directory / MANIFEST, json.dumps(manifest.to_dict(), indent=1))
+def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """An entry's ``meta.json`` (a region entry's or a whole-model form's), refusing a link, a
+    non-regular file or one over :data:`MAX_META_BYTES` before reading it.
 
-
-def read_json(path: Path, limit: int = MAX_MANIFEST_BYTES) -> Any:
-    """A manifest's JSON, refusing a link, a non-regular file or one over ``limit`` bytes
-    before reading it."""
-    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ArtifactError(f"{path} is not a regular file")
-        if info.st_size > limit:
-            raise ArtifactError(f"{path} has {info.st_size} bytes; a manifest has at most {limit}")
-        return json.loads(handle.read(limit + 1).decode("utf-8"))
-
-
-def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
-    """:raises ArtifactError: missing directory or manifest, unreadable, malformed (nested too
-    deep, wrong types), or another format (format 1, without hashes, says to re-run
-    ``torchkiln precompile``)."""
-    path = Path(directory).expanduser() / MANIFEST
+    :raises ArtifactError: missing, unreadable, malformed (nested too deeply), or another
+        format.
+    """
+    path = Path(directory) / META
     try:
-        data = read_json(path)
-    except FileNotFoundError as error:
-        raise ArtifactError(
-            f"artifacts directory {str(directory)!r} has no {MANIFEST} (write one with "
-            "torchkiln.precompile or `torchkiln precompile`)"
-        ) from error
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ArtifactError(f"{path} is not a regular file")
+            if info.st_size > MAX_META_BYTES:
+                raise ArtifactError(
+                    f"{path} has {info.st_size} bytes; a manifest has at most {MAX_META_BYTES}"
+                )
+            meta = json.loads(handle.read(MAX_META_BYTES + 1).decode("utf-8"))
     except (OSError, ValueError) as error:
         raise ArtifactError(f"{path} cannot be read: {error}") from error
     except RecursionError as error:
         raise ArtifactError(f"{path} is malformed: nested too deeply") from error
-    if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
-        found = data.get("format") if isinstance(data, dict) else None
-        rerun = (
-            " (written by an older torchkiln without content hashes: re-run "
-            "`torchkiln precompile` to rewrite it)"
-            if isinstance(found, int) and found < FORMAT_VERSION
-            else ""
-        )
-        raise ArtifactError(
-            f"{path} has format {found!r}; this torchkiln reads format {FORMAT_VERSION}{rerun}"
-        )
+    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
+        raise ArtifactError(f"{path} is not a torchkiln entry of format {META_FORMAT}")
+    return meta
+
+
+def kernel_records(meta: Mapping[str, Any]) -> list[KernelFile]:
+    """The kernel files an entry's metadata lists.
+
+    :raises ArtifactError: a malformed list.
+    """
     try:
-        return Manifest.from_dict(data)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise ArtifactError(f"{path} is malformed: {type(error).__name__}: {error}") from error
+        return [KernelFile(**k) for k in meta["kernels"]]
+    except (KeyError, TypeError) as error:
+        raise ArtifactError(f"entry metadata is malformed: {error}") from error
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

@@ -1,17 +1,15 @@
-"""The whole-model entry of an artifact directory: compiling it ahead of time, and what it records.
+"""The whole-model form: compiling it ahead of time, and what it records.
 
-It sits in ``manifest.json`` under ``whole`` beside the region groups, its compiled functions
-under ``whole/`` (``whole/<kind>-<N>.bin``, torch's ``save_compiled_function``), and shares the
-directory's ``kernels/`` and environment key. Built by the tiered builder process
-(:mod:`torchkiln.tiered.builder`) on a weightless copy of the model, and by ``torchkiln
+A form is a store entry (``STORE/whole/<key>/``): its ``meta.json`` holds the environment key,
+the ``whole`` record and every kernel, its compiled functions lie under ``whole/`` (torch's
+``save_compiled_function``) and its kernels under ``kernels/``. Built by the tiered builder
+process (:mod:`torchkiln.tiered.builder`) on a weightless copy of the model, and by ``torchkiln
 precompile --whole`` on the model itself: each family of calls (:mod:`torchkiln.tiered.calls`)
 becomes one ``aot_compile`` of :func:`whole_model_forward` with ``fullgraph=True``, compiled by
-the configured backend's own ``compile_region`` (which must declare
-``BackendSpec(precompile=True)``, :func:`check_savable_backend`), with the guard filter of
-:mod:`torchkiln.artifacts.whole_guards` in ``options``; an inductor ``mode`` reaches it as the
-settings it stands for (:func:`whole_config`). The entry fits a model when the environment,
-class, code, tree and structure hashes match (:func:`torchkiln.artifacts.whole_load.whole_mismatch`).
-"""
+the configured backend's own ``compile_region`` (:func:`check_savable_backend`), with the guard
+filter of :mod:`torchkiln.artifacts.whole_guards` in ``options``; an inductor ``mode`` reaches
+it as the settings it stands for (:func:`whole_config`). The form fits a model when the class,
+code, tree and structure hashes match (:func:`torchkiln.artifacts.whole_load.whole_mismatch`)."""
 
 from __future__ import annotations
 
@@ -33,9 +31,9 @@ from torchkiln._internals.hub_kernels import name_function_modules
 from torchkiln.artifacts.cache import apply_cache_dir
 from torchkiln.artifacts.directory import (
     KERNELS_DIR,
+    META_FORMAT,
     WHOLE_DIR,
     ArtifactError,
-    Manifest,
     class_name,
     code_hash,
     error_reason,
@@ -44,7 +42,7 @@ from torchkiln.artifacts.directory import (
     kernel_files,
     stored_file,
     structure_hash,
-    write_manifest,
+    write_meta,
 )
 from torchkiln.artifacts.isa_probe import recorded_probes
 from torchkiln.artifacts.whole_guards import GuardFilter, referenced_files
@@ -369,15 +367,20 @@ def build_whole_form(
 ) -> tuple[WholeArtifacts, list[dict[str, str]]]:
     """:func:`build_whole` into the new ``directory``, with inductor's cache in its
     ``kernels/`` (and, for inductor on the CPU, the ISA probe's answers recorded), then the
-    directory's ``manifest.json``: a whole-model form as a store holds it."""
+    directory's ``meta.json``: a whole-model form as a store holds it."""
     probes: dict[str, Any] = {}
     with (
         apply_cache_dir(directory / KERNELS_DIR),
         recorded_probes(probes, config.backend, environment["device"]),
     ):
         whole, skipped = build_whole(model, families, config, directory, region_paths, plugins)
-    manifest = Manifest(environment=environment, cpu_isa=probes or None, whole=whole.to_dict())
-    manifest.skipped = [{"group": WHOLE_GROUP, **s} for s in skipped]
-    manifest.kernels = kernel_files(directory)  # every kernel, hashed
-    write_manifest(directory, manifest)
+    meta = {
+        "format": META_FORMAT,
+        "environment": environment,
+        "whole": whole.to_dict(),
+        "cpu_isa": probes or None,
+        "kernels": [k.to_dict() for k in kernel_files(directory)],  # every kernel, hashed
+        "skipped": [{"group": WHOLE_GROUP, **s} for s in skipped],
+    }
+    write_meta(directory, meta)
     return whole, skipped

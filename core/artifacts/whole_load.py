@@ -2,8 +2,8 @@
 
 Every entry's file is checked before torch unpickles it: confined to ``whole/`` in the
 directory, a regular file of the recorded size, with the recorded SHA-256. The kernels are
-merged into the inductor cache and the CPU probe is answered from the manifest, as for region
-groups (:mod:`torchkiln.artifacts.precompiled`).
+merged into the inductor cache and the CPU probe is answered from the ``meta.json``, as for
+region entries (:mod:`torchkiln.artifacts.precompiled`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.artifacts.directory import (
     WHOLE_DIR,
     ArtifactError,
-    Manifest,
     class_name,
+    kernel_records,
     read_entry,
     structure_hash,
     under,
@@ -92,22 +92,22 @@ def whole_mismatch(saved: WholeArtifacts, model: nn.Module, files: Iterable[str]
     return None
 
 
-def load_whole(directory: Path, manifest: Manifest, model: nn.Module) -> WholeModelForm:
+def load_whole(directory: Path, meta: dict[str, Any], model: nn.Module) -> WholeModelForm:
     """:raises ArtifactError: no whole-model entry, one that does not fit ``model``, or a
     file that fails its checks."""
-    if not manifest.whole:
+    if not meta.get("whole"):
         raise ArtifactError("the directory has no whole-model entry")
-    saved = WholeArtifacts.from_dict(manifest.whole)
+    saved = WholeArtifacts.from_dict(meta["whole"])
     if not saved.entries:
         raise ArtifactError("the whole-model entry has no compiled function")
     reason = whole_mismatch(saved, model, referenced_files(saved.modules))
     if reason is not None:
         raise ArtifactError(f"whole-model entry does not fit: {reason}")
     started = time.perf_counter()
-    # Each kernel is checked against the manifest before it is copied (read_entry).
-    copy_kernels(directory, manifest.kernels)
+    # Each kernel is checked against the meta.json before it is copied (read_entry).
+    copy_kernels(directory, kernel_records(meta))
     loaded = []
-    with loading(manifest.cpu_isa, manifest.environment.get("backend")):
+    with loading(meta.get("cpu_isa"), meta["environment"].get("backend")):
         for entry in saved.entries:
             under(entry.file, WHOLE_DIR)
             data = read_entry(directory, entry)  # confined, no link, regular, size and hash

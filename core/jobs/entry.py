@@ -11,7 +11,6 @@ unpickled or imported.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import shutil
@@ -26,24 +25,24 @@ from torch import nn
 from torchkiln.artifacts.cache import apply_cache_dir
 from torchkiln.artifacts.directory import (
     KERNELS_DIR,
+    META_FORMAT,
     ArtifactError,
     KernelFile,
     closure_data,
     entry_path,
     kernel_files,
+    kernel_records,
     read_entry,
-    read_json,
+    read_meta,
     stored_file,
+    write_meta,
 )
 from torchkiln.artifacts.isa_probe import recorded_probes
 from torchkiln.artifacts.precompiled import copy_kernels, load_functions
 from torchkiln.engine.compile_state import REGION_ATTR
 from torchkiln.engine.group_runtime import trace_settings_of
 
-META = "meta.json"
 ENTRY = "entry.bin"
-FORMAT = 1
-MAX_META_BYTES = 4 * 2**20
 INSTALLED = ("forward", REGION_ATTR)
 
 
@@ -96,7 +95,7 @@ def build_entry(
         save_compiled_call(savable, shared, module, args, kwargs, directory / ENTRY)
     seconds = time.perf_counter() - started
     meta = {
-        "format": FORMAT,
+        "format": META_FORMAT,
         "fields": fields,
         "kind": fields["kind"],
         "compile_seconds": round(seconds, 3),
@@ -104,28 +103,15 @@ def build_entry(
         "entry": stored_file(directory, ENTRY).to_dict(),
         "kernels": [k.to_dict() for k in kernel_files(directory)],
     }
-    (directory / META).write_text(json.dumps(meta, indent=1, default=repr))
+    write_meta(directory, meta)
     return seconds
-
-
-def read_meta(directory: Path) -> dict[str, Any]:
-    path = directory / META
-    try:
-        meta = read_json(path, MAX_META_BYTES)  # a link, a non-regular or a larger file refused
-    except (OSError, ValueError) as error:
-        raise ArtifactError(f"{path} cannot be read: {error}") from error
-    except RecursionError as error:
-        raise ArtifactError(f"{path} is malformed: nested too deeply") from error
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ArtifactError(f"{path} is not a torchkiln job entry of format {FORMAT}")
-    return meta
 
 
 def _records(meta: dict[str, Any]) -> tuple[KernelFile, list[KernelFile]]:
     try:
-        return KernelFile(**meta["entry"]), [KernelFile(**k) for k in meta["kernels"]]
+        return KernelFile(**meta["entry"]), kernel_records(meta)
     except (KeyError, TypeError) as error:
-        raise ArtifactError(f"job entry metadata is malformed: {error}") from error
+        raise ArtifactError(f"entry metadata is malformed: {error}") from error
 
 
 def pack_entry(directory: Path) -> bytes:
@@ -144,7 +130,7 @@ def unpack_entry(message: bytes, directory: Path) -> None:
         path = entry_path(directory, relative)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    (directory / META).write_text(json.dumps(content["meta"], indent=1))
+    write_meta(directory, content["meta"])
 
 
 def load_entry(directory: Path, shared: Callable[..., Any], cache_dir: str | None) -> Any:

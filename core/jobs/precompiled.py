@@ -19,11 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchkiln.artifacts.directory import KINDS, MANIFEST, ArtifactError
+from torchkiln.artifacts.directory import KINDS, MANIFEST, ArtifactError, read_meta
 from torchkiln.artifacts.precompiled import ArtifactWarning
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.group_runtime import CodeSource, GroupCall, Loaded
-from torchkiln.jobs.entry import load_entry, read_meta
+from torchkiln.jobs.entry import load_entry
 from torchkiln.jobs.keys import CALL_FIELDS, group_fields
 from torchkiln.jobs.store import JobStore
 from torchkiln.plugin_host.region_plan import RegionGroup

@@ -21,10 +21,9 @@ import time
 import uuid
 from pathlib import Path
 
-from torchkiln.artifacts.directory import ArtifactError
+from torchkiln.artifacts.directory import META, ArtifactError
 
 ENTRIES = "entries"
-META = "meta.json"
 STALE_SECONDS = 3600.0
 """A hidden staging directory older than this was left by a killed writer and is removed."""
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -34,8 +33,7 @@ _ASIDE = re.compile(r"\.[0-9a-f]{64}\.aside-[^/]+")
 
 class JobStore:
     """One ``job.store`` directory (``section`` ``entries``), or another section of a store
-    whose entries are published the same way (``whole``: whole-model forms, each marked by its
-    ``manifest.json``).
+    whose entries are published the same way (``whole``: whole-model forms).
 
     Layout::
 

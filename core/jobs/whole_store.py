@@ -13,7 +13,7 @@ from pathlib import Path
 from torch import nn
 
 from torchkiln.artifacts.directory import (
-    MANIFEST,
+    META,
     class_name,
     code_hash,
     environment_key,
@@ -47,7 +47,7 @@ def whole_store(config: CompileConfig) -> JobStore | None:
 
 def whole_section(root: str | Path, writable: bool = True) -> JobStore:
     """The whole-model forms of the store (or precompiled directory) ``root``."""
-    return JobStore(Path(root).expanduser(), section=WHOLE, marker=MANIFEST, writable=writable)
+    return JobStore(Path(root).expanduser(), section=WHOLE, marker=META, writable=writable)
 
 
 class BuildOutput:

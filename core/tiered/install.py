@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torch import nn
 
-from torchkiln.artifacts.directory import ArtifactError, read_manifest
+from torchkiln.artifacts.directory import ArtifactError, read_meta
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING, STATE_ATTR, CompileState, add_undo
 from torchkiln.errors import TorchkilnError
@@ -33,7 +33,7 @@ def check_plan_for_tiers(plan: RegionPlan) -> None:
 
 def _has_whole_entry(directory: Path) -> bool:
     try:
-        return bool(read_manifest(directory).whole)
+        return bool(read_meta(directory).get("whole"))
     except ArtifactError:
         return False  # the region loader warns about the directory itself
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from torchkiln.artifacts.directory import ArtifactError, environment_key, read_manifest
+from torchkiln.artifacts.directory import ArtifactError, environment_key, read_meta
 from torchkiln.artifacts.whole_build import contiguous_state
 from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
 from torchkiln.configuration.config import CompileConfig
@@ -240,10 +240,10 @@ class TieredForward:
 
         :raises ArtifactError: no whole-model entry, or one that does not fit.
         """
-        manifest = read_manifest(directory)
-        if manifest.environment != environment_key(self.config, model):
+        meta = read_meta(directory)
+        if meta.get("environment") != environment_key(self.config, model):
             raise ArtifactError("the directory was built for another environment")
-        self.form = load_whole(directory, manifest, model)
+        self.form = load_whole(directory, meta, model)
         self._regions = self._region_forwards(model)
         self.state = "loaded" if loaded else "switched"
         self.reason = None

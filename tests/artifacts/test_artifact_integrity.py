@@ -22,16 +22,16 @@ from precompile_models import inputs, stack
 
 import torchkiln
 from torchkiln.artifacts.directory import (
-    MANIFEST,
+    META,
     ArtifactError,
     KernelFile,
     entry_path,
     read_entry,
-    read_manifest,
+    read_meta,
     stored_file,
 )
 from torchkiln.artifacts.precompiled import ArtifactWarning, copy_kernels
-from torchkiln.jobs.entry import ENTRY, META
+from torchkiln.jobs.entry import ENTRY
 
 
 class Planted:
@@ -136,12 +136,6 @@ def test_a_deep_meta_warns_and_compiles_normally(copy: Path) -> None:
     assert not isinstance(raised.value, torchkiln.PluginError)
 
 
-def test_a_manifest_without_hashes_says_to_precompile_again(tmp_path: Path) -> None:
-    (tmp_path / MANIFEST).write_text(json.dumps({"format": 1, "environment": {}, "whole": {}}))
-    with pytest.raises(ArtifactError, match=r"format 1.*re-run `torchkiln precompile`"):
-        read_manifest(tmp_path)
-
-
 def _kernels(directory: Path) -> list[tuple[Path, str]]:
     """Every entry's kernel files: (entry, file relative to it)."""
     return [(e, k["file"]) for e in _entries(directory) for k in _meta(e)["kernels"]]
@@ -232,15 +226,18 @@ def test_read_entry_refuses_records_without_a_valid_hash(tmp_path: Path) -> None
             read_entry(tmp_path, KernelFile("groups/a.bin", size, sha256))  # type: ignore[arg-type]
 
 
-def test_a_huge_or_special_manifest_is_refused_unread(tmp_path: Path) -> None:
-    (tmp_path / MANIFEST).symlink_to("/dev/zero")
+def test_a_huge_or_special_meta_is_refused_unread(tmp_path: Path) -> None:
+    (tmp_path / META).symlink_to("/dev/zero")
     with pytest.raises(ArtifactError, match="cannot be read"):
-        read_manifest(tmp_path)
-    (tmp_path / MANIFEST).unlink()
-    with open(tmp_path / MANIFEST, "wb") as handle:
+        read_meta(tmp_path)
+    (tmp_path / META).unlink()
+    with open(tmp_path / META, "wb") as handle:
         handle.truncate(2**31)
     with pytest.raises(ArtifactError, match="a manifest has at most"):
-        read_manifest(tmp_path)
+        read_meta(tmp_path)
+    (tmp_path / META).write_text('{"format": 99}')
+    with pytest.raises(ArtifactError, match="not a torchkiln entry of format 1"):
+        read_meta(tmp_path)
 
 
 @settings(max_examples=200, deadline=None)

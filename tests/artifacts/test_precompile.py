@@ -20,9 +20,9 @@ import torch._dynamo
 from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
 
 import torchkiln
-from torchkiln.artifacts.directory import ArtifactError
+from torchkiln.artifacts.directory import META, ArtifactError
 from torchkiln.artifacts.precompiled import ArtifactWarning
-from torchkiln.jobs.entry import ENTRY, META
+from torchkiln.jobs.entry import ENTRY
 from torchkiln.plugin import BackendSpec
 
 TESTS = Path(__file__).resolve().parents[1]

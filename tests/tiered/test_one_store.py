@@ -90,7 +90,7 @@ def test_a_second_process_naming_the_store_starts_from_the_whole_model_form(tmp_
     (entry,) = JobStore(store).entries.iterdir()
     assert (entry / "meta.json").is_file()
     (form,) = (store / WHOLE).iterdir()
-    assert (form / "manifest.json").is_file() and not form.name.startswith(".")
+    assert (form / "meta.json").is_file() and not form.name.startswith(".")
     assert (store / KERNELS).is_dir()
 
     second = _run(store, tmp_path, tiered={"when": "always", "max_slowdown": 0})
@@ -188,13 +188,13 @@ def test_implied_tiers_stand_down_for_a_backend_that_cannot_save(tmp_path):
 
 
 def test_a_published_form_is_kept_when_another_writer_was_first(tmp_path):
-    store = JobStore(tmp_path, section=WHOLE, marker="manifest.json")
+    store = JobStore(tmp_path, section=WHOLE, marker="meta.json")
     key = "a" * 64
     theirs = store.staging(key)
-    (theirs / "manifest.json").write_text("{}")
+    (theirs / "meta.json").write_text("{}")
     published = store.publish(theirs, key)
     mine = store.staging(key)
-    (mine / "manifest.json").write_text('{"mine": 1}')
+    (mine / "meta.json").write_text('{"mine": 1}')
     assert store.publish(mine, key) == published
-    assert (published / "manifest.json").read_text() == "{}" and not mine.exists()
+    assert (published / "meta.json").read_text() == "{}" and not mine.exists()
     assert store.find(key) == published
