@@ -171,22 +171,17 @@ def _leaf_groups(
         drop_excluded(leaves, config.regions.exclude),
         "leaf outside the blocks (regions.rest=leaves)",
     )
-    names = {g.name for g in groups}
-    return [
-        RegionGroup(
-            g.name if g.name not in names else f"{g.name}_leaf",
-            tuple(
-                Region(r.path, r.module, g.name if g.name not in names else f"{g.name}_leaf")
-                for r in g.regions
-            ),
-            g.reason,
-        )
-        for g in found
-    ]
+    taken_names = {g.name for g in groups}
+    renamed = []
+    for g in found:
+        name = g.name if g.name not in taken_names else f"{g.name}_leaf"
+        regions = tuple(Region(r.path, r.module, name) for r in g.regions)
+        renamed.append(RegionGroup(name, regions, g.reason))
+    return renamed
 
 
 SELECTORS: dict[str, Callable[[nn.Module, CompileConfig], RegionPlan]] = {
-    "auto": lambda model, config: _auto(model, config),
+    "auto": _auto,
     "repeated": lambda model, config: _repeated_plan(model, config, requested="repeated"),
     "whole": lambda model, config: whole_plan(
         model, "whole model, as configured (regions.strategy=whole)"
