@@ -13,6 +13,7 @@ docs/migrating-from-accelerate.md says what differs from Accelerate.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -118,10 +119,8 @@ def run_around(hooks_by_block: dict[int, BlockHooks]) -> Any:
             ]
             for inner, hook in lifted:
                 hook.pre_forward(inner)
-            if own is not None and own.no_grad:
-                with torch.no_grad():
-                    output = compiled(module, *args, **kwargs)
-            else:
+            no_grad = own is not None and own.no_grad
+            with torch.no_grad() if no_grad else contextlib.nullcontext():
                 output = compiled(module, *args, **kwargs)
             for inner, hook in reversed(lifted):
                 hook.post_forward(inner, None)
