@@ -35,6 +35,11 @@ class LayerIndex:
     """The block or the submodule of it that holds the attribute."""
     value: int
 
+    def is_own(self, index: Any) -> bool:
+        """Whether ``index`` is the block's own, compared with the attribute itself (in the
+        trace, the symbolic int the block read), so it leaves no per-layer guard."""
+        return bool(index == getattr(self.holder, self.attribute))
+
 
 @attrs.frozen
 class LayerMethod:
@@ -192,8 +197,7 @@ class LayerList:
         self._torchkiln_index = index
 
     def __getitem__(self, position: Any) -> Any:
-        index = self._torchkiln_index
-        if position == getattr(index.holder, index.attribute):
+        if self._torchkiln_index.is_own(position):
             return self._torchkiln_own
         return getattr(self._torchkiln_cache, self._torchkiln_name)[position]
 
@@ -256,8 +260,7 @@ def _split_method(method: LayerMethod) -> Any:
             index = args[position]
         else:
             index = kwargs.get(keyword, default)
-        own = self._torchkiln_index
-        if index is not None and index == getattr(own.holder, own.attribute):
+        if index is not None and self._torchkiln_index.is_own(index):
             return function(self, *args, **kwargs)  # the class's own code, on this layer's view
         return getattr(self._torchkiln_cache, name)(*args, **kwargs)
 
@@ -362,22 +365,18 @@ class LayerFlags:
         self._torchkiln_index = index
         self._torchkiln_value = bool(flags.get(index.value, False))
 
-    def _own(self, index: Any) -> bool:
-        own = self._torchkiln_index
-        return index == getattr(own.holder, own.attribute)
-
     def get(self, index: Any, default: Any = None) -> Any:
-        if self._own(index):
+        if self._torchkiln_index.is_own(index):
             return self._torchkiln_value
         return self._torchkiln_flags.get(index, default)
 
     def __getitem__(self, index: Any) -> Any:
-        if self._own(index):
+        if self._torchkiln_index.is_own(index):
             return self._torchkiln_value
         return self._torchkiln_flags[index]
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        if self._own(index):
+        if self._torchkiln_index.is_own(index):
             self._torchkiln_value = value
         else:
             self._torchkiln_flags[index] = value
