@@ -156,19 +156,16 @@ def prepare_group(group: RegionGroup) -> GroupPreparation | None:
     """Take Accelerate's hook wrappers off the group's blocks and lifted submodules, and run
     their hooks around the compiled call (see the module doc)."""
     align_hook = _align_hook_class()
-    found = {
-        id(region.module): block_hooks(region.module, align_hook, lift=region.path != "")
-        for region in group.regions
-    }
-    hooks_by_block = {key: hooks for key, hooks in found.items() if hooks is not None}
-    if not hooks_by_block:
-        return None
+    hooks_by_block: dict[int, BlockHooks] = {}
     forwards: list[tuple[nn.Module, None]] = []
     for region in group.regions:
-        hooks = hooks_by_block.get(id(region.module))
+        hooks = block_hooks(region.module, align_hook, lift=region.path != "")
         if hooks is not None:
+            hooks_by_block[id(region.module)] = hooks
             forwards += [(region.module, None)] * hooks.own
             forwards += [(inner, None) for inner in hooks.lifted]
+    if not hooks_by_block:
+        return None
     notes = _notes(list(hooks_by_block.values()), len(group.regions))
     if any(hooks.kept for hooks in hooks_by_block.values()):
         warnings.warn(
