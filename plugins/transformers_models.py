@@ -326,14 +326,9 @@ def block_adapter(
     parameter = cache_parameter(blocks[0], names)
     if parameter is None:
         return None
-    adapter = BlockAdapter(
-        group_name,
-        parameter[0],
-        parameter[1],
-        resolved,
-        weakref.WeakKeyDictionary(zip(blocks, indices, strict=True)),
-        max(depth, max(index.value for index in indices) + 1),
-    )
+    by_block = weakref.WeakKeyDictionary(zip(blocks, indices, strict=True))
+    depth = max(depth, max(index.value for index in indices) + 1)
+    adapter = BlockAdapter(group_name, *parameter, resolved, by_block, depth)
     if is_transformers_module(blocks[0]) and "transformers.cache_utils" in sys.modules:
         from transformers import cache_utils
 

@@ -202,22 +202,15 @@ class NestedBlocks:
             args = (*args[:slot], None, *args[slot + 1 :])
         else:
             kwargs = {**kwargs, slot: None}
-        past = layer.is_initialized and layer.keys.numel() > 0
+        has_past = layer.is_initialized and layer.keys.numel() > 0
+        past = (layer.keys, layer.values) if has_past else (None, None)
         spec, leaves = flatten_call(args, kwargs)
-        result = self.step(
-            block,
-            slot,
-            spec,
-            layer.keys if past else None,
-            layer.values if past else None,
-            *leaves,
-        )
+        result = self.step(block, slot, spec, *past, *leaves)
         if len(result) == 3:
             _, keys, values = result
             if not layer.is_initialized:
                 layer.lazy_initialization(keys, values)
-            layer.keys = keys
-            layer.values = values
+            layer.keys, layer.values = keys, values
         return result[0]
 
     def _find_cache(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -293,15 +286,8 @@ def nested_blocks(group: RegionGroup) -> NestedBlocks | None:
     from transformers.cache_utils import Cache, DynamicLayer
 
     forward = type(blocks[0]).forward
-    return NestedBlocks(
-        group.name,
-        parameter[0],
-        parameter[1],
-        Cache,
-        DynamicLayer,
-        torch.compiler.nested_compile_region(forward),
-        nested_step(forward),
-    )
+    plain = torch.compiler.nested_compile_region(forward)
+    return NestedBlocks(group.name, *parameter, Cache, DynamicLayer, plain, nested_step(forward))
 
 
 @hookimpl(trylast=True)
