@@ -37,24 +37,19 @@ from torchkiln.plugins.plan_notes import (
     self_and_ancestors,
 )
 
+DESCRIPTIONS = {
+    "auto": "repeated blocks when the model has them, else the whole model",
+    "repeated": "the largest repeated blocks, one compiled function per block shape",
+    "whole": "the whole model as one region",
+    "classes": "modules whose class name matches regions.classes globs",
+    "paths": "modules whose dotted path matches regions.paths globs",
+}
+
 
 @hookimpl
 def declare_selectors() -> list[SelectorSpec]:
-    return [
-        SelectorSpec(
-            "auto", "repeated blocks when the model has them, else the whole model", options=()
-        ),
-        SelectorSpec(
-            "repeated",
-            "the largest repeated blocks, one compiled function per block shape",
-            options=(),
-        ),
-        SelectorSpec("whole", "the whole model as one region", options=()),
-        SelectorSpec(
-            "classes", "modules whose class name matches regions.classes globs", options=()
-        ),
-        SelectorSpec("paths", "modules whose dotted path matches regions.paths globs", options=()),
-    ]
+    # None of them takes regions.options.
+    return [SelectorSpec(name, about, options=()) for name, about in DESCRIPTIONS.items()]
 
 
 @hookimpl
