@@ -13,6 +13,7 @@ docs/migrating-from-accelerate.md says what differs from Accelerate.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from collections.abc import Sequence
@@ -118,10 +119,8 @@ def run_around(hooks_by_block: dict[int, BlockHooks]) -> Any:
             ]
             for inner, hook in lifted:
                 hook.pre_forward(inner)
-            if own is not None and own.no_grad:
-                with torch.no_grad():
-                    output = compiled(module, *args, **kwargs)
-            else:
+            no_grad = own is not None and own.no_grad
+            with torch.no_grad() if no_grad else contextlib.nullcontext():
                 output = compiled(module, *args, **kwargs)
             for inner, hook in reversed(lifted):
                 hook.post_forward(inner, None)
@@ -157,19 +156,16 @@ def prepare_group(group: RegionGroup) -> GroupPreparation | None:
     """Take Accelerate's hook wrappers off the group's blocks and lifted submodules, and run
     their hooks around the compiled call (see the module doc)."""
     align_hook = _align_hook_class()
-    found = {
-        id(region.module): block_hooks(region.module, align_hook, lift=region.path != "")
-        for region in group.regions
-    }
-    hooks_by_block = {key: hooks for key, hooks in found.items() if hooks is not None}
-    if not hooks_by_block:
-        return None
+    hooks_by_block: dict[int, BlockHooks] = {}
     forwards: list[tuple[nn.Module, None]] = []
     for region in group.regions:
-        hooks = hooks_by_block.get(id(region.module))
+        hooks = block_hooks(region.module, align_hook, lift=region.path != "")
         if hooks is not None:
+            hooks_by_block[id(region.module)] = hooks
             forwards += [(region.module, None)] * hooks.own
             forwards += [(inner, None) for inner in hooks.lifted]
+    if not hooks_by_block:
+        return None
     notes = _notes(list(hooks_by_block.values()), len(group.regions))
     if any(hooks.kept for hooks in hooks_by_block.values()):
         warnings.warn(

@@ -23,7 +23,12 @@ from torchkiln.plugin import (
     drop_excluded,
     group_by_structure,
 )
-from torchkiln.plugins.plan_notes import CONTAINERS, has_parameters, poor_plan_note
+from torchkiln.plugins.plan_notes import (
+    CONTAINERS,
+    has_parameters,
+    instances_by_class,
+    poor_plan_note,
+)
 
 
 @attrs.frozen
@@ -55,9 +60,7 @@ class _LevelSearch:
         self.hints = model_block_hints(model)
         modules = [m for _, m in model.named_modules()][1:]
         self.counts = Counter(self.index.key(m) for m in modules)
-        self.instances: dict[type, list[nn.Module]] = {}
-        for module in modules:
-            self.instances.setdefault(type(module), []).append(module)
+        self.instances = instances_by_class(model)
         self.rejected: set[str] = set()
 
     # -- the two ways in --
@@ -277,10 +280,7 @@ def model_block_hints(model: nn.Module) -> set[str]:
 
     They are hints: the plan uses the level that really repeats, and its reason says how the
     hints compare."""
-    hints: set[str] = set()
-    for declared in (no_split_modules(model), repeated_blocks(model)):
-        hints |= _names(declared)
-    return hints
+    return _names(no_split_modules(model)) | _names(repeated_blocks(model))
 
 
 def _names(value: object) -> set[str]:

@@ -53,13 +53,6 @@ def declare_selectors() -> list[SelectorSpec]:
     ]
 
 
-@hookimpl
-def select_regions(model: nn.Module, config: CompileConfig) -> RegionPlan:
-    # A torch without nested_compile_region is refused when the configuration is read
-    # (ConfigError at $.regions.strategy, naming the release), before selection.
-    return hierarchical_plan(model, config)
-
-
 def mark_nested(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Mark a plain function (a block class's ``forward``) as a nested compile region.
 
@@ -93,8 +86,11 @@ def prepare_group(plan: RegionPlan, group: RegionGroup) -> GroupPreparation | No
     return GroupPreparation(forwards=tuple(forwards))
 
 
-def hierarchical_plan(model: nn.Module, config: CompileConfig) -> RegionPlan:
+@hookimpl
+def select_regions(model: nn.Module, config: CompileConfig) -> RegionPlan:
     """The root as the one compiled region, the repeated blocks as nested regions."""
+    # A torch without nested_compile_region is refused when the configuration is read
+    # (ConfigError at $.regions.strategy, naming the release), before selection.
     repeated = select_with(model, config, "repeated")
     nested = repeated.groups
     check_not_nested(nested)

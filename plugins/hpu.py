@@ -28,16 +28,6 @@ INSTALL_HINT = "install Intel Gaudi's PyTorch packages (https://docs.habana.ai, 
 LAZY_MODE_VAR = "PT_HPU_LAZY_MODE"
 
 
-def _lazy_mode_problem() -> str | None:
-    value = os.environ.get(LAZY_MODE_VAR)
-    if value is not None and value.strip() != "0":
-        return (
-            f"{LAZY_MODE_VAR}={value!r} selects Gaudi's lazy mode, which has no torch.compile "
-            f"support; start the process with {LAZY_MODE_VAR}=0 (eager mode + torch.compile)"
-        )
-    return None
-
-
 def _lazy_mode_active() -> bool:
     """What the loaded Gaudi bridge says, for releases where lazy mode is the default."""
     try:
@@ -49,9 +39,13 @@ def _lazy_mode_active() -> bool:
 
 
 def probe() -> Availability:
-    problem = _lazy_mode_problem()
-    if problem:  # checked before importing: the import itself fixes the mode for the process
-        return Availability.no(problem)
+    value = os.environ.get(LAZY_MODE_VAR)
+    if value is not None and value.strip() != "0":
+        # Checked before importing: the import itself fixes the mode for the process.
+        return Availability.no(
+            f"{LAZY_MODE_VAR}={value!r} selects Gaudi's lazy mode, which has no torch.compile "
+            f"support; start the process with {LAZY_MODE_VAR}=0 (eager mode + torch.compile)"
+        )
     availability = probe_import(CORE, INSTALL_HINT)
     if availability.available and _lazy_mode_active():
         return Availability.no(

@@ -35,6 +35,11 @@ class LayerIndex:
     """The block or the submodule of it that holds the attribute."""
     value: int
 
+    def is_own(self, index: Any) -> bool:
+        """Whether ``index`` is the block's own, compared with the attribute itself (in the
+        trace, the symbolic int the block read), so it leaves no per-layer guard."""
+        return bool(index == getattr(self.holder, self.attribute))
+
 
 @attrs.frozen
 class LayerMethod:
@@ -77,12 +82,6 @@ _RESOLVED: list[ResolvedSpec] = []
 
 @functools.cache
 def _resolved(spec: LayerCacheSpec, cache_type: type) -> ResolvedSpec:
-    resolved = _look_up(spec, cache_type)
-    _RESOLVED.append(resolved)
-    return resolved
-
-
-def _look_up(spec: LayerCacheSpec, cache_type: type) -> ResolvedSpec:
     names = spec.methods
     if names is None:
         names = tuple(
@@ -92,7 +91,9 @@ def _look_up(spec: LayerCacheSpec, cache_type: type) -> ResolvedSpec:
             and inspect.isfunction(inspect.getattr_static(cache_type, name, None))
             and spec.index_parameter in _parameters(getattr(cache_type, name))
         )
-    return ResolvedSpec(spec, cache_type, tuple(_method(spec, cache_type, name) for name in names))
+    methods = tuple(_method(spec, cache_type, name) for name in names)
+    _RESOLVED.append(resolved := ResolvedSpec(spec, cache_type, methods))
+    return resolved
 
 
 def _parameters(function: Any) -> dict[str, inspect.Parameter]:
@@ -196,8 +197,7 @@ class LayerList:
         self._torchkiln_index = index
 
     def __getitem__(self, position: Any) -> Any:
-        index = self._torchkiln_index
-        if position == getattr(index.holder, index.attribute):
+        if self._torchkiln_index.is_own(position):
             return self._torchkiln_own
         return getattr(self._torchkiln_cache, self._torchkiln_name)[position]
 
@@ -260,8 +260,7 @@ def _split_method(method: LayerMethod) -> Any:
             index = args[position]
         else:
             index = kwargs.get(keyword, default)
-        own = self._torchkiln_index
-        if index is not None and index == getattr(own.holder, own.attribute):
+        if index is not None and self._torchkiln_index.is_own(index):
             return function(self, *args, **kwargs)  # the class's own code, on this layer's view
         return getattr(self._torchkiln_cache, name)(*args, **kwargs)
 
@@ -290,11 +289,9 @@ def view_class(cache_class: type, resolved: ResolvedSpec, outside: bool) -> type
             )
         )
     }
+    overrides = overridden(cache_class, resolved)
     for method in resolved.methods:
-        split = (
-            not outside
-            and inspect.getattr_static(cache_class, method.name, None) is method.function
-        )
+        split = not outside and method.name not in overrides
         members[method.name] = _split_method(method) if split else _outside_method(method.name)
     return _importable(type(_view_name(cache_class, outside), (LayerView,), members))
 
@@ -322,27 +319,19 @@ def __getattr__(name: str) -> type:
     precompiled function's guards does in a new process, before any call has built a view. It
     is built here, as a call would, from the specs resolved so far (the adapter resolves them
     when it prepares a group, before artifacts are loaded)."""
-    view = _view_named(name)
-    if view is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return view
-
-
-def _view_named(name: str) -> type | None:
-    if not name.endswith("LayerView"):
-        return None
     stem = name.removesuffix("LayerView")
-    candidates = [(stem, False)]
+    outside_by_class = {stem: False}  # a class name matches one key at most
     if stem.endswith("Outside"):
-        candidates.insert(0, (stem.removesuffix("Outside"), True))
-    for resolved in list(_RESOLVED):
+        outside_by_class[stem.removesuffix("Outside")] = True
+    for resolved in list(_RESOLVED) if name.endswith("LayerView") else ():
         for cache_class in _with_subclasses(resolved.cache_type):
-            for class_name, outside in candidates:
-                if cache_class.__name__ == class_name:
-                    view = view_class(cache_class, resolved, outside)
-                    if view.__name__ == name:
-                        return view
-    return None
+            outside = outside_by_class.get(cache_class.__name__)
+            if outside is None:
+                continue
+            view = view_class(cache_class, resolved, outside)
+            if view.__name__ == name:
+                return view
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _with_subclasses(cls: type) -> list[type]:
@@ -376,22 +365,18 @@ class LayerFlags:
         self._torchkiln_index = index
         self._torchkiln_value = bool(flags.get(index.value, False))
 
-    def _own(self, index: Any) -> bool:
-        own = self._torchkiln_index
-        return index == getattr(own.holder, own.attribute)
-
     def get(self, index: Any, default: Any = None) -> Any:
-        if self._own(index):
+        if self._torchkiln_index.is_own(index):
             return self._torchkiln_value
         return self._torchkiln_flags.get(index, default)
 
     def __getitem__(self, index: Any) -> Any:
-        if self._own(index):
+        if self._torchkiln_index.is_own(index):
             return self._torchkiln_value
         return self._torchkiln_flags[index]
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        if self._own(index):
+        if self._torchkiln_index.is_own(index):
             self._torchkiln_value = value
         else:
             self._torchkiln_flags[index] = value

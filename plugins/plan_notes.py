@@ -20,6 +20,14 @@ def self_and_ancestors(path: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+def instances_by_class(model: nn.Module) -> dict[type, list[nn.Module]]:
+    """The model's submodules (the root left out) by class, in module order."""
+    instances: dict[type, list[nn.Module]] = {}
+    for _, module in list(model.named_modules())[1:]:
+        instances.setdefault(type(module), []).append(module)
+    return instances
+
+
 POOR_PLAN_GROUPS = 5
 """A plan with this many groups or more, each of fewer than three regions on average, costs
 about a graph per group for little reuse: :func:`poor_plan_note` says so."""
@@ -34,10 +42,7 @@ def poor_plan_note(model: nn.Module, groups: list[RegionGroup], min_repeats: int
         return ""
     inside = {id(r.module) for g in groups for r in g.regions}
     best, held = "", 0
-    instances: dict[type, list[nn.Module]] = {}
-    for _, module in list(model.named_modules())[1:]:
-        instances.setdefault(type(module), []).append(module)
-    for cls, found in instances.items():
+    for cls, found in instances_by_class(model).items():
         if len(found) < min_repeats or isinstance(found[0], CONTAINERS):
             continue
         count = sum(1 for m in found for sub in m.modules() if id(sub) in inside)

@@ -37,24 +37,19 @@ from torchkiln.plugins.plan_notes import (
     self_and_ancestors,
 )
 
+DESCRIPTIONS = {
+    "auto": "repeated blocks when the model has them, else the whole model",
+    "repeated": "the largest repeated blocks, one compiled function per block shape",
+    "whole": "the whole model as one region",
+    "classes": "modules whose class name matches regions.classes globs",
+    "paths": "modules whose dotted path matches regions.paths globs",
+}
+
 
 @hookimpl
 def declare_selectors() -> list[SelectorSpec]:
-    return [
-        SelectorSpec(
-            "auto", "repeated blocks when the model has them, else the whole model", options=()
-        ),
-        SelectorSpec(
-            "repeated",
-            "the largest repeated blocks, one compiled function per block shape",
-            options=(),
-        ),
-        SelectorSpec("whole", "the whole model as one region", options=()),
-        SelectorSpec(
-            "classes", "modules whose class name matches regions.classes globs", options=()
-        ),
-        SelectorSpec("paths", "modules whose dotted path matches regions.paths globs", options=()),
-    ]
+    # None of them takes regions.options.
+    return [SelectorSpec(name, about, options=()) for name, about in DESCRIPTIONS.items()]
 
 
 @hookimpl
@@ -171,22 +166,17 @@ def _leaf_groups(
         drop_excluded(leaves, config.regions.exclude),
         "leaf outside the blocks (regions.rest=leaves)",
     )
-    names = {g.name for g in groups}
-    return [
-        RegionGroup(
-            g.name if g.name not in names else f"{g.name}_leaf",
-            tuple(
-                Region(r.path, r.module, g.name if g.name not in names else f"{g.name}_leaf")
-                for r in g.regions
-            ),
-            g.reason,
-        )
-        for g in found
-    ]
+    taken_names = {g.name for g in groups}
+    renamed = []
+    for g in found:
+        name = g.name if g.name not in taken_names else f"{g.name}_leaf"
+        regions = tuple(Region(r.path, r.module, name) for r in g.regions)
+        renamed.append(RegionGroup(name, regions, g.reason))
+    return renamed
 
 
 SELECTORS: dict[str, Callable[[nn.Module, CompileConfig], RegionPlan]] = {
-    "auto": lambda model, config: _auto(model, config),
+    "auto": _auto,
     "repeated": lambda model, config: _repeated_plan(model, config, requested="repeated"),
     "whole": lambda model, config: whole_plan(
         model, "whole model, as configured (regions.strategy=whole)"

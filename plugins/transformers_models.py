@@ -58,29 +58,20 @@ from torchkiln.plugins.layer_cache_views import (
 compiler_config = torch.compiler.config
 
 
-def layer_index_sources(names: Sequence[str]) -> str:
-    """``torch.compiler.config.dynamic_sources`` entry set while Dynamo may trace a block: the
-    block reads its index (``layer_idx``, ``layer_id``...) to pass it to the cache, and Dynamo
-    would first specialise it (a guard ``layer_idx == 0``) and only then recompile with it
-    symbolic: two graphs where one does. Set through ``GroupPreparation.trace_settings``, so
-    calls that run compiled code do not pay it."""
-    return r".*\.(?:" + "|".join(names) + r")$"
-
-
 @contextlib.contextmanager
-def layer_index_dynamic(names: Sequence[str] = ("layer_idx",)) -> Iterator[None]:
-    """:func:`layer_index_sources` of ``names`` added to ``torch.compiler.config.dynamic_sources``,
-    then the previous value restored."""
+def layer_index_dynamic(names: Sequence[str]) -> Iterator[None]:
+    """The attributes ``names`` added to ``torch.compiler.config.dynamic_sources`` while Dynamo
+    may trace a block, then the previous value restored: the block reads its index
+    (``layer_idx``, ``layer_id``...) to pass it to the cache, and Dynamo would first specialise
+    it (a guard ``layer_idx == 0``) and only then recompile with it symbolic: two graphs where
+    one does. Set through ``GroupPreparation.trace_settings``, so calls that run compiled code
+    do not pay it."""
     sources = compiler_config.dynamic_sources
-    compiler_config.dynamic_sources = f"{sources},{layer_index_sources(names)}"
+    compiler_config.dynamic_sources = sources + r",.*\.(?:" + "|".join(names) + r")$"
     try:
         yield
     finally:
         compiler_config.dynamic_sources = sources
-
-
-CACHE_PARAMETERS: tuple[str, ...] = ("cache", "past_key_values", "past_key_value", "layer_past")
-"""Names transformers decoder layers give their cache parameter (``cache`` since 5.x)."""
 
 
 def is_transformers_module(module: nn.Module) -> bool:
@@ -91,9 +82,17 @@ def is_transformers_module(module: nn.Module) -> bool:
     )
 
 
-def cache_parameter(
-    block: nn.Module, names: Sequence[str] = CACHE_PARAMETERS
-) -> tuple[str, int | None] | None:
+PASSED_WHOLE = (
+    "so it is passed through whole (each layer may compile its own graph; see docs/generation.md)"
+)
+RUN_OUTSIDE = (
+    "so those calls run outside the compiled graph (one graph break per call; see "
+    "docs/generation.md)"
+)
+"""What follows a cache's reason in :meth:`BlockAdapter._note`'s warning."""
+
+
+def cache_parameter(block: nn.Module, names: Sequence[str]) -> tuple[str, int | None] | None:
     """``(name, position)`` of the block's cache parameter, the first of its ``forward``'s
     parameters named in ``names`` (position ``None``: keyword only)."""
     try:
@@ -146,12 +145,7 @@ class BlockAdapter:
             return cache  # no declaration matches it (a plugin's own view, say): not ours
         reason = self._unsplittable(index, cache, resolved)
         if reason is not None:
-            self._note(
-                type(cache).__name__,
-                reason,
-                "so it is passed through whole (each layer may compile its own graph; see "
-                "docs/generation.md)",
-            )
+            self._note(type(cache).__name__, reason, PASSED_WHOLE)
             return cache
         reason = self._half_reason(index, cache)  # offloads, or overrides a per-layer method
         if reason is not None:
@@ -159,10 +153,7 @@ class BlockAdapter:
         return self._view(index, cache, outside=offloads(cache))
 
     def _spec_for(self, cache: Any) -> ResolvedSpec | None:
-        for resolved in self.specs:
-            if isinstance(cache, resolved.cache_type):
-                return resolved
-        return None
+        return next((r for r in self.specs if isinstance(cache, r.cache_type)), None)
 
     def _unsplittable(self, index: LayerIndex, cache: Any, resolved: ResolvedSpec) -> str | None:
         """Why ``cache`` has no entry for ``index``, or ``None`` (then the entry exists)."""
@@ -188,11 +179,9 @@ class BlockAdapter:
         for half in halves:
             reason = self._half_reason(index, half)
             if reason is not None:
+                name = type(cache).__name__
                 self._note(
-                    type(cache).__name__,
-                    f"{type(cache).__name__} holds a cache that cannot be split ({reason})",
-                    "so it is passed through whole (each layer may compile its own graph; see "
-                    "docs/generation.md)",
+                    name, f"{name} holds a cache that cannot be split ({reason})", PASSED_WHOLE
                 )
                 return cache
         own, cross = (self._view(index, half, outside=False) for half in halves)
@@ -220,13 +209,7 @@ class BlockAdapter:
             self.view_classes[(type(cache), outside)] = view
         return view(cache, getattr(cache, resolved.spec.layers)[index.value], index)
 
-    def _note(
-        self,
-        key: str,
-        reason: str,
-        consequence: str = "so those calls run outside the compiled graph (one graph break per "
-        "call; see docs/generation.md)",
-    ) -> None:
+    def _note(self, key: str, reason: str, consequence: str = RUN_OUTSIDE) -> None:
         if key in self.notes:
             return
         self.notes[key] = reason
@@ -319,46 +302,33 @@ def declare_layer_caches() -> list[LayerCacheSpec]:
     return [TRANSFORMERS_CACHE]
 
 
-@attrs.frozen
-class BlockIndices:
-    """The layer indices of a group's blocks, and every attribute name that numbers them."""
-
-    indices: list[LayerIndex]
-    names: tuple[str, ...]
-
-
 def group_indices(
     group: RegionGroup, blocks: list[nn.Module], specs: tuple[LayerCacheSpec, ...]
-) -> BlockIndices | None:
+) -> tuple[list[LayerIndex], tuple[str, ...]] | None:
+    """:func:`find_layer_indices` of ``group``'s blocks, the declared index attributes first."""
     declared = tuple(dict.fromkeys(name for spec in specs for name in spec.index_attributes))
-    found = find_layer_indices(blocks, [region.path for region in group.regions], declared)
-    return None if found is None else BlockIndices(*found)
+    return find_layer_indices(blocks, [region.path for region in group.regions], declared)
 
 
 def block_adapter(
     group_name: str,
     blocks: list[nn.Module],
-    indices: BlockIndices | None,
+    indices: list[LayerIndex],
     specs: tuple[LayerCacheSpec, ...],
     depth: int = 0,
 ) -> BlockAdapter | None:
     """The adapter for a group of ``blocks``, or ``None`` when they take no declared cache
-    parameter, have no layer index, or no declaration's cache class is imported."""
+    parameter or no declaration's cache class is imported."""
     resolved = tuple(r for r in (resolve(spec) for spec in specs) if r is not None)
-    if not blocks or indices is None or not resolved:
+    if not resolved:
         return None
     names = tuple(dict.fromkeys(name for r in resolved for name in r.spec.cache_parameters))
     parameter = cache_parameter(blocks[0], names)
     if parameter is None:
         return None
-    adapter = BlockAdapter(
-        group_name,
-        parameter[0],
-        parameter[1],
-        resolved,
-        weakref.WeakKeyDictionary(zip(blocks, indices.indices, strict=True)),
-        max(depth, max(index.value for index in indices.indices) + 1),
-    )
+    by_block = weakref.WeakKeyDictionary(zip(blocks, indices, strict=True))
+    depth = max(depth, max(index.value for index in indices) + 1)
+    adapter = BlockAdapter(group_name, *parameter, resolved, by_block, depth)
     if is_transformers_module(blocks[0]) and "transformers.cache_utils" in sys.modules:
         from transformers import cache_utils
 
@@ -380,7 +350,7 @@ def plan_depth(model: nn.Module, plan: RegionPlan, specs: tuple[LayerCacheSpec, 
             continue
         found = group_indices(group, blocks, specs)
         if found is not None:
-            depth = max(depth, *(index.value + 1 for index in found.indices))
+            depth = max(depth, *(index.value + 1 for index in found[0]))
     return depth
 
 
@@ -403,20 +373,16 @@ def prepare_group(
     # so a saved entry (store, precompile) would not load in another process.
     checkpointed = [block for block in blocks if getattr(block, "gradient_checkpointing", False)]
     forwards = tuple(pair for block in checkpointed for pair in unrouted_forwards(block))
-    indices = group_indices(group, blocks, specs)
-    adapter = (
-        block_adapter(group.name, blocks, indices, specs, plan_depth(model, plan, specs))
-        if indices is not None
-        else None
-    )
-    if adapter is None or indices is None:
-        return GroupPreparation(forwards=forwards) if forwards else None
-    settings = functools.partial(layer_index_dynamic, indices.names)
-    return GroupPreparation(
-        wrap_call=adapter.wrap_call,
-        trace_settings=settings,
-        forwards=forwards,
-    )
+    found = group_indices(group, blocks, specs)
+    if found is not None:
+        indices, names = found
+        adapter = block_adapter(group.name, blocks, indices, specs, plan_depth(model, plan, specs))
+        if adapter is not None:
+            settings = functools.partial(layer_index_dynamic, names)
+            return GroupPreparation(
+                wrap_call=adapter.wrap_call, trace_settings=settings, forwards=forwards
+            )
+    return GroupPreparation(forwards=forwards) if forwards else None
 
 
 def unrouted_forwards(block: nn.Module) -> list[tuple[nn.Module, Callable[..., Any]]]:

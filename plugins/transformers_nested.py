@@ -30,13 +30,13 @@ from torchkiln.plugin import (
     RegionPlan,
     hookimpl,
 )
+from torchkiln.plugins.hierarchical import NAME as HIERARCHICAL
 from torchkiln.plugins.transformers_models import (
+    TRANSFORMERS_CACHE,
     cache_parameter,
     is_transformers_module,
     unrouted_forwards,
 )
-
-HIERARCHICAL = "hierarchical"
 
 
 def layer_index_owner(block: nn.Module) -> nn.Module | None:
@@ -53,15 +53,6 @@ def layer_index_owner(block: nn.Module) -> nn.Module | None:
     if not owners or len({owner.layer_idx for owner in owners}) != 1:
         return None
     return owners[0]
-
-
-def unsupported_reason(cache: Any, cache_class: Any) -> str | None:
-    """Why ``cache`` (a transformers ``Cache``) cannot be split per layer, or ``None``."""
-    if type(cache).update is not cache_class.update:
-        return f"{type(cache).__name__} overrides Cache.update"
-    if getattr(cache, "offloading", False):
-        return f"{type(cache).__name__} offloads layers (offloading=True)"
-    return None
 
 
 class NestedLayerCache:
@@ -211,22 +202,15 @@ class NestedBlocks:
             args = (*args[:slot], None, *args[slot + 1 :])
         else:
             kwargs = {**kwargs, slot: None}
-        past = layer.is_initialized and layer.keys.numel() > 0
+        has_past = layer.is_initialized and layer.keys.numel() > 0
+        past = (layer.keys, layer.values) if has_past else (None, None)
         spec, leaves = flatten_call(args, kwargs)
-        result = self.step(
-            block,
-            slot,
-            spec,
-            layer.keys if past else None,
-            layer.values if past else None,
-            *leaves,
-        )
+        result = self.step(block, slot, spec, *past, *leaves)
         if len(result) == 3:
             _, keys, values = result
             if not layer.is_initialized:
                 layer.lazy_initialization(keys, values)
-            layer.keys = keys
-            layer.values = values
+            layer.keys, layer.values = keys, values
         return result[0]
 
     def _find_cache(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -241,25 +225,24 @@ class NestedBlocks:
 
     def _layer(self, index: int, cache: Any) -> tuple[Any, str]:
         """Layer ``index`` of ``cache`` if it is a ``DynamicLayer``, else ``None`` and why."""
+        name = type(cache).__name__
         if not isinstance(cache, self.cache_class):
-            return None, f"{type(cache).__name__} is not a transformers Cache"
-        reason = unsupported_reason(cache, self.cache_class)
-        if reason is not None:
-            return None, reason
+            return None, f"{name} is not a transformers Cache"
+        if type(cache).update is not self.cache_class.update:
+            return None, f"{name} overrides Cache.update"
+        if getattr(cache, "offloading", False):
+            return None, f"{name} offloads layers (offloading=True)"
         layers = getattr(cache, "layers", None)
         if not isinstance(layers, list):
-            return None, f"{type(cache).__name__} has no per-layer list"
+            return None, f"{name} has no per-layer list"
         if len(layers) <= index and getattr(cache, "layer_class_to_replicate", None) is not None:
             while len(layers) <= index:  # what Cache.update would do first
                 layers.append(cache.layer_class_to_replicate())
         if len(layers) <= index:
-            return None, f"{type(cache).__name__} has no layer {index}"
+            return None, f"{name} has no layer {index}"
         layer = layers[index]
         if type(layer) is not self.layer_class:
-            return (
-                None,
-                f"{type(cache).__name__} holds a {type(layer).__name__}, not a DynamicLayer",
-            )
+            return None, f"{name} holds a {type(layer).__name__}, not a DynamicLayer"
         return layer, ""
 
     def _note(self, reason: str) -> None:
@@ -296,22 +279,15 @@ def nested_blocks(group: RegionGroup) -> NestedBlocks | None:
         return None
     if len({type(block) for block in blocks}) != 1:
         return None
-    parameter = cache_parameter(blocks[0])
+    parameter = cache_parameter(blocks[0], TRANSFORMERS_CACHE.cache_parameters)
     owners = [layer_index_owner(block) for block in blocks]
     if parameter is None or any(owner is None for owner in owners):
         return None
     from transformers.cache_utils import Cache, DynamicLayer
 
     forward = type(blocks[0]).forward
-    return NestedBlocks(
-        group.name,
-        parameter[0],
-        parameter[1],
-        Cache,
-        DynamicLayer,
-        torch.compiler.nested_compile_region(forward),
-        nested_step(forward),
-    )
+    plain = torch.compiler.nested_compile_region(forward)
+    return NestedBlocks(group.name, *parameter, Cache, DynamicLayer, plain, nested_step(forward))
 
 
 @hookimpl(trylast=True)
