@@ -68,6 +68,11 @@ class _Grid:
         return pairs
 
 
+def verdict(value: float, limit: float) -> str:
+    """``met`` when ``value`` is at most ``limit``, else ``NOT met`` (``--store``, ``--ranks``)."""
+    return "met" if value <= limit else "NOT met"
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
