@@ -1,13 +1,7 @@
-"""Run every cell of a bench in fresh worker processes, cold then warm, and collect results.
-
-Cold: a new process with a new, empty inductor cache directory. Warm: another new process
-reusing the directory the cold run filled, so the difference is what the persistent compile
-cache saves (see :mod:`torchkiln.artifacts.cache`). ``eager`` has nothing to cache and runs once.
-Then, per depth and batch, one more process times the steady state of every strategy in
-alternating rounds, with the caches those runs filled (so it compiles warm), so that every
-strategy sees the same machine load. A worker that fails or times out is recorded on its
-cell; the run goes on.
-"""
+"""Run every cell of a bench in fresh worker processes, cold then warm (docs/benchmarks.md,
+"What is measured"), then per depth and batch one shared steady-state process with the caches
+those runs filled, and collect the results. A worker that fails or times out is recorded on
+its cell; the run goes on."""
 
 from __future__ import annotations
 

@@ -83,10 +83,8 @@ def _until_whole(model: Any, inputs: Any) -> dict[str, Any]:
     calls = 0
     if torchkiln.tiered.tiers(model) is None:  # no tiers for this model (docs/store.md)
         return {"calls_until_whole_model": None, "seconds_until_whole_model": None}
-    while torchkiln.tiered.tiers(model).serving != "whole-model":
-        if torchkiln.tiered.tiers(model).state == "stopped":
-            break
-        if time.perf_counter() - started > BUILD_TIMEOUT:
+    while (report := torchkiln.tiered.tiers(model)).serving != "whole-model":
+        if report.state == "stopped" or time.perf_counter() - started > BUILD_TIMEOUT:
             break
         model(inputs)
         calls += 1

@@ -26,17 +26,6 @@ from torchkiln.bench.strategies import alternate_rounds
 STRATEGIES = ("full", "regional", "tiered")
 
 
-def run_one(settings: dict[str, Any], timeout: float) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="torchkiln-train-"))
-    out = work / "result.json"
-    # cold: an empty inductor cache of its own (runs before it must not warm this one)
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
-    run_json_process(
-        "torchkiln.bench.train_lengths", out, settings, settings["strategy"], env, timeout
-    )
-    return json.loads(out.read_text())
-
-
 def summary(run: dict[str, Any]) -> dict[str, Any]:
     steps = run["step_seconds"]
     tiers = run["tiers"]
@@ -83,7 +72,14 @@ def run_train_lengths(
     runs = {}
     for strategy in strategies:
         print(f"torchkiln bench --lengths: {strategy} ...", file=sys.stderr, flush=True)
-        runs[strategy] = run_one({**base, "strategy": strategy}, timeout)
+        work = Path(tempfile.mkdtemp(prefix="torchkiln-train-"))
+        # cold: an empty inductor cache of its own (runs before it must not warm this one)
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
+        settings = {**base, "strategy": strategy}
+        run_json_process(
+            "torchkiln.bench.train_lengths", work / "result.json", settings, strategy, env, timeout
+        )
+        runs[strategy] = json.loads((work / "result.json").read_text())
     result = {"settings": base, "runs": runs, "summary": {s: summary(r) for s, r in runs.items()}}
     print(render(result))
     if json_path:
