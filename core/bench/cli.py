@@ -212,9 +212,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.store:
         from torchkiln.bench.store_restart import bench_store
 
-        depth = int((args.depths or "16").split(",")[0])
         json_path = Path(args.json_path) if args.json_path else None
-        return bench_store(depth, args.backend, 30, json_path, check=args.check)
+        return bench_store(_first(args.depths, 16), args.backend, 30, json_path, check=args.check)
     if args.lengths is not None:
         return _run_train_lengths(args)
     if args.from_json:
@@ -227,23 +226,20 @@ def run_bench(args: argparse.Namespace) -> int:
     return run_plan(plan_from_args(args), args)
 
 
+def _first(values: str | None, default: int) -> int:
+    """The first of comma-separated ``--depths`` or ``--batch`` values (``default``: none)."""
+    return int(values.split(",")[0]) if values else default
+
+
 def _run_job_bench(args: argparse.Namespace) -> int:
     from torchkiln.bench.jobs import TARGETS, run_job_bench
     from torchkiln.bench.settings import BenchError
 
     if args.ranks < 2:
         raise BenchError(f"--ranks {args.ranks}: a job bench needs at least 2 ranks")
-    result = run_job_bench(
-        args.ranks,
-        args.model or "llama",
-        int((args.depths or "16").split(",")[0]),
-        int((args.batch or "1").split(",")[0]),
-        args.seq,
-        args.backend,
-        steps=12,
-        json_path=args.json_path,
-        timeout=args.timeout or 1800,
-    )
+    base = {"model": args.model or "llama", "depth": _first(args.depths, 16),
+            "batch": _first(args.batch, 1), "seq": args.seq, "backend": args.backend, "steps": 12}  # fmt: skip
+    result = run_job_bench(args.ranks, base, args.json_path, args.timeout or 1800)
     missed = [key for _, key, limit in TARGETS if result["ratios"].get(key, 0) > limit]
     return EXIT_TARGET_MISSED if args.check and missed else 0
 
@@ -266,17 +262,9 @@ def _run_train_lengths(args: argparse.Namespace) -> int:
     unknown = [s for s in strategies if s not in ("eager", *STRATEGIES)]
     if unknown:
         raise BenchError(f"--lengths runs eager, {', '.join(STRATEGIES)}; not {', '.join(unknown)}")
-    run_train_lengths(
-        strategies,
-        args.model or "llama",
-        int((args.depths or "8").split(",")[0]),
-        int((args.batch or "2").split(",")[0]),
-        lengths,
-        args.steps,
-        args.backend,
-        args.threads,
-        args.json_path,
-        args.timeout or 3600,
-        tiered_when=args.tiered_when,
-    )
+    base = {"model": args.model or "llama", "depth": _first(args.depths, 8),
+            "batch": _first(args.batch, 2), "lengths": lengths, "steps": args.steps,
+            "backend": args.backend, "threads": args.threads, "tiered_when": args.tiered_when,
+            "alternate": 30}  # fmt: skip
+    run_train_lengths(strategies, base, args.json_path, args.timeout or 3600)
     return 0

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchkiln.bench.plan import BenchPlan, mode_name, render_plan
+from torchkiln.bench.plan import BenchPlan, render_plan, run_context
 from torchkiln.bench.results import collect_environment, write_result
 from torchkiln.bench.runner import BenchProgress, CellResult, count_steps, run_bench_cells
-from torchkiln.bench.settings import EXIT_TARGET_MISSED, BenchError, BenchSettings, check_device
+from torchkiln.bench.settings import EXIT_TARGET_MISSED, BenchError, check_device
 from torchkiln.bench.table import render_all
 from torchkiln.bench.targets import Target, check_targets, missed
 
@@ -22,14 +22,6 @@ JSON_FORMAT_VERSION = 1
 
 Runs = list[tuple[dict[str, Any], list[CellResult]]]
 """Every run of a plan: its settings (as in the JSON document) and its results."""
-
-
-def _run_document(settings: BenchSettings, results: list[CellResult]) -> dict[str, Any]:
-    return {
-        "settings": settings.to_dict(),
-        "cells": [r.to_dict() for r in results],
-        "targets": [t.to_dict() for t in check_targets(results, settings.workload)],
-    }
 
 
 def bench_document(
@@ -49,14 +41,19 @@ def bench_document(
         "environment": environment,
         "wall_seconds": wall,
     }
-    runs = [_run_document(s, r) for s, r in zip(plan.runs, results, strict=True)]
-    if len(runs) == 1:
-        return document | runs[0]
-    return document | {"runs": runs}
+    runs = [
+        {
+            "settings": settings.to_dict(),
+            "cells": [r.to_dict() for r in run],
+            "targets": [t.to_dict() for t in check_targets(run, settings.workload)],
+        }
+        for settings, run in zip(plan.runs, results, strict=True)
+    ]
+    return document | (runs[0] if len(runs) == 1 else {"runs": runs})
 
 
 def _context(settings: dict[str, Any]) -> str:
-    return f"{settings['workload']}, mode {mode_name(settings.get('mode'))}"
+    return run_context(settings["workload"], settings.get("mode"))
 
 
 def _print_runs(runs: Runs, environment: dict[str, Any]) -> list[Target]:
@@ -134,8 +131,8 @@ class _Execution:
     def run(self, cache_root: str | None) -> None:
         steps = self.plan.steps()
         progress = BenchProgress(sum(count_steps(step.settings) for step in steps))
-        budget = self.plan.budget_seconds
-        deadline = None if budget is None else time.monotonic() + budget
+        budget = self.plan.budget_minutes
+        deadline = None if budget is None else time.monotonic() + budget * 60.0
         for step in steps:
             before = list(self.results[step.run])
             progress.context = step.context if len(self.plan.runs) > 1 else ""

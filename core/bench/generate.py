@@ -1,16 +1,8 @@
-"""The ``generate`` workload of ``torchkiln bench``: ``model.generate()`` as users call it.
-
-A greedy ``generate(prompt, max_new_tokens=N)`` with the model's default KV cache
-(``DynamicCache``): a prefill forward over the prompt, then ``N - 1`` decode forwards of one
-token each. A streamer records when each token comes out, which gives
-
-* the time to the first generated token: applying the strategy, compiling what the prefill
-  needs, and the prefill itself (the first-call number of this workload);
-* the time per decoded token: the gaps between later tokens (the steady-state number, the
-  median gap of a call).
-
-Full ``torch.compile`` is applied in place (``Strategies.generation_target``).
-"""
+"""The ``generate`` workload of ``torchkiln bench`` (docs/benchmarks.md): a greedy
+``model.generate()`` with the model's default KV cache, whose streamer notes when each token
+comes out: the time to the first token is the workload's first call, the median gap between
+later tokens its steady state. Full ``torch.compile`` is applied in place
+(``Strategies.generation_target``)."""
 
 from __future__ import annotations
 

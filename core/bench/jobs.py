@@ -17,14 +17,15 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from torchkiln.bench.results import write_result
+from torchkiln.bench.results import json_argv, run_json_process, write_result
+from torchkiln.bench.strategies import alternate_rounds
+from torchkiln.bench.targets import verdict
 
 TIERED_STEPS = 60
 ALTERNATE_ROUNDS = 20
@@ -46,16 +47,13 @@ torchkiln regional without a store (:func:`alternate`)."""
 
 def _launch(ranks: int, out: Path, settings: dict[str, Any], timeout: float) -> dict[str, Any]:
     out.mkdir(parents=True)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-        "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-        "-m", "torchkiln.bench.jobs", str(out), json.dumps(settings),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+                "--master_addr=127.0.0.1", f"--master_port={_free_port()}"]  # fmt: skip
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     launched = time.time()
-    process = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    if process.returncode != 0:
-        raise RuntimeError(f"the {ranks}-rank job failed:\n{process.stderr[-3000:]}")
+    run_json_process(
+        "torchkiln.bench.jobs", out, settings, f"the {ranks}-rank job", env, timeout, launcher
+    )
     per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
     return {
         "ranks": per_rank,
@@ -73,13 +71,11 @@ def _free_port() -> int:
 
 
 def run_job_bench(
-    ranks: int, model: str, depth: int, batch: int, seq: int, backend: str, steps: int,
-    json_path: str | None, timeout: float,
-) -> dict[str, Any]:  # fmt: skip
-    """Run the launches, print the table and the targets, write ``json_path``."""
+    ranks: int, base: dict[str, Any], json_path: str | None, timeout: float
+) -> dict[str, Any]:
+    """Run the launches of ``base`` (``model``, ``depth``, ``batch``, ``seq``, ``backend``,
+    ``steps``), print the table and the targets, write ``json_path``."""
     root = Path(tempfile.mkdtemp(prefix="torchkiln-job-bench-"))
-    base = {"model": model, "depth": depth, "batch": batch, "seq": seq, "backend": backend,
-            "steps": steps}  # fmt: skip
     store = {"store": str(root / "store")}
     runs = {}
     for name, count, options in (
@@ -163,8 +159,7 @@ def render(result: dict[str, Any]) -> str:
         value = result["ratios"].get(key)
         if value is None:  # a run from before this target
             continue
-        verdict = "met" if value <= limit else "NOT met"
-        lines.append(f"  target {label}: {value:.2f} (at most {limit}): {verdict}")
+        lines.append(f"  target {label}: {value:.2f} (at most {limit}): {verdict(value, limit)}")
     for name, run in result["runs"].items():
         for r in run["ranks"]:
             for line in r["job"] or ():
@@ -282,16 +277,15 @@ def alternate(
                           str(out_dir), world)  # fmt: skip
     for _ in range(2):  # its compile, and a step after it
         train_step(reference, inputs)
-    mine, theirs = [], []
-    for _ in range(settings["alternate"]):
-        mine.append(train_step(model, inputs))
-        theirs.append(train_step(reference, inputs))
+    steps = alternate_rounds(
+        {"mine_s": lambda: train_step(model, inputs),
+         "reference_s": lambda: train_step(reference, inputs)},
+        settings["alternate"],
+    )  # fmt: skip
     return {
         "reference": "full torch.compile" if whole else "regional",
         "rounds": settings["alternate"],
-        "mine_s": statistics.median(mine),
-        "reference_s": statistics.median(theirs),
-    }
+    } | {name: statistics.median(seconds) for name, seconds in steps.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,10 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     ``torchrun``): writes ``OUT_DIR/rank<N>.json``."""
     import torch.distributed as dist
 
-    out_dir, settings = Path((argv or sys.argv)[1]), json.loads((argv or sys.argv)[2])
+    out_dir, settings = json_argv(argv)
     dist.init_process_group("gloo")
-    result = measure(out_dir, settings)
-    write_result(out_dir / f"rank{result['rank']}.json", result)
+    result = measure(Path(out_dir), settings)
+    write_result(Path(out_dir) / f"rank{result['rank']}.json", result)
     dist.destroy_process_group()
     return 0
 

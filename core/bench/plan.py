@@ -43,8 +43,9 @@ from torchkiln.bench.settings import (
 DEFAULT_TIMEOUT = 1800.0
 
 
-def mode_name(mode: str | None) -> str:
-    return mode or "default"
+def run_context(workload: str, mode: str | None) -> str:
+    """What tells a run apart from a plan's others: ``forward, mode default``."""
+    return f"{workload}, mode {mode or 'default'}"
 
 
 @attrs.frozen
@@ -58,8 +59,7 @@ class Step:
 
     @property
     def context(self) -> str:
-        """What tells this run apart from the plan's others: ``forward, mode default``."""
-        return f"{self.settings.workload}, mode {mode_name(self.settings.mode)}"
+        return run_context(self.settings.workload, self.settings.mode)
 
 
 def execution_order(plan: list[BenchSettings]) -> list[Step]:
@@ -89,10 +89,6 @@ class BenchPlan:
     """No cell starts once this many minutes have passed (``None``: no budget)."""
     json_path: str | None = None
     plot_path: str | None = None
-
-    @property
-    def budget_seconds(self) -> float | None:
-        return None if self.budget_minutes is None else self.budget_minutes * 60.0
 
     def steps(self) -> list[Step]:
         """The runs at each depth in execution order (the gpu preset: most valuable first);
@@ -270,7 +266,7 @@ def _run_line(index: int, run: BenchSettings) -> str:
     depths = ", ".join("default" if d is None else str(d) for d in run.depths)
     batches = ", ".join(map(str, run.batches))
     return (
-        f"  {index}. {run.workload}, mode {mode_name(run.mode)}: "
+        f"  {index}. {run_context(run.workload, run.mode)}: "
         f"{', '.join(run.strategies)} at depths {depths}, batch {batches}, "
         f"{run.steady_iters} steady calls"
     )

@@ -1,6 +1,7 @@
 """What a bench run keeps of each cell (its workers' records, or why there are none), where
-it ran (recorded with every result), and the one writer of every JSON file the bench leaves
-(results, worker records, the JSON documents)."""
+it ran (recorded with every result), the one writer of every JSON file the bench leaves
+(results, worker records, the JSON documents), and the one launcher of a process that gets its
+settings as JSON (``--store``, ``--ranks``, ``--lengths``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,29 @@ def write_result(path: str | Path, document: Any) -> None:
     (or a run killed mid-write) sees the previous complete file or the new one, never half."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(document, indent=1) + "\n")
+
+
+def run_json_process(
+    module: str, out: Path, settings: dict[str, Any], failed: str, env: dict[str, str],
+    timeout: float | None = None, launcher: Sequence[str] = (),
+) -> None:  # fmt: skip
+    """``python [launcher] -m module OUT SETTINGS_JSON`` (read back by :func:`json_argv`), with
+    ``env`` over this process's environment.
+
+    :raises RuntimeError: ``failed`` and the end of its stderr, when it exits non-zero.
+    """
+    command = [sys.executable, *launcher, "-m", module, str(out), json.dumps(settings)]
+    process = subprocess.run(
+        command, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout
+    )
+    if process.returncode != 0:
+        raise RuntimeError(f"{failed} failed:\n{process.stderr[-3000:]}")
+
+
+def json_argv(argv: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
+    """In a process :func:`run_json_process` started: its output path and its settings."""
+    args = argv or sys.argv
+    return args[1], json.loads(args[2])
 
 
 @attrs.define

@@ -1,16 +1,11 @@
-"""Run every cell of a bench in fresh worker processes, cold then warm, and collect results.
-
-Cold: a new process with a new, empty inductor cache directory. Warm: another new process
-reusing the directory the cold run filled, so the difference is what the persistent compile
-cache saves (see :mod:`torchkiln.artifacts.cache`). ``eager`` has nothing to cache and runs once.
-Then, per depth and batch, one more process times the steady state of every strategy in
-alternating rounds, with the caches those runs filled (so it compiles warm), so that every
-strategy sees the same machine load. A worker that fails or times out is recorded on its
-cell; the run goes on.
-"""
+"""Run every cell of a bench in fresh worker processes, cold then warm (docs/benchmarks.md,
+"What is measured"), then per depth and batch one shared steady-state process with the caches
+those runs filled, and collect the results. A worker that fails or times out is recorded on
+its cell; the run goes on."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -250,13 +245,13 @@ def _cell(
     result = CellResult(cell)
 
     def run(phase: str, cache: str) -> tuple[dict[str, Any] | None, RunFailure | None]:
-        progress.show(index, cell.label, phase)
+        show = functools.partial(progress.show, index, cell.label, phase)
+        show()
         command = worker_command(
             allowed, cell.depth, cell.batch, output, strategy=cell.strategy,
             precompile=phase == "precompile", scratch=scratch,
         )  # fmt: skip
-        said = lambda text: progress.show(index, cell.label, phase, text)  # noqa: E731
-        return run_worker(command, phase, folder / cache, output, allowed.timeout, said)
+        return run_worker(command, phase, folder / cache, output, allowed.timeout, show)
 
     if cell.strategy == "precompiled":
         result.precompile, result.failure = run("precompile", "precompile-cache")
@@ -306,7 +301,8 @@ def _steady(
         return
     cell = ran[0].cell
     label = f"{'' if cell.depth is None else f'depth {cell.depth} '}batch {cell.batch}"
-    progress.show(index, label, "steady-state")
+    show = functools.partial(progress.show, index, label, "steady-state")
+    show()
     strategies = tuple(r.cell.strategy for r in ran)
     output = scratch / "steady.json"
     command = worker_command(
@@ -314,8 +310,7 @@ def _steady(
     )
     # Every strategy compiles once more in this process (warm caches), then the timed rounds.
     timeout = allowed.timeout * len(strategies)
-    said = lambda text: progress.show(index, label, "steady-state", text)  # noqa: E731
-    data, failure = run_worker(command, "steady", cache, output, timeout, said)
+    data, failure = run_worker(command, "steady", cache, output, timeout, show)
     for result in ran:
         if data is None:
             result.steady_failure = failure.message if failure else "no result"

@@ -425,10 +425,6 @@ def _check_workload(workload: str | None, train: bool) -> str:
 def check_device(device: str, available: bool = True) -> str:
     """``--device`` validated (``auto`` resolved); ``available=False`` skips asking torch
     whether a CUDA device is there."""
-    return _check_device(device, available)
-
-
-def _check_device(device: str, available: bool = True) -> str:
     import torch
 
     device = device.lower()
@@ -439,3 +435,7 @@ def _check_device(device: str, available: bool = True) -> str:
     if device == "cuda" and available and not torch.cuda.is_available():
         raise BenchError("--device cuda: torch sees no CUDA device here")
     return device
+
+
+_check_device = check_device
+"""For :func:`make_settings`, whose ``check_device`` argument hides the function."""

@@ -10,18 +10,17 @@ steady-state ratio to full is free of the drift between processes.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from torchkiln.bench.results import collect_environment, write_result
+from torchkiln.bench.results import collect_environment, json_argv, run_json_process, write_result
 from torchkiln.bench.settings import EXIT_TARGET_MISSED
-from torchkiln.bench.strategies import timed
+from torchkiln.bench.strategies import alternate_rounds, timed
+from torchkiln.bench.targets import verdict
 
 ROLES = ("full", "store-first", "store-again")
 BUILD_TIMEOUT = 1800.0
@@ -35,19 +34,6 @@ def _model_and_inputs(depth: int) -> tuple[Any, Any]:
     torch.manual_seed(0)
     model = llama(depth=depth)
     return model, example_inputs(model)
-
-
-def _timed(call: Any) -> float:
-    return timed(call, "cpu")[0]
-
-
-def _alternate(first: Any, second: Any, rounds: int) -> tuple[float, float]:
-    """Median seconds of each callable, timed in alternating rounds."""
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(rounds):
-        times[0].append(_timed(first))
-        times[1].append(_timed(second))
-    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def worker(role: str, store: str, depth: int, backend: str, rounds: int) -> dict[str, Any]:
@@ -66,22 +52,23 @@ def worker(role: str, store: str, depth: int, backend: str, rounds: int) -> dict
         tiers = {"when": "always", "max_slowdown": 0}  # measure how soon, not the bound
         compiled = torchkiln.compile(model, backend=backend, store=store, tiered=tiers)
     compile_seconds = time.perf_counter() - started
+
+    def call(module: Any = compiled) -> float:
+        return timed(lambda: module(inputs), "cpu")[0]
+
     with torch.no_grad():
-        first = _timed(lambda: compiled(inputs))
-        out: dict[str, Any] = {"role": role, "compile_seconds": compile_seconds}
-        out["first_call_seconds"] = first
+        out = {"role": role, "compile_seconds": compile_seconds, "first_call_seconds": call()}
         if role != "full":
             out.update(_until_whole(compiled, inputs))
         if role == "store-again":
             full = torch.compile(_model_and_inputs(depth)[0], backend=backend)
             for _ in range(2):
                 full(inputs)
-            mine, theirs = _alternate(lambda: compiled(inputs), lambda: full(inputs), rounds)
-            out["steady_seconds"], out["full_steady_seconds"] = mine, theirs
+            times = alternate_rounds({"mine": call, "full": lambda: call(full)}, rounds)
+            out["steady_seconds"] = statistics.median(times["mine"])
+            out["full_steady_seconds"] = statistics.median(times["full"])
         else:
-            out["steady_seconds"] = statistics.median(
-                _timed(lambda: compiled(inputs)) for _ in range(rounds)
-            )
+            out["steady_seconds"] = statistics.median(call() for _ in range(rounds))
     report = torchkiln.tiered.tiers(compiled) if role != "full" else None
     if report is not None:
         out["serving"], out["tiers_state"] = report.serving, report.state
@@ -96,10 +83,8 @@ def _until_whole(model: Any, inputs: Any) -> dict[str, Any]:
     calls = 0
     if torchkiln.tiered.tiers(model) is None:  # no tiers for this model (docs/store.md)
         return {"calls_until_whole_model": None, "seconds_until_whole_model": None}
-    while torchkiln.tiered.tiers(model).serving != "whole-model":
-        if torchkiln.tiered.tiers(model).state == "stopped":
-            break
-        if time.perf_counter() - started > BUILD_TIMEOUT:
+    while (report := torchkiln.tiered.tiers(model)).serving != "whole-model":
+        if report.state == "stopped" or time.perf_counter() - started > BUILD_TIMEOUT:
             break
         model(inputs)
         calls += 1
@@ -112,39 +97,44 @@ def _until_whole(model: Any, inputs: Any) -> dict[str, Any]:
 def run_cell(depth: int, backend: str, rounds: int, scratch: Path) -> list[dict[str, Any]]:
     """Run the three processes; returns their results in order."""
     results = []
-    store = scratch / "store"
+    settings = {"store": str(scratch / "store"), "depth": depth, "backend": backend}
     for role in ROLES:
-        cache = scratch / f"inductor-{role}"
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHKILN_PROGRESS": "off"}
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(scratch / f"inductor-{role}"),
+            "TORCHKILN_PROGRESS": "off",
+        }
         out = scratch / f"{role}.json"
-        settings = {"role": role, "store": str(store), "depth": depth, "backend": backend}
-        command = [sys.executable, "-m", "torchkiln.bench.store_restart", str(out)]
-        command.append(json.dumps(settings | {"rounds": rounds}))
         print(
             f"torchkiln bench: store cell, {role} (depth {depth}) ...", file=sys.stderr, flush=True
         )
-        subprocess.run(command, env=env, check=True)
+        run_json_process(
+            "torchkiln.bench.store_restart", out, {"role": role, **settings, "rounds": rounds},
+            f"the store cell's {role} process", env,
+        )  # fmt: skip
         results.append(json.loads(out.read_text()))
     return results
 
 
+def _start(result: dict[str, Any]) -> float:
+    """A process's compile and first call."""
+    return float(result["compile_seconds"] + result["first_call_seconds"])
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """The cell's table: each process's first call against full compile's cold one."""
-    full = results[0]
     rows = [
         "| process | compile + first call | x full cold | steady | x full (alternating) | serving |",
         "|---|---:|---:|---:|---:|---|",
     ]
     for result in results:
-        start = result["compile_seconds"] + result["first_call_seconds"]
-        cold = full["compile_seconds"] + full["first_call_seconds"]
+        start = _start(result)
         alternating = (
             f"{result['steady_seconds'] / result['full_steady_seconds']:.3f}x"
             if "full_steady_seconds" in result
             else "-"
         )
         rows.append(
-            f"| {result['role']} | {start:.2f} s | {start / cold:.3f}x | "
+            f"| {result['role']} | {start:.2f} s | {start / _start(results[0]):.3f}x | "
             f"{result['steady_seconds'] * 1e3:.2f} ms | {alternating} | "
             f"{result.get('serving', 'whole model')} |"
         )
@@ -152,8 +142,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argv or sys.argv
-    write_result(args[1], worker(**json.loads(args[2])))
+    out, settings = json_argv(argv)
+    write_result(out, worker(**settings))
     return 0
 
 
@@ -164,9 +154,8 @@ ones, and its steady state over full's in alternating rounds (docs/store.md)."""
 
 def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
     full, again = results[0], results[-1]
-    cold = full["compile_seconds"] + full["first_call_seconds"]
-    start = again["compile_seconds"] + again["first_call_seconds"]
-    return {"start": start / cold, "steady": again["steady_seconds"] / again["full_steady_seconds"]}
+    steady = again["steady_seconds"] / again["full_steady_seconds"]
+    return {"start": _start(again) / _start(full), "steady": steady}
 
 
 def bench_store(
@@ -177,14 +166,16 @@ def bench_store(
         results = run_cell(depth, backend, rounds, Path(scratch))
     print(table(results))
     found = ratios(results)
-    missed = [name for name, limit in TARGETS if found[name] > limit]
     for name, limit in TARGETS:
-        verdict = "met" if found[name] <= limit else "NOT met"
-        print(f"target: second run's {name} <= {limit}x full's: {found[name]:.3f}x ({verdict})")
+        print(
+            f"target: second run's {name} <= {limit}x full's: {found[name]:.3f}x "
+            f"({verdict(found[name], limit)})"
+        )
     if json_path is not None:
         document = {"depth": depth, "backend": backend, "results": results, "ratios": found}
         document["environment"] = collect_environment("cpu")
         write_result(json_path, document)
+    missed = any(found[name] > limit for name, limit in TARGETS)
     return EXIT_TARGET_MISSED if check and missed else 0
 
 

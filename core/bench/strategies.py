@@ -191,6 +191,23 @@ def timed(call: Callable[[], Any], device: str) -> tuple[float, Any]:
     return time.perf_counter() - started, result
 
 
+def alternate_rounds(
+    calls: dict[str, Callable[[], float]], rounds: int, rotate: bool = False,
+    after_round: Callable[[int], None] = lambda _index: None,
+) -> dict[str, list[float]]:  # fmt: skip
+    """What each of ``calls`` returns (its seconds), each called once per round for ``rounds``
+    rounds, so that a burst of load lands on all alike; ``rotate`` starts each round one call
+    later (nobody always goes first). ``after_round`` gets the index of each round done."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls)
+    for index in range(rounds):
+        shift = index % len(order) if rotate and order else 0
+        for name in order[shift:] + order[:shift]:
+            samples[name].append(calls[name]())
+        after_round(index)
+    return samples
+
+
 TIERED_TIMEOUT_SECONDS = 1800.0
 """A ``tiered`` builder still running after this long is reported as not having switched."""
 

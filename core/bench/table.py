@@ -42,20 +42,15 @@ def _milliseconds(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.2f}"
 
 
-def _counts(result: CellResult) -> dict[str, Any]:
-    return (result.cold or {}).get("after_later_calls", {})
-
-
 def _row(result: CellResult, full: CellResult | None) -> tuple[str, ...]:
     cell = result.cell
     depth = "-" if cell.depth is None else str(cell.depth)
-    if result.skipped:
-        return (depth, str(cell.batch), cell.strategy, f"skipped: {result.skipped}", *[""] * 9)
-    if not result.ok:
-        return (depth, str(cell.batch), cell.strategy, "FAILED", *[""] * 9)
+    if result.skipped or not result.ok:
+        missing = f"skipped: {result.skipped}" if result.skipped else "FAILED"
+        return (depth, str(cell.batch), cell.strategy, missing, *[""] * 9)
     full_ok = full if full is not None and full.ok and full is not result else None
     cold = result.cold_first_call
-    counts = _counts(result)
+    counts = (result.cold or {}).get("after_later_calls", {})
     diff = (result.cold or {}).get("max_abs_diff")
     failure_note = f" ({result.failure.run} failed)" if result.failure else ""
     return (

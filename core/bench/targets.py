@@ -9,7 +9,6 @@ shows its value as ``not judged``. docs/benchmarks.md says how the bench reports
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import attrs
 
@@ -66,6 +65,11 @@ class _Grid:
                     if ratio is not None:
                         pairs.append((f"depth {depth} batch {batch}", ratio))
         return pairs
+
+
+def verdict(value: float, limit: float) -> str:
+    """``met`` when ``value`` is at most ``limit``, else ``NOT met`` (``--store``, ``--ranks``)."""
+    return "met" if value <= limit else "NOT met"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -170,11 +174,6 @@ def _at_depth_32(
     return _judge(name, limit, pairs, needs, _listed(3), judged=depth == 32)
 
 
-def _tiered_figures(result: CellResult) -> dict[str, Any] | None:
-    """The ``tiered`` figures of a cell's cold run (``None`` if it has none)."""
-    return (result.cold or {}).get("tiered")
-
-
 def _tiered_targets(grid: _Grid) -> list[Target]:
     """Issue 21's targets: first call <= 1.1x regional cold at every depth; time to whole-model
     speed <= 1.2x full's cold first call; steady state after the switch <= 1.02x full at
@@ -187,7 +186,7 @@ def _tiered_targets(grid: _Grid) -> list[Target]:
     for (depth, batch, strategy), result in grid.cells.items():
         where = f"depth {depth} batch {batch}"
         regional, full = grid.get(depth, batch, "regional"), grid.get(depth, batch, "full")
-        figures = _tiered_figures(result)
+        figures = (result.cold or {}).get("tiered")
         if strategy == "tiered" and figures is not None:
             whole = figures["seconds_to_whole_model"]
             if regional and regional.cold_first_call and result.cold_first_call:

@@ -12,37 +12,18 @@ the tiered process (``alternate`` rounds: the same machine conditions for both).
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from torchkiln.bench.results import write_result
+from torchkiln.bench.results import json_argv, run_json_process, write_result
+from torchkiln.bench.strategies import alternate_rounds
 
 STRATEGIES = ("full", "regional", "tiered")
-
-
-def run_one(settings: dict[str, Any], timeout: float) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="torchkiln-train-"))
-    out = work / "result.json"
-    command = [
-        sys.executable,
-        "-m",
-        "torchkiln.bench.train_lengths",
-        str(out),
-        json.dumps(settings),
-    ]
-    # cold: an empty inductor cache of its own (runs before it must not warm this one)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
-    process = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    if process.returncode != 0:
-        raise RuntimeError(f"{settings['strategy']} failed:\n{process.stderr[-3000:]}")
-    return json.loads(out.read_text())
 
 
 def summary(run: dict[str, Any]) -> dict[str, Any]:
@@ -83,17 +64,22 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_train_lengths(
-    strategies: tuple[str, ...], model: str, depth: int, batch: int, lengths: list[int],
-    steps: int, backend: str, threads: int | None, json_path: str | None, timeout: float,
-    tiered_when: str = "auto", alternate: int = 30,
-) -> dict[str, Any]:  # fmt: skip
-    base = {"model": model, "depth": depth, "batch": batch, "lengths": lengths, "steps": steps,
-            "backend": backend, "threads": threads, "tiered_when": tiered_when,
-            "alternate": alternate}  # fmt: skip
+    strategies: tuple[str, ...], base: dict[str, Any], json_path: str | None, timeout: float
+) -> dict[str, Any]:
+    """Each strategy's process on ``base`` (``model``, ``depth``, ``batch``, ``lengths``,
+    ``steps``, ``backend``, ``threads``, ``tiered_when``, ``alternate``); print the table,
+    write ``json_path``."""
     runs = {}
     for strategy in strategies:
         print(f"torchkiln bench --lengths: {strategy} ...", file=sys.stderr, flush=True)
-        runs[strategy] = run_one({**base, "strategy": strategy}, timeout)
+        work = Path(tempfile.mkdtemp(prefix="torchkiln-train-"))
+        # cold: an empty inductor cache of its own (runs before it must not warm this one)
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
+        settings = {**base, "strategy": strategy}
+        run_json_process(
+            "torchkiln.bench.train_lengths", work / "result.json", settings, strategy, env, timeout
+        )
+        runs[strategy] = json.loads((work / "result.json").read_text())
     result = {"settings": base, "runs": runs, "summary": {s: summary(r) for s, r in runs.items()}}
     print(render(result))
     if json_path:
@@ -262,26 +248,27 @@ def alternate_with_full(
     lengths = sorted(set(settings["lengths"]))
     for length in (lengths[0], lengths[-1]):  # full compile's static and dynamic compiles
         train_step(full, full_optimizer, torch.randint(0, vocab, (settings["batch"], length)))
-    out: dict[str, list[float]] = {"tiered_s": [], "full_s": []}
     pick = random.Random(settings.get("seed", 0) + 1)
-    for _ in range(settings["alternate"]):
-        ids = torch.randint(
-            0, vocab, (settings["batch"], pick.choice(lengths)), generator=generator
-        )
-        out["tiered_s"].append(train_step(tiered, optimizer, ids))
-        out["full_s"].append(train_step(full, full_optimizer, ids))
-    return out
+    batches = [
+        torch.randint(0, vocab, (settings["batch"], pick.choice(lengths)), generator=generator)
+        for _ in range(settings["alternate"])
+    ]
+    tiered_ids, full_ids = iter(batches), iter(batches)  # each round: the same batch for both
+    return alternate_rounds(
+        {"tiered_s": lambda: train_step(tiered, optimizer, next(tiered_ids)),
+         "full_s": lambda: train_step(full, full_optimizer, next(full_ids))},
+        settings["alternate"],
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m torchkiln.bench.train_lengths OUT_JSON SETTINGS_JSON``: one strategy's run."""
-    args = argv or sys.argv
-    settings = json.loads(args[2])
+    out, settings = json_argv(argv)
     if settings.get("threads"):
         import torch
 
         torch.set_num_threads(settings["threads"])
-    write_result(args[1], measure(settings))
+    write_result(out, measure(settings))
     return 0
 
 

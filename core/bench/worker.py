@@ -29,6 +29,7 @@ from torchkiln.bench.results import write_result
 from torchkiln.bench.strategies import (
     TORCHKILN_STRATEGIES,
     Strategies,
+    alternate_rounds,
     build,
     eager_reference,
     first_tensor,
@@ -233,8 +234,9 @@ def measure_first_call(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _steady_call(strategy: str, args: argparse.Namespace) -> Callable[[], Any]:
-    """One timed call of ``strategy``'s model: a step, or a generate (seconds per token)."""
+def _steady_call(strategy: str, args: argparse.Namespace) -> Callable[[], float]:
+    """One timed call of ``strategy``'s model: a step's seconds, or a generate's median seconds
+    per decoded token."""
     model, inputs = build(args)
     strategies = Strategies.of(args)
     if args.workload == "generate":
@@ -244,42 +246,33 @@ def _steady_call(strategy: str, args: argparse.Namespace) -> Callable[[], Any]:
         call = steady_decode(target, inputs, args.new_tokens)
     else:
         call = step(strategies.apply(strategy, model), model, inputs, args.train)
-    return switched(call, model) if strategy == "tiered" else call
+    call = switched(call, model) if strategy == "tiered" else call
+    return lambda: timed(call, args.device)[1 if args.workload == "generate" else 0]
 
 
 def measure_steady(args: argparse.Namespace) -> dict[str, Any]:
-    """Steady state of every strategy in one process, timed in alternating rounds.
-
-    Each strategy gets its own copy of the model (same seed, same weights). Timing them
-    round-robin in one process exposes all of them to the same machine load, so their ratios
-    stay meaningful on a busy machine where separate processes would not. One call per
-    strategy per round: the finest interleaving, so a burst of load lands on all alike.
-    """
+    """Steady state of every strategy in one process, each on its own copy of the model (same
+    seed, same weights), timed in alternating rounds of one call each (:func:`alternate_rounds`): all
+    see the same machine load, so their ratios stay meaningful on a busy machine."""
     strategies = [s for s in args.strategies.split(",") if s]
-    calls: dict[str, Callable[[], Any]] = {}
+    calls: dict[str, Callable[[], float]] = {}
     errors: dict[str, str] = {}
     for number, strategy in enumerate(strategies, 1):
         progress(f"compiling and warming up {strategy} ({number}/{len(strategies)})")
         try:
             call = _steady_call(strategy, args)
             for _ in range(1 + args.warmup):
-                timed(call, args.device)
+                call()
             calls[strategy] = call
         except Exception as error:  # one strategy failing must not hide the others' numbers
             errors[strategy] = f"{type(error).__name__}: {error}"
-    samples: dict[str, list[float]] = {s: [] for s in calls}
-    order = list(calls)
-    for round_index in range(args.steady_iters):
-        shift = round_index % max(len(order), 1)
-        for strategy in order[shift:] + order[:shift]:  # rotate: nobody always goes first
-            seconds, per_token = timed(calls[strategy], args.device)
-            # generate: the call's median seconds per decoded token, not the whole call
-            samples[strategy].append(per_token if args.workload == "generate" else seconds)
-        progress(f"steady {round_index + 1}/{args.steady_iters} rounds")
+    rounds = args.steady_iters
+    said = lambda index: progress(f"steady {index + 1}/{rounds} rounds")  # noqa: E731
+    samples = alternate_rounds(calls, rounds, rotate=True, after_round=said)
     return {
         "phase": "steady",
         "strategies": strategies,
-        "rounds": args.steady_iters,
+        "rounds": rounds,
         "calls_per_round": 1,
         "steady_seconds": samples,
         "steady_median_seconds": {s: statistics.median(v) for s, v in samples.items()},
