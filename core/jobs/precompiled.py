@@ -111,7 +111,7 @@ class PrecompiledDirectory(CodeSource):
         )
         fitting = sorted(
             (e for e in entries if _group_part(e[1]) == fields),
-            key=lambda e: (KINDS.index(e[1].get("kind", KINDS[0])), str(e[1]["fields"])),
+            key=lambda e: (str(e[1].get("kind")) != KINDS[0], str(e[1]["fields"])),
         )
         reason = None if fitting else _why_none(fields, [meta for _, meta in entries])
         if reason is None:
