@@ -30,7 +30,6 @@ from torchkiln.engine.compile_state import (
     REGION_ATTR,
     STATE_ATTR,
     CompileState,
-    Missing,
     RegionState,
     named_tensors,
     ran_eagerly,
@@ -127,7 +126,9 @@ def instance_forward_function(
     def previous_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return previous(*args, **kwargs)
 
-    return _traced_function(_wrap_traced(previous_forward, preparations), group_name, False)
+    return _traced_function(
+        _wrapped(previous_forward, preparations, "wrap_traced"), group_name, False
+    )
 
 
 def _traced_function(
@@ -198,7 +199,6 @@ class Compiler:
         self.sources: list[CodeSource] = []
         """Where a group's code may come from before the backend compiles it, in order (the
         store or a peer rank, a precompiled directory): :class:`GroupCode` asks them."""
-        self._backend_owner: str | Missing | None = MISSING
 
     def __call__(self, root: nn.Module) -> None:
         """The ``compile_regions`` callback handed to ``wrap_distributed``."""
@@ -296,15 +296,15 @@ class Compiler:
         preparations: list[GroupPreparation],
     ) -> None:
         modules = [region.module for region in group.regions]
-        shared = group_function(group, _wrap_traced(type(modules[0]).forward, preparations))
+        traced = _wrapped(type(modules[0]).forward, preparations, "wrap_traced")
+        shared = group_function(group, traced)
         state.code_names[group.name] = shared.__code__.co_name
         state.codes[group.name] = shared.__code__
-        hooks = list(self.group_hooks)
         sources = [source for source in self.sources if source.attach(group, shared)]
         compiled_shared, error = (
-            (self._group_code(shared, group, preparations, hooks, sources), None)
+            (self._group_code(shared, group, preparations, sources), None)
             if sources
-            else self._compile(shared, group, preparations, hooks)
+            else self._compile(shared, group, preparations, self.group_hooks)
         )
         if isinstance(compiled_shared, GroupCode):
             state.group_codes[group.name] = compiled_shared
@@ -341,26 +341,22 @@ class Compiler:
                 wrapper_code,
                 self.progress,
                 self.config.on_region_error,
-                self._backend_plugin(),
+                self._backend_plugin,
                 functools.partial(first_call_dynamo_settings, len(group.regions)),
             )
             module.__dict__["forward"] = types.MethodType(step, module)
 
+    @functools.cached_property
     def _backend_plugin(self) -> str | None:
         """The plugin that declared the configured backend (``None``: torch's own)."""
-        if self._backend_owner is MISSING:
-            declared = self.plugins.backend(self.config.backend)
-            self._backend_owner = (
-                declared.plugin if declared is not None and declared.plugin != "torch" else None
-            )
-        return self._backend_owner
+        declared = self.plugins.backend(self.config.backend)
+        return declared.plugin if declared is not None and declared.plugin != "torch" else None
 
     def _group_code(
         self,
         fn: RegionFunction,
         group: RegionGroup,
         preparations: list[GroupPreparation],
-        hooks: list[GroupHook],
         sources: list[CodeSource],
     ) -> GroupCode:
         """The group served by its sources' code; the backend compiles only for the calls it
@@ -368,7 +364,7 @@ class Compiler:
 
         def compile_group() -> RegionFunction:
             # No wrap_call here: it is around the loaded function, which calls this one.
-            compiled, error = self._compile(fn, group, preparations, hooks)
+            compiled, error = self._compile(fn, group, preparations, self.group_hooks)
             if error is not None:  # the eager policy: the calls that needed it run eagerly
                 warnings.warn(
                     f"torchkiln: group {group.name!r} runs eagerly for the calls its loaded "
@@ -407,7 +403,7 @@ class Compiler:
                 fn=fn, group=group, config=self.config, backend=self.config.backend
             )
             if not callable(compiled):
-                raise bad_result("compile_region", self._backend_plugin(), compiled, "a callable")
+                raise bad_result("compile_region", self._backend_plugin, compiled, "a callable")
             compiled = with_trace_settings(compiled, preparations)
             in_hook = True
             for hook in hooks or ():
@@ -417,9 +413,7 @@ class Compiler:
         except Exception as error:
             if in_hook:
                 raise  # a group hook's own error (strict artifacts), not a compile failure
-            plugin = (
-                plugin_at_fault(self.plugins, "compile_region", error) or self._backend_plugin()
-            )
+            plugin = plugin_at_fault(self.plugins, "compile_region", error) or self._backend_plugin
             if self.config.on_region_error == "raise":
                 raise RegionCompileError(
                     group.regions[0].path, group.name, error, plugin
@@ -427,12 +421,16 @@ class Compiler:
             return fn, error
 
 
-def _wrap_traced(forward: RegionFunction, preparations: list[GroupPreparation]) -> RegionFunction:
-    """``forward`` inside every ``wrap_traced`` wrapper, the first preparation's outermost."""
+def _wrapped(
+    function: RegionFunction, preparations: list[GroupPreparation], wrapper: str
+) -> RegionFunction:
+    """``function`` inside every preparation's ``wrapper`` (``wrap_traced`` or ``wrap_call``),
+    the first preparation's outermost."""
     for preparation in reversed(preparations):
-        if preparation.wrap_traced is not None:
-            forward = preparation.wrap_traced(forward)
-    return forward
+        wrap = getattr(preparation, wrapper)
+        if wrap is not None:
+            function = wrap(function)
+    return function
 
 
 def _wrap_call(
@@ -444,10 +442,7 @@ def _wrap_call(
     compile) traces it first; where it breaks the outer graph there (torch 2.15 does not resume
     into the group function after a break in a nested frame), the group function's own check
     is never traced. So the outermost wrapper starts with the same check."""
-    wrapped = compiled
-    for preparation in reversed(preparations):
-        if preparation.wrap_call is not None:
-            wrapped = preparation.wrap_call(wrapped)
+    wrapped = _wrapped(compiled, preparations, "wrap_call")
     if wrapped is compiled:
         return compiled
     comptime = dynamo.comptime_function()
