@@ -111,14 +111,10 @@ def compile(
     snapshot = Snapshot.take(model)
     try:
         return _compile_all(model, config, plugins, options)
-    except Exception as error:
+    except BaseException as error:
         _roll_back(model, snapshot)
-        changed = snapshot.changed_values()
-        if changed:
+        if isinstance(error, Exception) and (changed := snapshot.changed_values()):
             raise _values_changed(error, changed) from error
-        raise
-    except BaseException:
-        _roll_back(model, snapshot)
         raise
 
 
@@ -154,16 +150,14 @@ def _keep_implied_tiers(cfg: CompileConfig, region_plan: RegionPlan, pm: PluginM
     from torchkiln.tiered.install import check_plan_for_tiers
 
     declared = pm.backend(cfg.backend)
-    problem = None
     if declared is None or not getattr(declared.spec, "precompile", False):
         problem = f"backend {cfg.backend!r} cannot save a whole-model form"
     else:
         try:
             check_plan_for_tiers(region_plan)
+            return cfg
         except TorchkilnError as error:
             problem = str(error)
-    if problem is None:
-        return cfg
     logger.info("store %s: no whole-model tier for this model: %s", cfg.store, problem)
     return attrs.evolve(cfg, tiered=attrs.evolve(cfg.tiered, enabled=False))
 
@@ -194,18 +188,18 @@ def _compile_checked(
     notes: list[str],
 ) -> Any:
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
-    if cfg.enabled and cfg.artifacts is not None:
-        from torchkiln.jobs.precompiled import PrecompiledDirectory
-
-        source = PrecompiledDirectory(cfg.artifacts, cfg.artifacts_strict, cfg, pm)
-        compiler.sources.append(source)
-    job_share, job_report = (None, None)
+    job_share = job_report = None
     if cfg.enabled:
         from torchkiln.jobs import job_share_for
 
+        if cfg.artifacts is not None:
+            from torchkiln.jobs.precompiled import PrecompiledDirectory
+
+            source = PrecompiledDirectory(cfg.artifacts, cfg.artifacts_strict, cfg, pm)
+            compiler.sources.append(source)
         job_share, job_report = job_share_for(cfg, region_plan, pm, cfg.progress != "off")
-    if job_share is not None:
-        compiler.sources.append(job_share)
+        if job_share is not None:
+            compiler.sources.append(job_share)
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
     strategy = cfg.distributed.strategy
     declared = pm.distributed_strategies().get(strategy)
@@ -392,9 +386,7 @@ def _skip_compile(compiler: Compiler) -> Any:
 def _root(model: Any) -> nn.Module:
     """The plain module behind whatever compile returned."""
     result = distributed_result(model)
-    if result is not None:
-        return result.module
-    return model
+    return result.module if result is not None else model
 
 
 def is_compiled(model: Any) -> bool:
