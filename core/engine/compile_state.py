@@ -132,8 +132,8 @@ class CompileState:
 
     plan: RegionPlan
     config: CompileConfig
-    regions: list[RegionState]
-    code_names: dict[str, str]
+    regions: list[RegionState] = attrs.Factory(list)
+    code_names: dict[str, str] = attrs.Factory(dict)
     """Group name -> the co_name of its compiled function (to attribute later recompiles)."""
     replaced_forwards: list[tuple[nn.Module, Any]] = attrs.Factory(list)
     """``(module, previous forward)`` for each forward a group preparation installed on a

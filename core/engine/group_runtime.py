@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import types
 import warnings
@@ -221,6 +222,28 @@ class GroupCode:
         self.loaded.on_miss(self.miss_reason)
 
 
+@functools.cache
+def traceable_int_patch() -> bool:
+    """Whether this torch can set ``allow_unspec_int_on_nn_module`` inside a traced function
+    (``torch._dynamo.patch_dynamo_config``): then the setting holds for every trace of a group's
+    code, later recompiles included, and never changes process-wide state."""
+    try:
+        dynamo.traced_config_patcher()(allow_unspec_int_on_nn_module=True)
+    except (AttributeError, ValueError):
+        return False
+    return True
+
+
+def first_call_dynamo_settings(shared_by: int) -> Any:
+    """Dynamo settings for a region's first (compiling) call only, restored on exit: module int
+    attributes traced as symbolic, so blocks that differ only in ``layer_idx`` share one graph
+    (docs/architecture.md, "Blocks that differ only in an integer"). Nothing when the group
+    function sets it while tracing (:func:`traceable_int_patch`)."""
+    if shared_by < 2 or traceable_int_patch():
+        return contextlib.nullcontext()
+    return dynamo.config_patch(allow_unspec_int_on_nn_module=True)
+
+
 # --- the block's first call --------------------------------------------------------------------
 
 
@@ -232,7 +255,6 @@ def first_call_step(
     progress: ProgressObserver,
     policy: str,
     plugin: str | None,
-    dynamo_settings: Callable[[], Any],
 ) -> RegionFunction:
     """``first_call(module, *args, **kwargs)``, installed bound to each region's module.
 
@@ -262,7 +284,7 @@ def first_call_step(
             if failed is not None and failed is not region_state:
                 output = _eager_after_sibling(module, region_state, failed, args, kwargs)
             else:
-                with dynamo_settings():
+                with first_call_dynamo_settings(len(group.regions)):
                     output = compiled(*args, **kwargs)
                 state.set_status(region_state, "compiled")
         except Exception as error:

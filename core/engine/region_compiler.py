@@ -43,6 +43,7 @@ from torchkiln.engine.group_runtime import (
     describe_failure,
     first_call_step,
     first_line,
+    traceable_int_patch,
     with_trace_settings,
 )
 from torchkiln.engine.progress import ProgressObserver
@@ -85,25 +86,13 @@ def _named_forward(function: Any) -> Any:
 _SERIAL = itertools.count()
 
 
-@functools.cache
-def traceable_int_patch() -> bool:
-    """Whether this torch can set ``allow_unspec_int_on_nn_module`` inside a traced function
-    (``torch._dynamo.patch_dynamo_config``): then the setting holds for every trace of a group's
-    code, later recompiles included, and never changes process-wide state."""
-    try:
-        dynamo.traced_config_patcher()(allow_unspec_int_on_nn_module=True)
-    except (AttributeError, ValueError):
-        return False
-    return True
-
-
 def group_function(group: RegionGroup, forward: Callable[..., Any]) -> Callable[..., Any]:
     """``fn(module, *args, **kwargs) -> forward(module, ...)`` with a code object of its own.
 
     ``forward`` may be wrapped already (``GroupPreparation.wrap_traced``): the function made
     here is the outermost frame, so each group still gets a code object, and a cache, of its own.
     For a group of several regions, module int attributes (``layer_idx``) are traced as
-    symbolic (see :func:`first_call_dynamo_settings`).
+    symbolic (see :func:`~torchkiln.engine.group_runtime.first_call_dynamo_settings`).
     """
     region_forward = _traced_function(
         forward, group.name, unspec_ints=len(group.regions) > 1 and traceable_int_patch()
@@ -166,16 +155,6 @@ def _traced_function(
     return region_forward
 
 
-def first_call_dynamo_settings(shared_by: int) -> Any:
-    """Dynamo settings for a region's first (compiling) call only, restored on exit: module int
-    attributes traced as symbolic, so blocks that differ only in ``layer_idx`` share one graph
-    (docs/architecture.md, "Blocks that differ only in an integer"). Nothing when the group
-    function sets it while tracing (:func:`traceable_int_patch`)."""
-    if shared_by < 2 or traceable_int_patch():
-        return contextlib.nullcontext()
-    return dynamo.config_patch(allow_unspec_int_on_nn_module=True)
-
-
 GroupHook = Callable[[RegionGroup, Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
 """``hook(group, group_function, compiled) -> compiled``: called once per group with the
 function ``compile_region`` returned for the group's shared function (before any
@@ -224,8 +203,6 @@ class Compiler:
         state = CompileState(
             self.plan,
             self.config,
-            [],
-            {},
             tagged_before=frozenset(
                 name
                 for name, tensor in named_tensors(root)
@@ -233,8 +210,8 @@ class Compiler:
             ),
             pending=self.plan.region_count,
             records_before=HeldRecords.now(),
+            root=weakref.ref(root),
         )
-        state.root = weakref.ref(root)
         dynamo_records.install()
         object.__setattr__(root, STATE_ATTR, state)
         for index, group in enumerate(self.plan.groups):
@@ -342,7 +319,6 @@ class Compiler:
                 self.progress,
                 self.config.on_region_error,
                 self._backend_plugin,
-                functools.partial(first_call_dynamo_settings, len(group.regions)),
             )
             module.__dict__["forward"] = types.MethodType(step, module)
 
