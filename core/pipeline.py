@@ -26,7 +26,7 @@ from torchkiln.engine.compile_state import (
     state_of,
 )
 from torchkiln.engine.compile_state import decompile as _decompile_inplace
-from torchkiln.engine.plan_check import declared_by, select_plan
+from torchkiln.engine.plan_check import answered, select_plan
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
@@ -35,7 +35,7 @@ from torchkiln.errors import DistributedError, PluginError, RegionCompileError, 
 from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
 from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
 from torchkiln.plugin_host.distributed_result import DistributedResult
-from torchkiln.plugin_host.plugin_faults import bad_result, call_hook, shown
+from torchkiln.plugin_host.plugin_faults import bad_result, shown
 from torchkiln.plugin_host.plugin_manager import Declared, PluginManager
 from torchkiln.plugin_host.region_plan import RegionPlan
 from torchkiln.plugin_host.report_causes import ReportCause
@@ -112,7 +112,10 @@ def compile(
     try:
         return _compile_all(model, config, plugins, options)
     except BaseException as error:
-        _roll_back(model, snapshot)
+        try:
+            _decompile_inplace(model)  # releases process-wide settings the model held
+        finally:
+            snapshot.restore()
         if isinstance(error, Exception) and (changed := snapshot.changed_values()):
             raise _values_changed(error, changed) from error
         raise
@@ -204,22 +207,17 @@ def _compile_checked(
     strategy = cfg.distributed.strategy
     declared = pm.distributed_strategies().get(strategy)
     owner = declared.plugin if declared is not None else None
-    result = call_hook(
+    result = answered(
         pm,
         "wrap_distributed",
         owner,
+        strategy,
         model=model,
         config=cfg,
         plan=region_plan,
         strategy=strategy,
         compile_regions=compile_regions,
     )
-    if result is None:
-        raise PluginError(
-            f"no plugin answered wrap_distributed for strategy {strategy!r}{declared_by(owner)}",
-            plugin=owner,
-            hook="wrap_distributed",
-        )
     if not isinstance(result, DistributedResult):
         raise bad_result("wrap_distributed", owner, result, "a torchkiln.DistributedResult")
     if compiler.calls != 1:
@@ -366,14 +364,6 @@ def declared_causes(pm: PluginManager) -> tuple[ReportCause, ...]:
             )
         causes.extend(c for c in found if c not in causes)
     return tuple(causes)
-
-
-def _roll_back(model: nn.Module, snapshot: Snapshot) -> None:
-    """Undo a compile that failed after touching the model (see :mod:`torchkiln.engine.transaction`)."""
-    try:
-        _decompile_inplace(model)  # releases process-wide settings the model held
-    finally:
-        snapshot.restore()
 
 
 def _skip_compile(compiler: Compiler) -> Any:
