@@ -69,9 +69,9 @@ class RegionState:
     first_eager: EagerRun | None = None
     """What the first of those calls saw, taken at that call."""
 
-    def group_code(self) -> types.CodeType | None:
+    def group_code(self) -> types.CodeType:
         """Its group's compiled function's code object (Dynamo's cache entries hang off it)."""
-        return self.owner.codes.get(self.region.group)
+        return self.owner.codes[self.region.group]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return (_nothing, ())  # a pickled model is the plain model (see CompileState)
@@ -113,17 +113,11 @@ def ran_eagerly(frame_locals: dict[str, Any]) -> None:
     if region_state is None:
         return
     if region_state.first_eager is None:
-        region_state.first_eager = _eager_run(region_state, frame_locals)
-    region_state.eager_calls += 1
-
-
-def _eager_run(region_state: RegionState, frame_locals: dict[str, Any]) -> EagerRun:
-    code = region_state.group_code()
-    failed: list[str] = []
-    cached = 0
-    if code is not None:
+        code = region_state.group_code()
         failed, cached = dynamo_records.failed_guards_and_count(code, frame_locals)
-    return EagerRun(next(_EAGER_ORDER), cached, tuple(failed), dynamo.stance_name())
+        stance = dynamo.stance_name()
+        region_state.first_eager = EagerRun(next(_EAGER_ORDER), cached, tuple(failed), stance)
+    region_state.eager_calls += 1
 
 
 @attrs.define(eq=False)

@@ -346,7 +346,9 @@ def _handle_failure(
         output = module.forward(*args, **kwargs)
     except Exception as eager_error:
         module.__dict__["forward"] = step  # the user's error: the next call starts over
-        _resume_compiling(region_state)
+        # Nor may it stop Dynamo compiling the group's code: torch 2.14+ marks it "skip" for
+        # good when the error unwound through the group function's ``with`` block.
+        frame_strategy.resume_compiling(region_state.group_code())
         if eager_error is error or not isinstance(
             error, dynamo.exception_type() | RegionCompileError
         ):
@@ -382,14 +384,6 @@ def _eager_after_sibling(
     )
     restore_forward(module, region_state.previous_forward)
     return module.forward(*args, **kwargs)
-
-
-def _resume_compiling(region_state: RegionState) -> None:
-    """The user's error must not stop Dynamo compiling the group's code: torch 2.14+ marks it
-    "skip" for good when the error unwound through the group function's ``with`` block."""
-    code = region_state.group_code()
-    if code is not None:
-        frame_strategy.resume_compiling(code)
 
 
 def first_line(error: BaseException) -> str:
