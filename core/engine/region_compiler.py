@@ -245,12 +245,8 @@ class Compiler:
             if preparation is None:
                 continue
             if not isinstance(preparation, GroupPreparation):
-                raise bad_result(
-                    "prepare_group",
-                    impl.plugin_name,
-                    preparation,
-                    f"torchkiln.plugin.GroupPreparation or None (group {group.name!r})",
-                )
+                expected = f"torchkiln.plugin.GroupPreparation or None (group {group.name!r})"
+                raise bad_result("prepare_group", impl.plugin_name, preparation, expected)
             preparations.append(preparation)
         for preparation in preparations:
             for module, forward in preparation.forwards:

@@ -249,9 +249,7 @@ def _show(value: Hashable) -> str:
         )
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], type):
         return repr(value[1])
-    if isinstance(value, type):
-        return value.__qualname__
-    if isinstance(value, types.FunctionType):
+    if isinstance(value, type | types.FunctionType):
         return value.__qualname__
     return repr(value)
 
