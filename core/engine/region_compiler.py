@@ -15,7 +15,7 @@ import itertools
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -216,7 +216,7 @@ class Compiler:
         object.__setattr__(root, STATE_ATTR, state)
         for index, group in enumerate(self.plan.groups):
             preparations = self._prepare(root, state, group)
-            self._compile_group(root, state, index, group, preparations)
+            self._compile_group(state, index, group, preparations)
 
     def _prepare(
         self, root: nn.Module, state: CompileState, group: RegionGroup
@@ -262,14 +262,12 @@ class Compiler:
 
     def _compile_group(
         self,
-        root: nn.Module,
         state: CompileState,
         index: int,
         group: RegionGroup,
         preparations: list[GroupPreparation],
     ) -> None:
-        modules = [region.module for region in group.regions]
-        traced = _wrapped(type(modules[0]).forward, preparations, "wrap_traced")
+        traced = _wrapped(type(group.regions[0].module).forward, preparations, "wrap_traced")
         shared = group_function(group, traced)
         state.code_names[group.name] = shared.__code__.co_name
         state.codes[group.name] = shared.__code__
@@ -284,7 +282,8 @@ class Compiler:
         if error is None:
             compiled_shared = _wrap_call(compiled_shared, preparations, group.name)
         compiled_shared = _named_forward(compiled_shared)  # once per group, not per region
-        for region, module in zip(group.regions, modules, strict=True):
+        for region in group.regions:
+            module = region.module
             region_state = RegionState(
                 region, index, module, module.__dict__.get("forward", MISSING), owner=state
             )
@@ -362,35 +361,30 @@ class Compiler:
         fn: RegionFunction,
         group: RegionGroup,
         preparations: list[GroupPreparation],
-        hooks: list[GroupHook] | None = None,
+        hooks: Sequence[GroupHook] = (),
     ) -> tuple[RegionFunction, BaseException | None]:
         """The group's compiled function (inside its trace settings, before any ``wrap_call``:
         the caller adds those), or (under the ``eager`` policy) ``fn`` and the error.
 
         A plugin raising, answering nothing for its own backend, or returning something that
         is not callable all fail here, at compile time, by the region error policy."""
-        in_hook = False
         try:
             compiled = self.plugins.compile_region(
                 fn=fn, group=group, config=self.config, backend=self.config.backend
             )
             if not callable(compiled):
                 raise bad_result("compile_region", self._backend_plugin, compiled, "a callable")
-            compiled = with_trace_settings(compiled, preparations)
-            in_hook = True
-            for hook in hooks or ():
-                compiled = hook(group, fn, compiled)
-            in_hook = False
-            return compiled, None
         except Exception as error:
-            if in_hook:
-                raise  # a group hook's own error (strict artifacts), not a compile failure
             plugin = plugin_at_fault(self.plugins, "compile_region", error) or self._backend_plugin
             if self.config.on_region_error == "raise":
                 raise RegionCompileError(
                     group.regions[0].path, group.name, error, plugin
                 ) from error
             return fn, error
+        compiled = with_trace_settings(compiled, preparations)
+        for hook in hooks:  # a hook's own error (strict artifacts) is not a compile failure
+            compiled = hook(group, fn, compiled)
+        return compiled, None
 
 
 def _wrapped(
