@@ -282,7 +282,13 @@ def first_call_step(
         try:
             failed = state.failed_groups.get(region.group) if policy == "eager" else None
             if failed is not None and failed is not region_state:
-                output = _eager_after_sibling(module, region_state, failed, args, kwargs)
+                state.set_status(region_state, "eager")
+                region_state.fallback_reason = (
+                    f"not retried: group {failed.region.group!r} failed to compile at "
+                    f"{failed.region.display_path}: {failed.fallback_reason}"
+                )
+                restore_forward(module, region_state.previous_forward)
+                output = module.forward(*args, **kwargs)
             else:
                 with first_call_dynamo_settings(len(group.regions)):
                     output = compiled(*args, **kwargs)
@@ -368,22 +374,6 @@ def _handle_failure(
         stacklevel=2,
     )
     return output
-
-
-def _eager_after_sibling(
-    module: nn.Module,
-    region_state: RegionState,
-    failed: RegionState,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    region_state.owner.set_status(region_state, "eager")
-    region_state.fallback_reason = (
-        f"not retried: group {failed.region.group!r} failed to compile at "
-        f"{failed.region.display_path}: {failed.fallback_reason}"
-    )
-    restore_forward(module, region_state.previous_forward)
-    return module.forward(*args, **kwargs)
 
 
 def first_line(error: BaseException) -> str:
