@@ -301,20 +301,17 @@ def decompile(root: nn.Module) -> bool:
     if state is None:
         return False
     errors: list[BaseException] = []
-
-    def attempt(action: Callable[[], None]) -> None:
+    actions: list[Callable[[], None]] = [
+        *(functools.partial(_decompile_region, r) for r in state.regions),
+        *(functools.partial(restore_forward, m, f) for m, f in reversed(state.replaced_forwards)),
+        *reversed(state.restore),
+        functools.partial(_untag, root, state),
+    ]
+    for action in actions:
         try:
             action()
         except Exception as error:
             errors.append(error)
-
-    for region_state in state.regions:
-        attempt(functools.partial(_decompile_region, region_state))
-    for module, previous in reversed(state.replaced_forwards):
-        attempt(functools.partial(restore_forward, module, previous))
-    for undo in reversed(state.restore):
-        attempt(undo)
-    attempt(functools.partial(_untag, root, state))
     dynamo_records.forget(set(state.code_names.values()))
     del root.__dict__[STATE_ATTR]
     if errors:

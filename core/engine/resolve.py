@@ -125,9 +125,7 @@ def _apply_plugins(
                 plugin=impl.plugin_name,
                 hook="resolve_compile_config",
             ) from error
-        if override is None:
-            continue
-        if not isinstance(override, Mapping):
+        if override is not None and not isinstance(override, Mapping):
             raise bad_result(
                 "resolve_compile_config", impl.plugin_name, override, "a mapping or None"
             )
