@@ -26,7 +26,7 @@ from torchkiln.engine.compile_state import (
     state_of,
 )
 from torchkiln.engine.compile_state import decompile as _decompile_inplace
-from torchkiln.engine.plan_check import declared_by, select_plan
+from torchkiln.engine.plan_check import answered, select_plan
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
@@ -35,7 +35,7 @@ from torchkiln.errors import DistributedError, PluginError, RegionCompileError, 
 from torchkiln.plugin_host.declarations import BackendSpec, DistributedSpec, SelectorSpec
 from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
 from torchkiln.plugin_host.distributed_result import DistributedResult
-from torchkiln.plugin_host.plugin_faults import bad_result, call_hook, shown
+from torchkiln.plugin_host.plugin_faults import bad_result, shown
 from torchkiln.plugin_host.plugin_manager import Declared, PluginManager
 from torchkiln.plugin_host.region_plan import RegionPlan
 from torchkiln.plugin_host.report_causes import ReportCause
@@ -111,14 +111,13 @@ def compile(
     snapshot = Snapshot.take(model)
     try:
         return _compile_all(model, config, plugins, options)
-    except Exception as error:
-        _roll_back(model, snapshot)
-        changed = snapshot.changed_values()
-        if changed:
+    except BaseException as error:
+        try:
+            _decompile_inplace(model)  # releases process-wide settings the model held
+        finally:
+            snapshot.restore()
+        if isinstance(error, Exception) and (changed := snapshot.changed_values()):
             raise _values_changed(error, changed) from error
-        raise
-    except BaseException:
-        _roll_back(model, snapshot)
         raise
 
 
@@ -154,16 +153,14 @@ def _keep_implied_tiers(cfg: CompileConfig, region_plan: RegionPlan, pm: PluginM
     from torchkiln.tiered.install import check_plan_for_tiers
 
     declared = pm.backend(cfg.backend)
-    problem = None
     if declared is None or not getattr(declared.spec, "precompile", False):
         problem = f"backend {cfg.backend!r} cannot save a whole-model form"
     else:
         try:
             check_plan_for_tiers(region_plan)
+            return cfg
         except TorchkilnError as error:
             problem = str(error)
-    if problem is None:
-        return cfg
     logger.info("store %s: no whole-model tier for this model: %s", cfg.store, problem)
     return attrs.evolve(cfg, tiered=attrs.evolve(cfg.tiered, enabled=False))
 
@@ -194,38 +191,33 @@ def _compile_checked(
     notes: list[str],
 ) -> Any:
     compiler = Compiler(region_plan, cfg, pm, make_progress(cfg, region_plan))
-    if cfg.enabled and cfg.artifacts is not None:
-        from torchkiln.jobs.precompiled import PrecompiledDirectory
-
-        source = PrecompiledDirectory(cfg.artifacts, cfg.artifacts_strict, cfg, pm)
-        compiler.sources.append(source)
-    job_share, job_report = (None, None)
+    job_share = job_report = None
     if cfg.enabled:
         from torchkiln.jobs import job_share_for
 
+        if cfg.artifacts is not None:
+            from torchkiln.jobs.precompiled import PrecompiledDirectory
+
+            source = PrecompiledDirectory(cfg.artifacts, cfg.artifacts_strict, cfg, pm)
+            compiler.sources.append(source)
         job_share, job_report = job_share_for(cfg, region_plan, pm, cfg.progress != "off")
-    if job_share is not None:
-        compiler.sources.append(job_share)
+        if job_share is not None:
+            compiler.sources.append(job_share)
     compile_regions = compiler if cfg.enabled else _skip_compile(compiler)
     strategy = cfg.distributed.strategy
     declared = pm.distributed_strategies().get(strategy)
     owner = declared.plugin if declared is not None else None
-    result = call_hook(
+    result = answered(
         pm,
         "wrap_distributed",
         owner,
+        strategy,
         model=model,
         config=cfg,
         plan=region_plan,
         strategy=strategy,
         compile_regions=compile_regions,
     )
-    if result is None:
-        raise PluginError(
-            f"no plugin answered wrap_distributed for strategy {strategy!r}{declared_by(owner)}",
-            plugin=owner,
-            hook="wrap_distributed",
-        )
     if not isinstance(result, DistributedResult):
         raise bad_result("wrap_distributed", owner, result, "a torchkiln.DistributedResult")
     if compiler.calls != 1:
@@ -374,14 +366,6 @@ def declared_causes(pm: PluginManager) -> tuple[ReportCause, ...]:
     return tuple(causes)
 
 
-def _roll_back(model: nn.Module, snapshot: Snapshot) -> None:
-    """Undo a compile that failed after touching the model (see :mod:`torchkiln.engine.transaction`)."""
-    try:
-        _decompile_inplace(model)  # releases process-wide settings the model held
-    finally:
-        snapshot.restore()
-
-
 def _skip_compile(compiler: Compiler) -> Any:
     def skip(module: nn.Module) -> None:
         compiler.calls += 1
@@ -392,9 +376,7 @@ def _skip_compile(compiler: Compiler) -> Any:
 def _root(model: Any) -> nn.Module:
     """The plain module behind whatever compile returned."""
     result = distributed_result(model)
-    if result is not None:
-        return result.module
-    return model
+    return result.module if result is not None else model
 
 
 def is_compiled(model: Any) -> bool:

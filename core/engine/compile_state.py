@@ -48,7 +48,7 @@ class RegionState:
 
     region: Region
     group_index: int
-    module: nn.Module | None = attrs.field(default=None, repr=False)
+    module: nn.Module = attrs.field(repr=False)
     """The compiled module itself: decompile restores it by identity, wherever it is now."""
     previous_forward: Any = MISSING
     """The instance-level ``forward`` the module had before, if any (restored by decompile)."""
@@ -60,7 +60,7 @@ class RegionState:
     records: list[CompileRecord] = attrs.Factory(list)
     graphs: int = 0
     graph_breaks: dict[str, int] = attrs.Factory(dict)
-    owner: CompileState | None = attrs.field(default=None, repr=False)
+    owner: CompileState = attrs.field(repr=False, kw_only=True)
     """The root's state this region belongs to (deep copies keep the pair together)."""
     eager_calls: int = 0
     """Calls that ran this region's code eagerly (Dynamo ran the group's function without
@@ -69,9 +69,9 @@ class RegionState:
     first_eager: EagerRun | None = None
     """What the first of those calls saw, taken at that call."""
 
-    def group_code(self) -> types.CodeType | None:
+    def group_code(self) -> types.CodeType:
         """Its group's compiled function's code object (Dynamo's cache entries hang off it)."""
-        return self.owner.codes.get(self.region.group) if self.owner is not None else None
+        return self.owner.codes[self.region.group]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return (_nothing, ())  # a pickled model is the plain model (see CompileState)
@@ -113,17 +113,11 @@ def ran_eagerly(frame_locals: dict[str, Any]) -> None:
     if region_state is None:
         return
     if region_state.first_eager is None:
-        region_state.first_eager = _eager_run(region_state, frame_locals)
-    region_state.eager_calls += 1
-
-
-def _eager_run(region_state: RegionState, frame_locals: dict[str, Any]) -> EagerRun:
-    code = region_state.group_code()
-    failed: list[str] = []
-    cached = 0
-    if code is not None:
+        code = region_state.group_code()
         failed, cached = dynamo_records.failed_guards_and_count(code, frame_locals)
-    return EagerRun(next(_EAGER_ORDER), cached, tuple(failed), dynamo.stance_name())
+        stance = dynamo.stance_name()
+        region_state.first_eager = EagerRun(next(_EAGER_ORDER), cached, tuple(failed), stance)
+    region_state.eager_calls += 1
 
 
 @attrs.define(eq=False)
@@ -132,8 +126,8 @@ class CompileState:
 
     plan: RegionPlan
     config: CompileConfig
-    regions: list[RegionState]
-    code_names: dict[str, str]
+    regions: list[RegionState] = attrs.Factory(list)
+    code_names: dict[str, str] = attrs.Factory(dict)
     """Group name -> the co_name of its compiled function (to attribute later recompiles)."""
     replaced_forwards: list[tuple[nn.Module, Any]] = attrs.Factory(list)
     """``(module, previous forward)`` for each forward a group preparation installed on a
@@ -177,21 +171,20 @@ class CompileState:
     its regions (PEFT's merged model) also clears it there."""
 
     def set_status(self, region_state: RegionState, status: str) -> None:
-        """Set a region's status, keeping :attr:`pending` right."""
+        """Set a region's status, keeping :attr:`pending` right (a compiled region has no
+        fallback reason)."""
         self.pending += (status == "pending") - (region_state.status == "pending")
         region_state.status = status
+        if status == "compiled":
+            region_state.fallback_reason = None
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # torch.save(model) opens (and truncates) its file before pickling starts, so refusing
         # here would destroy an existing checkpoint. Instead the pickle holds the plain model:
         # each compiled forward pickles as ``getattr(module, "forward")`` (its function is
         # named ``forward``), and loading ends by putting every region's own forward back.
-        pairs = [
-            (state.module, state.previous_forward)
-            for state in self.regions
-            if state.module is not None
-        ]
-        pairs += list(self.replaced_forwards)
+        pairs = [(state.module, state.previous_forward) for state in self.regions]
+        pairs += self.replaced_forwards
         if self.tiered is not None:
             pairs += self.tiered.installed_pairs()
         return (_plain_after_load, (pairs,))
@@ -249,10 +242,9 @@ def held_regions(holder: Any) -> dict[int, tuple[CompileState, list[RegionState]
         return found
     for module in holder.modules():
         region_state = region_state_of(module)
-        if region_state is None or region_state.owner is None:
-            continue
-        owner = region_state.owner
-        found.setdefault(id(owner), (owner, []))[1].append(region_state)
+        if region_state is not None:
+            owner = region_state.owner
+            found.setdefault(id(owner), (owner, []))[1].append(region_state)
     return found
 
 
@@ -264,13 +256,13 @@ def decompile_held(holder: nn.Module) -> bool:
     inside ``holder`` get their own forwards back and leave their compile's report."""
     found = held_regions(holder)
     for state, regions in found.values():
-        live = [r for r in state.regions if r.module is not None and region_state_of(r.module) is r]
+        live = [r for r in state.regions if region_state_of(r.module) is r]
         root = state.root() if state.root is not None else None
         if len(regions) == len(live) and root is not None and state_of(root) is state:
             decompile(root)
             continue
         for region_state in regions:
-            _decompile_region(holder, region_state)
+            _decompile_region(region_state)
             state.regions.remove(region_state)
     return bool(found)
 
@@ -309,20 +301,17 @@ def decompile(root: nn.Module) -> bool:
     if state is None:
         return False
     errors: list[BaseException] = []
-
-    def attempt(action: Callable[[], None]) -> None:
+    actions: list[Callable[[], None]] = [
+        *(functools.partial(_decompile_region, r) for r in state.regions),
+        *(functools.partial(restore_forward, m, f) for m, f in reversed(state.replaced_forwards)),
+        *reversed(state.restore),
+        functools.partial(_untag, root, state),
+    ]
+    for action in actions:
         try:
             action()
         except Exception as error:
             errors.append(error)
-
-    for region_state in state.regions:
-        attempt(functools.partial(_decompile_region, root, region_state))
-    for module, previous in reversed(state.replaced_forwards):
-        attempt(functools.partial(restore_forward, module, previous))
-    for undo in reversed(state.restore):
-        attempt(undo)
-    attempt(functools.partial(_untag, root, state))
     dynamo_records.forget(set(state.code_names.values()))
     del root.__dict__[STATE_ATTR]
     if errors:
@@ -330,10 +319,8 @@ def decompile(root: nn.Module) -> bool:
     return True
 
 
-def _decompile_region(root: nn.Module, region_state: RegionState) -> None:
+def _decompile_region(region_state: RegionState) -> None:
     module = region_state.module
-    if module is None:  # a state made before modules were recorded
-        module = root.get_submodule(region_state.region.path)
     if module.__dict__.get(REGION_ATTR) is region_state:
         restore_forward(module, region_state.previous_forward)
         del module.__dict__[REGION_ATTR]
@@ -344,11 +331,8 @@ def _untag(root: nn.Module, state: CompileState) -> None:
     tensors = dict(named_tensors(root))
     in_root = {id(t) for t in tensors.values()}
     for region_state in state.regions:  # regions the user detached from the model since
-        module = region_state.module
-        if module is None:
-            continue
         prefix = f"{region_state.region.path}." if region_state.region.path else ""
-        for name, tensor in named_tensors(module):
+        for name, tensor in named_tensors(region_state.module):
             if id(tensor) not in in_root:
                 tensors[prefix + name] = tensor
     for name, tensor in tensors.items():

@@ -46,15 +46,8 @@ def policy() -> str:
     if not raw:
         return "warn"
     if raw not in POLICIES:
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    f"${ENV_POLICY}",
-                    f"{raw!r} is not a double-compile policy; allowed: {', '.join(POLICIES)}",
-                    f"env:{ENV_POLICY}",
-                )
-            ]
-        )
+        problem = f"{raw!r} is not a double-compile policy; allowed: {', '.join(POLICIES)}"
+        raise ConfigError([ConfigProblem(f"${ENV_POLICY}", problem, f"env:{ENV_POLICY}")])
     return raw
 
 

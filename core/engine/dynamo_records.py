@@ -153,28 +153,16 @@ def group_code_of(co_name: str) -> str | None:
     return co_name if co_name.startswith(GROUP_CODE_PREFIX) else None
 
 
-def _event(compile_id: str) -> CompileEvent | None:
-    found = cache_entries.frame_being_compiled()
-    if found is None:
-        return None
-    code, frame_locals = found
-    group = group_code_of(code.co_name)
-    if group is None:
-        return None
-    module = frame_locals.get("module")
-    try:
-        ref = weakref.ref(module) if module is not None else None
-    except TypeError:
-        ref = None
-    return CompileEvent(compile_id, group, ref)
-
-
 def _on_compile_start(compile_id: str) -> None:
     try:
-        event = _event(compile_id)
-        if event is not None:
-            with _lock:
-                _by_compile_id[(event.group_code, event.compile_id)] = event
+        found = cache_entries.frame_being_compiled()
+        group = group_code_of(found[0].co_name) if found is not None else None
+        if found is None or group is None:
+            return
+        module = found[1].get("module")  # the region (a group function's first argument)
+        event = CompileEvent(compile_id, group, weakref.ref(module) if module is not None else None)
+        with _lock:
+            _by_compile_id[(group, compile_id)] = event
     except Exception:  # an observer never breaks a compile
         return
 

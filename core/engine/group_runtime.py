@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import types
 import warnings
@@ -28,7 +29,7 @@ from torch import nn
 from torchkiln._internals import dynamo, frame_strategy
 from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.engine import dynamo_records
-from torchkiln.engine.compile_state import REGION_ATTR, RegionState, restore_forward
+from torchkiln.engine.compile_state import REGION_ATTR, RegionState, _nothing, restore_forward
 from torchkiln.engine.double_compile import first_call_check
 from torchkiln.engine.dynamo_records import Window
 from torchkiln.engine.progress import ProgressObserver
@@ -94,10 +95,6 @@ def with_trace_settings(
     """``compiled`` wrapped in the preparations' trace settings; itself when there are none."""
     factories = [p.trace_settings for p in preparations if p.trace_settings is not None]
     return TraceSettings(compiled, factories) if factories else compiled
-
-
-def _nothing() -> None:
-    return None
 
 
 # --- the group's code: sources before the backend --------------------------------------------
@@ -206,13 +203,10 @@ class GroupCode:
         for source in self.sources:
             loaded = source.load(call)
             if loaded is not None:
-                self._serve(loaded)
+                self.loaded, self.state = loaded, "serving"
+                self._table = loaded_guard_table(fn for _, fn in loaded.functions)
                 return
         self.state = "compiled"
-
-    def _serve(self, loaded: Loaded) -> None:
-        self.loaded, self.state = loaded, "serving"
-        self._table = loaded_guard_table(fn for _, fn in loaded.functions)
 
     def _miss(self, f_locals: dict[str, Any]) -> None:
         self.misses += 1
@@ -228,6 +222,28 @@ class GroupCode:
         self.loaded.on_miss(self.miss_reason)
 
 
+@functools.cache
+def traceable_int_patch() -> bool:
+    """Whether this torch can set ``allow_unspec_int_on_nn_module`` inside a traced function
+    (``torch._dynamo.patch_dynamo_config``): then the setting holds for every trace of a group's
+    code, later recompiles included, and never changes process-wide state."""
+    try:
+        dynamo.traced_config_patcher()(allow_unspec_int_on_nn_module=True)
+    except (AttributeError, ValueError):
+        return False
+    return True
+
+
+def first_call_dynamo_settings(shared_by: int) -> Any:
+    """Dynamo settings for a region's first (compiling) call only, restored on exit: module int
+    attributes traced as symbolic, so blocks that differ only in ``layer_idx`` share one graph
+    (docs/architecture.md, "Blocks that differ only in an integer"). Nothing when the group
+    function sets it while tracing (:func:`traceable_int_patch`)."""
+    if shared_by < 2 or traceable_int_patch():
+        return contextlib.nullcontext()
+    return dynamo.config_patch(allow_unspec_int_on_nn_module=True)
+
+
 # --- the block's first call --------------------------------------------------------------------
 
 
@@ -239,7 +255,6 @@ def first_call_step(
     progress: ProgressObserver,
     policy: str,
     plugin: str | None,
-    dynamo_settings: Callable[[], Any],
 ) -> RegionFunction:
     """``first_call(module, *args, **kwargs)``, installed bound to each region's module.
 
@@ -265,13 +280,19 @@ def first_call_step(
         started = time.perf_counter()
         module.__dict__["forward"] = compiled  # recursion and re-entry see the final state
         try:
-            failed = state.failed_groups.get(region.group) if policy == "eager" and state else None
+            failed = state.failed_groups.get(region.group) if policy == "eager" else None
             if failed is not None and failed is not region_state:
-                output = _eager_after_sibling(module, region_state, failed, args, kwargs)
+                state.set_status(region_state, "eager")
+                region_state.fallback_reason = (
+                    f"not retried: group {failed.region.group!r} failed to compile at "
+                    f"{failed.region.display_path}: {failed.fallback_reason}"
+                )
+                restore_forward(module, region_state.previous_forward)
+                output = module.forward(*args, **kwargs)
             else:
-                with dynamo_settings():
+                with first_call_dynamo_settings(len(group.regions)):
                     output = compiled(*args, **kwargs)
-                set_status(region_state, "compiled")
+                state.set_status(region_state, "compiled")
         except Exception as error:
             output = _handle_failure(
                 module, region_state, step, error, policy, plugin, args, kwargs
@@ -287,7 +308,7 @@ def first_call_step(
             if region_state.status != "pending":
                 ok = region_state.status == "compiled"
                 progress.done(region, region_state.first_call_seconds or 0.0, ok)
-            if state is not None and state.pending == 0 and not state.first_calls_done:
+            if state.pending == 0 and not state.first_calls_done:
                 state.first_calls_done = True
                 for callback in state.on_first_calls_done:
                     callback(state)
@@ -295,15 +316,6 @@ def first_call_step(
 
     first_call.__name__ = "forward"  # pickles as getattr(module, "forward")
     return first_call
-
-
-def set_status(region_state: RegionState, status: str) -> None:
-    if region_state.owner is not None:
-        region_state.owner.set_status(region_state, status)
-    else:
-        region_state.status = status
-    if status == "compiled":
-        region_state.fallback_reason = None
 
 
 def _close_window(
@@ -340,7 +352,9 @@ def _handle_failure(
         output = module.forward(*args, **kwargs)
     except Exception as eager_error:
         module.__dict__["forward"] = step  # the user's error: the next call starts over
-        _resume_compiling(region_state)
+        # Nor may it stop Dynamo compiling the group's code: torch 2.14+ marks it "skip" for
+        # good when the error unwound through the group function's ``with`` block.
+        frame_strategy.resume_compiling(region_state.group_code())
         if eager_error is error or not isinstance(
             error, dynamo.exception_type() | RegionCompileError
         ):
@@ -348,12 +362,11 @@ def _handle_failure(
         raise eager_error from None  # eager fails too: the input is wrong, not the compile
     region_state.fallback_reason = describe_failure(error)
     if policy == "raise":
-        set_status(region_state, "failed")
+        region_state.owner.set_status(region_state, "failed")
         module.__dict__["forward"] = step  # the next call tries again (and says how it went)
         raise RegionCompileError(region.path, region.group, error, plugin) from error
-    set_status(region_state, "eager")
-    if region_state.owner is not None:
-        region_state.owner.failed_groups.setdefault(region.group, region_state)
+    region_state.owner.set_status(region_state, "eager")
+    region_state.owner.failed_groups.setdefault(region.group, region_state)
     warnings.warn(
         f"torchkiln: region {region.display_path} ({region.group}) runs eagerly: "
         f"{region_state.fallback_reason}",
@@ -361,30 +374,6 @@ def _handle_failure(
         stacklevel=2,
     )
     return output
-
-
-def _eager_after_sibling(
-    module: nn.Module,
-    region_state: RegionState,
-    failed: RegionState,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    set_status(region_state, "eager")
-    region_state.fallback_reason = (
-        f"not retried: group {failed.region.group!r} failed to compile at "
-        f"{failed.region.display_path}: {failed.fallback_reason}"
-    )
-    restore_forward(module, region_state.previous_forward)
-    return module.forward(*args, **kwargs)
-
-
-def _resume_compiling(region_state: RegionState) -> None:
-    """The user's error must not stop Dynamo compiling the group's code: torch 2.14+ marks it
-    "skip" for good when the error unwound through the group function's ``with`` block."""
-    code = region_state.group_code()
-    if code is not None:
-        frame_strategy.resume_compiling(code)
 
 
 def first_line(error: BaseException) -> str:

@@ -28,9 +28,16 @@ logger = logging.getLogger("torchkiln")
 _SHOWN = 5
 
 
-def declared_by(plugin: str | None) -> str:
-    """The end of a "no plugin answered" message: which plugin declared the name."""
-    return f" (declared by plugin {plugin!r}, which returned None)" if plugin else ""
+def answered(pm: PluginManager, hook: str, owner: str | None, name: str, **kwargs: Any) -> Any:
+    """What ``hook`` answered for the strategy or selector ``name`` (:func:`call_hook`; ``owner``
+    declared it); no answer is a :class:`PluginError`."""
+    result = call_hook(pm, hook, owner, **kwargs)
+    if result is None:
+        declared_by = f" (declared by plugin {owner!r}, which returned None)" if owner else ""
+        raise PluginError(
+            f"no plugin answered {hook} for strategy {name!r}{declared_by}", plugin=owner, hook=hook
+        )
+    return result
 
 
 def select_plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -> RegionPlan:
@@ -42,12 +49,8 @@ def select_plan(model: nn.Module, resolved: ResolvedConfig, pm: PluginManager) -
     declared = pm.selectors().get(selector)
     owner = declared.plugin if declared is not None else None
     with planning_with(pm):
-        plan = call_hook(pm, "select_regions", owner, model=model, config=config, selector=selector)
-    if plan is None:
-        raise PluginError(
-            f"no plugin answered select_regions for strategy {selector!r}{declared_by(owner)}",
-            plugin=owner,
-            hook="select_regions",
+        plan = answered(
+            pm, "select_regions", owner, selector, model=model, config=config, selector=selector
         )
     plan = check_plan(plan, model, owner)
     # A fallback to the whole model, or a plan that compiles nothing, is never silent.

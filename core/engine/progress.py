@@ -56,7 +56,6 @@ class StreamProgress:
         self.group_count = 0
         self._current_group: dict[int, int] = {}
         """id(region.module) -> group index, to say which group a ``done`` belongs to."""
-        self._open_line = False
 
     def start(self, region: Region, group_index: int, group_count: int) -> None:
         self.group_count = group_count
@@ -66,46 +65,30 @@ class StreamProgress:
         position = f"{group_index + 1}/{group_count}"
         if self.live:
             verb = "compiling" if first_of_group else "reusing"
-            self._write_live(f"{verb} {position} groups: {_describe(region)} ...")
+            self._write(f"{_CLEAR_LINE}{verb} {position} groups: {_describe(region)} ...")
         elif first_of_group:
-            self._write_line(f"compiling {position} groups: {_describe(region)} ...")
+            self._write(f"compiling {position} groups: {_describe(region)} ...\n")
 
     def done(self, region: Region, seconds: float, compiled: bool) -> None:
         self.finished += 1
         self.seconds += seconds
         group_index = self._current_group.pop(id(region.module), None)
-        first_of_group = group_index is not None and group_index not in self.groups_done
-        if group_index is not None:
+        if group_index is not None and group_index not in self.groups_done:
             self.groups_done.add(group_index)
-        if not self.live and first_of_group and group_index is not None:
-            # Later regions of a group reuse its compiled code: one line per group is enough.
-            verb = "compiled" if compiled else "ran eagerly"
-            where = f"group {group_index + 1}/{self.group_count}: "
-            self._write_line(f"{verb} {where}{_describe(region)} in {seconds:.1f} s")
+            if not self.live:
+                # Later regions of a group reuse its compiled code: one line per group is enough.
+                verb = "compiled" if compiled else "ran eagerly"
+                where = f"group {group_index + 1}/{self.group_count}: "
+                self._write(f"{verb} {where}{_describe(region)} in {seconds:.1f} s\n")
         if self.finished == self.region_count:
             summary = (
                 f"compiled {_plural(len(self.groups_started), 'group')} "
                 f"({_plural(self.region_count, 'region')}) in {self.seconds:.1f} s"
             )
-            if self.live:
-                self._write_live(summary)
-                self._end_live_line()
-            else:
-                self._write_line(summary)
+            self._write(f"{_CLEAR_LINE if self.live else ''}{summary}\n")
 
-    def _write_live(self, text: str) -> None:
-        self.stream.write(_CLEAR_LINE + text)
-        self.stream.flush()
-        self._open_line = True
-
-    def _end_live_line(self) -> None:
-        if self._open_line:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._open_line = False
-
-    def _write_line(self, text: str) -> None:
-        self.stream.write(text + "\n")
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
         self.stream.flush()
 
 

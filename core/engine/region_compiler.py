@@ -15,7 +15,7 @@ import itertools
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -30,7 +30,6 @@ from torchkiln.engine.compile_state import (
     REGION_ATTR,
     STATE_ATTR,
     CompileState,
-    Missing,
     RegionState,
     named_tensors,
     ran_eagerly,
@@ -44,6 +43,7 @@ from torchkiln.engine.group_runtime import (
     describe_failure,
     first_call_step,
     first_line,
+    traceable_int_patch,
     with_trace_settings,
 )
 from torchkiln.engine.progress import ProgressObserver
@@ -86,25 +86,13 @@ def _named_forward(function: Any) -> Any:
 _SERIAL = itertools.count()
 
 
-@functools.cache
-def traceable_int_patch() -> bool:
-    """Whether this torch can set ``allow_unspec_int_on_nn_module`` inside a traced function
-    (``torch._dynamo.patch_dynamo_config``): then the setting holds for every trace of a group's
-    code, later recompiles included, and never changes process-wide state."""
-    try:
-        dynamo.traced_config_patcher()(allow_unspec_int_on_nn_module=True)
-    except (AttributeError, ValueError):
-        return False
-    return True
-
-
 def group_function(group: RegionGroup, forward: Callable[..., Any]) -> Callable[..., Any]:
     """``fn(module, *args, **kwargs) -> forward(module, ...)`` with a code object of its own.
 
     ``forward`` may be wrapped already (``GroupPreparation.wrap_traced``): the function made
     here is the outermost frame, so each group still gets a code object, and a cache, of its own.
     For a group of several regions, module int attributes (``layer_idx``) are traced as
-    symbolic (see :func:`first_call_dynamo_settings`).
+    symbolic (see :func:`~torchkiln.engine.group_runtime.first_call_dynamo_settings`).
     """
     region_forward = _traced_function(
         forward, group.name, unspec_ints=len(group.regions) > 1 and traceable_int_patch()
@@ -127,7 +115,9 @@ def instance_forward_function(
     def previous_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
         return previous(*args, **kwargs)
 
-    return _traced_function(_wrap_traced(previous_forward, preparations), group_name, False)
+    return _traced_function(
+        _wrapped(previous_forward, preparations, "wrap_traced"), group_name, False
+    )
 
 
 def _traced_function(
@@ -165,16 +155,6 @@ def _traced_function(
     return region_forward
 
 
-def first_call_dynamo_settings(shared_by: int) -> Any:
-    """Dynamo settings for a region's first (compiling) call only, restored on exit: module int
-    attributes traced as symbolic, so blocks that differ only in ``layer_idx`` share one graph
-    (docs/architecture.md, "Blocks that differ only in an integer"). Nothing when the group
-    function sets it while tracing (:func:`traceable_int_patch`)."""
-    if shared_by < 2 or traceable_int_patch():
-        return contextlib.nullcontext()
-    return dynamo.config_patch(allow_unspec_int_on_nn_module=True)
-
-
 GroupHook = Callable[[RegionGroup, Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
 """``hook(group, group_function, compiled) -> compiled``: called once per group with the
 function ``compile_region`` returned for the group's shared function (before any
@@ -198,7 +178,6 @@ class Compiler:
         self.sources: list[CodeSource] = []
         """Where a group's code may come from before the backend compiles it, in order (the
         store or a peer rank, a precompiled directory): :class:`GroupCode` asks them."""
-        self._backend_owner: str | Missing | None = MISSING
 
     def __call__(self, root: nn.Module) -> None:
         """The ``compile_regions`` callback handed to ``wrap_distributed``."""
@@ -224,8 +203,6 @@ class Compiler:
         state = CompileState(
             self.plan,
             self.config,
-            [],
-            {},
             tagged_before=frozenset(
                 name
                 for name, tensor in named_tensors(root)
@@ -233,13 +210,13 @@ class Compiler:
             ),
             pending=self.plan.region_count,
             records_before=HeldRecords.now(),
+            root=weakref.ref(root),
         )
-        state.root = weakref.ref(root)
         dynamo_records.install()
         object.__setattr__(root, STATE_ATTR, state)
         for index, group in enumerate(self.plan.groups):
             preparations = self._prepare(root, state, group)
-            self._compile_group(root, state, index, group, preparations)
+            self._compile_group(state, index, group, preparations)
 
     def _prepare(
         self, root: nn.Module, state: CompileState, group: RegionGroup
@@ -268,12 +245,8 @@ class Compiler:
             if preparation is None:
                 continue
             if not isinstance(preparation, GroupPreparation):
-                raise bad_result(
-                    "prepare_group",
-                    impl.plugin_name,
-                    preparation,
-                    f"torchkiln.plugin.GroupPreparation or None (group {group.name!r})",
-                )
+                expected = f"torchkiln.plugin.GroupPreparation or None (group {group.name!r})"
+                raise bad_result("prepare_group", impl.plugin_name, preparation, expected)
             preparations.append(preparation)
         for preparation in preparations:
             for module, forward in preparation.forwards:
@@ -289,29 +262,28 @@ class Compiler:
 
     def _compile_group(
         self,
-        root: nn.Module,
         state: CompileState,
         index: int,
         group: RegionGroup,
         preparations: list[GroupPreparation],
     ) -> None:
-        modules = [region.module for region in group.regions]
-        shared = group_function(group, _wrap_traced(type(modules[0]).forward, preparations))
+        traced = _wrapped(type(group.regions[0].module).forward, preparations, "wrap_traced")
+        shared = group_function(group, traced)
         state.code_names[group.name] = shared.__code__.co_name
         state.codes[group.name] = shared.__code__
-        hooks = list(self.group_hooks)
         sources = [source for source in self.sources if source.attach(group, shared)]
         compiled_shared, error = (
-            (self._group_code(shared, group, preparations, hooks, sources), None)
+            (self._group_code(shared, group, preparations, sources), None)
             if sources
-            else self._compile(shared, group, preparations, hooks)
+            else self._compile(shared, group, preparations, self.group_hooks)
         )
         if isinstance(compiled_shared, GroupCode):
             state.group_codes[group.name] = compiled_shared
         if error is None:
             compiled_shared = _wrap_call(compiled_shared, preparations, group.name)
         compiled_shared = _named_forward(compiled_shared)  # once per group, not per region
-        for region, module in zip(group.regions, modules, strict=True):
+        for region in group.regions:
+            module = region.module
             region_state = RegionState(
                 region, index, module, module.__dict__.get("forward", MISSING), owner=state
             )
@@ -341,26 +313,21 @@ class Compiler:
                 wrapper_code,
                 self.progress,
                 self.config.on_region_error,
-                self._backend_plugin(),
-                functools.partial(first_call_dynamo_settings, len(group.regions)),
+                self._backend_plugin,
             )
             module.__dict__["forward"] = types.MethodType(step, module)
 
+    @functools.cached_property
     def _backend_plugin(self) -> str | None:
         """The plugin that declared the configured backend (``None``: torch's own)."""
-        if self._backend_owner is MISSING:
-            declared = self.plugins.backend(self.config.backend)
-            self._backend_owner = (
-                declared.plugin if declared is not None and declared.plugin != "torch" else None
-            )
-        return self._backend_owner
+        declared = self.plugins.backend(self.config.backend)
+        return declared.plugin if declared is not None and declared.plugin != "torch" else None
 
     def _group_code(
         self,
         fn: RegionFunction,
         group: RegionGroup,
         preparations: list[GroupPreparation],
-        hooks: list[GroupHook],
         sources: list[CodeSource],
     ) -> GroupCode:
         """The group served by its sources' code; the backend compiles only for the calls it
@@ -368,7 +335,7 @@ class Compiler:
 
         def compile_group() -> RegionFunction:
             # No wrap_call here: it is around the loaded function, which calls this one.
-            compiled, error = self._compile(fn, group, preparations, hooks)
+            compiled, error = self._compile(fn, group, preparations, self.group_hooks)
             if error is not None:  # the eager policy: the calls that needed it run eagerly
                 warnings.warn(
                     f"torchkiln: group {group.name!r} runs eagerly for the calls its loaded "
@@ -394,45 +361,42 @@ class Compiler:
         fn: RegionFunction,
         group: RegionGroup,
         preparations: list[GroupPreparation],
-        hooks: list[GroupHook] | None = None,
+        hooks: Sequence[GroupHook] = (),
     ) -> tuple[RegionFunction, BaseException | None]:
         """The group's compiled function (inside its trace settings, before any ``wrap_call``:
         the caller adds those), or (under the ``eager`` policy) ``fn`` and the error.
 
         A plugin raising, answering nothing for its own backend, or returning something that
         is not callable all fail here, at compile time, by the region error policy."""
-        in_hook = False
         try:
             compiled = self.plugins.compile_region(
                 fn=fn, group=group, config=self.config, backend=self.config.backend
             )
             if not callable(compiled):
-                raise bad_result("compile_region", self._backend_plugin(), compiled, "a callable")
-            compiled = with_trace_settings(compiled, preparations)
-            in_hook = True
-            for hook in hooks or ():
-                compiled = hook(group, fn, compiled)
-            in_hook = False
-            return compiled, None
+                raise bad_result("compile_region", self._backend_plugin, compiled, "a callable")
         except Exception as error:
-            if in_hook:
-                raise  # a group hook's own error (strict artifacts), not a compile failure
-            plugin = (
-                plugin_at_fault(self.plugins, "compile_region", error) or self._backend_plugin()
-            )
+            plugin = plugin_at_fault(self.plugins, "compile_region", error) or self._backend_plugin
             if self.config.on_region_error == "raise":
                 raise RegionCompileError(
                     group.regions[0].path, group.name, error, plugin
                 ) from error
             return fn, error
+        compiled = with_trace_settings(compiled, preparations)
+        for hook in hooks:  # a hook's own error (strict artifacts) is not a compile failure
+            compiled = hook(group, fn, compiled)
+        return compiled, None
 
 
-def _wrap_traced(forward: RegionFunction, preparations: list[GroupPreparation]) -> RegionFunction:
-    """``forward`` inside every ``wrap_traced`` wrapper, the first preparation's outermost."""
+def _wrapped(
+    function: RegionFunction, preparations: list[GroupPreparation], wrapper: str
+) -> RegionFunction:
+    """``function`` inside every preparation's ``wrapper`` (``wrap_traced`` or ``wrap_call``),
+    the first preparation's outermost."""
     for preparation in reversed(preparations):
-        if preparation.wrap_traced is not None:
-            forward = preparation.wrap_traced(forward)
-    return forward
+        wrap = getattr(preparation, wrapper)
+        if wrap is not None:
+            function = wrap(function)
+    return function
 
 
 def _wrap_call(
@@ -444,10 +408,7 @@ def _wrap_call(
     compile) traces it first; where it breaks the outer graph there (torch 2.15 does not resume
     into the group function after a break in a nested frame), the group function's own check
     is never traced. So the outermost wrapper starts with the same check."""
-    wrapped = compiled
-    for preparation in reversed(preparations):
-        if preparation.wrap_call is not None:
-            wrapped = preparation.wrap_call(wrapped)
+    wrapped = _wrapped(compiled, preparations, "wrap_call")
     if wrapped is compiled:
         return compiled
     comptime = dynamo.comptime_function()

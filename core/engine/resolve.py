@@ -98,18 +98,11 @@ def _layers(
     if isinstance(config, Mapping):
         layers.append(sources_.Layer("argument", config))
     elif config is not None and path_arg is None:
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "$",
-                    (
-                        f"config must be a CompileConfig, a mapping or the path of a YAML file, "
-                        f"not {type(config).__name__}"
-                    ),
-                    "argument",
-                )
-            ]
+        problem = (
+            "config must be a CompileConfig, a mapping or the path of a YAML file, "
+            f"not {type(config).__name__}"
         )
+        raise ConfigError([ConfigProblem("$", problem, "argument")])
     return layers, problems, file
 
 
@@ -132,15 +125,14 @@ def _apply_plugins(
                 plugin=impl.plugin_name,
                 hook="resolve_compile_config",
             ) from error
-        if override is None:
-            continue
-        if not isinstance(override, Mapping):
+        if override is not None and not isinstance(override, Mapping):
             raise bad_result(
                 "resolve_compile_config", impl.plugin_name, override, "a mapping or None"
             )
         if not override:
             continue
-        _, paths = sources_.merge_layers([sources_.Layer(f"plugin:{impl.plugin_name}", override)])
+        layer = sources_.Layer(f"plugin:{impl.plugin_name}", override)
+        _, paths = sources_.merge_layers([layer])
         for path in paths:
             if path in owners:
                 warnings.warn(
@@ -150,7 +142,7 @@ def _apply_plugins(
                     stacklevel=4,
                 )
         owners.update({p: impl.plugin_name for p in paths if p not in owners})
-        plugin_layers.append(sources_.Layer(f"plugin:{impl.plugin_name}", override))
+        plugin_layers.append(layer)
     if not plugin_layers:
         return config, sources
     # Reversed, so the first-called plugin is merged last and wins.

@@ -57,7 +57,7 @@ class StructureIndex:
         if cached is not None and cached[0] is module:
             return cached[1]
         children = tuple((name, self.key(child)) for name, child in module.named_children())
-        full = (own_facts(module), children)
+        full = (tuple(_own_facts(module)), children)
         key = self._ids.setdefault(full, len(self._ids))
         self._keys[id(module)] = (module, key)  # the module is kept so its id stays unique
         return key
@@ -70,7 +70,7 @@ def structure_key(module: nn.Module) -> Hashable:
     once.
     """
     return (
-        own_facts(module),
+        tuple(_own_facts(module)),
         tuple((name, structure_key(child)) for name, child in module.named_children()),
     )
 
@@ -79,12 +79,8 @@ def same_structure(a: nn.Module, b: nn.Module) -> bool:
     return structural_difference(a, b) is None
 
 
-def own_facts(module: nn.Module) -> tuple[Hashable, ...]:
-    """What Dynamo sees of ``module`` itself (its children not included)."""
-    return tuple(_own_facts(module))
-
-
 def _own_facts(module: nn.Module) -> Iterator[tuple[str, Any]]:
+    """What Dynamo sees of ``module`` itself (its children not included)."""
     yield "class", type(module)
     yield "forward", _forward_identity(module)
     for name, param in sorted(own_parameters(module).items()):
@@ -253,9 +249,7 @@ def _show(value: Hashable) -> str:
         )
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], type):
         return repr(value[1])
-    if isinstance(value, type):
-        return value.__qualname__
-    if isinstance(value, types.FunctionType):
+    if isinstance(value, type | types.FunctionType):
         return value.__qualname__
     return repr(value)
 
