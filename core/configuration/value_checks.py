@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -67,6 +67,10 @@ _DEEPSPEED_IMPORTS = ("torch_autocast", "lower_precision_safe_modules")
 REMOTE_CACHE_SCHEMES = ("redis", "rediss", "unix")
 
 
+_Add = Callable[..., None]
+"""``add(path, message, source=None)`` in :func:`check`."""
+
+
 def _field(config: CompileConfig, path: str) -> Any:
     return functools.reduce(getattr, path.split("."), config)
 
@@ -75,9 +79,11 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     """Semantic checks against the registered plugins; raises one ConfigError."""
     problems: list[ConfigProblem] = []
 
-    def add(path: str, message: str | None) -> None:
+    def add(path: str, message: str | None, source: str | None = None) -> None:
+        """A problem at ``$.path`` when there is a ``message``, from the source of the field
+        ``source`` (default: ``path``)."""
         if message:
-            problems.append(ConfigProblem(dollar(path), message, sources.get(path, "")))
+            problems.append(ConfigProblem(dollar(path), message, sources.get(source or path, "")))
 
     for path, allowed, what in _CHOICES:
         if _field(config, path) is not None:
@@ -93,7 +99,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
             add(path, f"{value} must be at least 1")
         elif value > INT64_MAX:
             add(path, f"{describe(value)} is too large; at most {INT64_MAX}")
-    problems.extend(_tiered_problems(config, sources))
+    _check_tiered(config, add)
     for feature, path, wanted in VERSION_GATED:
         if wanted(config):
             add(path, feature_problem(feature))
@@ -107,19 +113,14 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     add(
         "distributed.strategy", _choice(config.distributed.strategy, strategies, what, missing_hint)
     )
-    add("regions.strategy", _unserved(plugins, selector))
-    add("distributed.strategy", _unserved(plugins, strategy))
-    if selector is not None and selector.spec.options is not None:
-        for key in config.regions.options:
-            if key not in selector.spec.options:
-                message = _unknown_option(
-                    f"selector {config.regions.strategy!r}", key, selector.spec.options
-                )
-                problems.append(
-                    ConfigProblem(
-                        f"$.regions.options.{key}", message, sources.get("regions.options", "")
-                    )
-                )
+    # A declared name whose plugin lacks the hook that serves it is refused like an unknown one.
+    if selector is not None:
+        add("regions.strategy", plugins.unserved(selector))
+    if strategy is not None:
+        add("distributed.strategy", plugins.unserved(strategy))
+    if selector is not None:
+        owner = f"selector {config.regions.strategy!r}"
+        _check_options(add, owner, "regions.options", config.regions.options, selector.spec.options)
     if config.regions.strategy == "classes" and not config.regions.classes:
         add(
             "regions.classes",
@@ -140,7 +141,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     add("store", _cache_dir(config.store, "store"))
     add("distributed.deepspeed.config", _deepspeed_imports(config, sources))
     if config.backend != "no":
-        problems.extend(_backend_problems(config, sources, plugins))
+        _check_backend(config, plugins, add)
     problems.extend(option_problems(config, sources))
     if strategy is not None:
         availability = strategy.spec.probe()
@@ -174,57 +175,47 @@ def _dispatch_problem(value: Any) -> str | None:
     return _choice(value, DISPATCH_CHOICES, "a dispatch setting")
 
 
-def _unknown_option(owner: str, key: str, accepted: tuple[str, ...]) -> str:
-    hint = did_you_mean(key, accepted)
-    return f"{owner} does not accept option {describe(key)}{hint}; allowed: {', '.join(accepted) or 'none'}"
+def _check_options(
+    add: _Add, owner: str, field: str, given: Iterable[str], accepted: tuple[str, ...] | None
+) -> None:
+    """A problem for each key of ``given`` that ``accepted`` (``None``: any) lacks."""
+    allowed = ", ".join(accepted or ()) or "none"
+    for key in given:
+        if accepted is not None and key not in accepted:
+            hint = did_you_mean(key, accepted)
+            add(
+                f"{field}.{key}",
+                f"{owner} does not accept option {describe(key)}{hint}; allowed: {allowed}",
+                field,
+            )
 
 
-def _unserved(plugins: Any, declared: Any) -> str | None:
-    """A declared name whose plugin lacks the hook that serves it is refused here, like an
-    unknown name (it would fail only when compiling, or run eagerly under
-    ``on_region_error="eager"``)."""
-    if declared is None or not hasattr(plugins, "unserved"):
-        return None
-    return plugins.unserved(declared)
-
-
-def _tiered_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[ConfigProblem]:
+def _check_tiered(config: CompileConfig, add: _Add) -> None:
     tiered = config.tiered
-    problems = [
-        ConfigProblem(f"$.tiered.{name}", f"{value} is not between {low} and {high}",
-                      sources.get(f"tiered.{name}", ""))
-        for name, value, low, high in (("threads", tiered.threads, 1, 256),
-                                       ("nice", tiered.nice, 0, 19))
-        if not low <= value <= high
-    ]  # fmt: skip
+    for name, value, low, high in (
+        ("threads", tiered.threads, 1, 256),
+        ("nice", tiered.nice, 0, 19),
+    ):
+        if not low <= value <= high:
+            add(f"tiered.{name}", f"{value} is not between {low} and {high}")
     bound = tiered.max_slowdown
     if bound != 0 and not 1 < bound <= 100:
-        problems.append(
-            ConfigProblem(
-                "$.tiered.max_slowdown",
-                f"{bound} is neither 0 (no bound) nor a ratio above 1 and at most 100 (1.25: "
-                "the builder may make the mean step at most 25% slower)",
-                sources.get("tiered.max_slowdown", ""),
-            )
+        add(
+            "tiered.max_slowdown",
+            f"{bound} is neither 0 (no bound) nor a ratio above 1 and at most 100 (1.25: "
+            "the builder may make the mean step at most 25% slower)",
         )
     strategy = config.distributed.strategy
     if tiered.enabled and strategy not in TIERED_STRATEGIES:
-        problems.append(
-            ConfigProblem(
-                "$.tiered.enabled",
-                f"tiered compilation is not supported with distributed strategy {strategy!r} "
-                f"(allowed: {', '.join(TIERED_STRATEGIES)}): it shards parameters per block, "
-                "and a whole-model graph built from an unsharded copy would not gather them",
-                sources.get("tiered.enabled", ""),
-            )
+        add(
+            "tiered.enabled",
+            f"tiered compilation is not supported with distributed strategy {strategy!r} "
+            f"(allowed: {', '.join(TIERED_STRATEGIES)}): it shards parameters per block, "
+            "and a whole-model graph built from an unsharded copy would not gather them",
         )
-    return problems
 
 
-def _backend_problems(
-    config: CompileConfig, sources: Mapping[str, str], plugins: Any
-) -> list[ConfigProblem]:
-    source = sources.get("backend", "")
+def _check_backend(config: CompileConfig, plugins: Any, add: _Add) -> None:
     found = plugins.backend(config.backend)
     if found is None:
         declared = plugins.backends(include_torch=False)
@@ -234,71 +225,36 @@ def _backend_problems(
             n for n in set(known) - set(declared) if "testing_only" not in n and "minifier" not in n
         )
         hint = did_you_mean(config.backend, known)
-        return [
-            ConfigProblem(
-                "$.backend",
-                (
-                    f"{describe(config.backend)} is not a registered backend{hint}; registered by plugins: "
-                    f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
-                    f"{plugins.missing_hint()}"
-                ),
-                source,
-            )
-        ]
+        add(
+            "backend",
+            f"{describe(config.backend)} is not a registered backend{hint}; registered by plugins: "
+            f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
+            f"{plugins.missing_hint()}",
+        )
+        return
     spec = found.spec
-    problems = []
-    unserved = _unserved(plugins, found)
-    if unserved:
-        problems.append(ConfigProblem("$.backend", unserved, source))
+    add("backend", plugins.unserved(found))
     if config.tiered.enabled and not spec.precompile:
-        problems.append(
-            ConfigProblem(
-                "$.tiered.enabled",
-                f"tiered compilation saves the whole model's compiled function in a builder "
-                f"process and loads it here; backend {config.backend!r} (plugin "
-                f"{found.plugin!r}) does not declare its functions serialisable "
-                "(BackendSpec.precompile); backends that do: "
-                + ", ".join(
-                    sorted(
-                        n
-                        for n, d in plugins.backends(include_torch=False).items()
-                        if d.spec.precompile
-                    )
-                ),
-                sources.get("tiered.enabled", ""),
-            )
+        serialisable = (
+            n for n, d in plugins.backends(include_torch=False).items() if d.spec.precompile
+        )
+        add(
+            "tiered.enabled",
+            f"tiered compilation saves the whole model's compiled function in a builder "
+            f"process and loads it here; backend {config.backend!r} (plugin "
+            f"{found.plugin!r}) does not declare its functions serialisable "
+            "(BackendSpec.precompile); backends that do: " + ", ".join(sorted(serialisable)),
         )
     availability = spec.probe()
     if not availability.available:
-        problems.append(
-            ConfigProblem(
-                "$.backend",
-                f"backend {config.backend!r} is not available here: {availability.reason}",
-                source,
-            )
-        )
+        add("backend", f"backend {config.backend!r} is not available here: {availability.reason}")
     if config.mode is not None and spec.modes is not None and config.mode not in spec.modes:
-        problems.append(
-            ConfigProblem(
-                "$.mode",
-                (
-                    f"{describe(config.mode)} is not a mode backend {config.backend!r} accepts; allowed: "
-                    f"{', '.join(spec.modes) or 'none (leave mode unset)'}"
-                ),
-                sources.get("mode", ""),
-            )
+        add(
+            "mode",
+            f"{describe(config.mode)} is not a mode backend {config.backend!r} accepts; allowed: "
+            f"{', '.join(spec.modes) or 'none (leave mode unset)'}",
         )
-    if spec.options is not None:
-        for key in config.options:
-            if key not in spec.options:
-                problems.append(
-                    ConfigProblem(
-                        f"$.options.{key}",
-                        _unknown_option(f"backend {config.backend!r}", key, spec.options),
-                        sources.get("options", ""),
-                    )
-                )
-    return problems
+    _check_options(add, f"backend {config.backend!r}", "options", config.options, spec.options)
 
 
 def _deepspeed_imports(config: CompileConfig, sources: Mapping[str, str]) -> str | None:
@@ -329,6 +285,8 @@ def _positive_size(value: float | None) -> str | None:
 def _cache_dir(value: str | None, field: str = "cache_dir") -> str | None:
     if value is None:
         return None
+    if "\x00" in value:
+        return f"{describe(value)} contains a NUL character"
     if not value.strip():
         what, null = (
             ("inductor's cache", "torch's default")
@@ -339,13 +297,7 @@ def _cache_dir(value: str | None, field: str = "cache_dir") -> str | None:
             f"an empty {field} would put {what} in the working directory; give a "
             f"directory path, or null for {null}"
         )
-    try:
-        is_file = os.path.exists(value) and not os.path.isdir(value)
-    except (OSError, ValueError) as error:  # ValueError: a NUL character
-        return f"{describe(value)} is not a usable path: {error}"
-    if "\x00" in value:
-        return f"{describe(value)} contains a NUL character"
-    if is_file:
+    if os.path.exists(value) and not os.path.isdir(value):  # neither raises
         return f"{describe(value)} exists and is not a directory; give a directory path"
     return None
 
