@@ -118,14 +118,9 @@ class _LimitedLoader(yaml.SafeLoader):
         self._composed = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
-        if isinstance(parent, SequenceNode) and isinstance(index, int):
-            path = join_path(self._path[-1], index)
-        elif isinstance(parent, MappingNode) and isinstance(index, ScalarNode):
-            path = join_path(self._path[-1], index.value)
-        elif isinstance(parent, MappingNode) and isinstance(index, Node):
-            path = join_path(self._path[-1], "<complex key>")
-        else:  # the root, or a mapping key
-            path = self._path[-1]
+        # ``index``: an item's position in a sequence, a value's key node; None for the root
+        # and for a mapping key, which share their parent's path
+        path = self._path[-1] if index is None else _child_path(self._path[-1], index)
         self._composed += 1
         if self._composed > MAX_VALUES:
             raise _Refused(path, f"more than {MAX_VALUES} values; a torchkiln file is far smaller")
@@ -228,14 +223,20 @@ def _children(node: Node, path: str) -> list[tuple[Node, str]]:
     if isinstance(node, MappingNode):
         pairs = []
         for key_node, value_node in node.value:
-            label = key_node.value if isinstance(key_node, ScalarNode) else "<complex key>"
             if key_node.tag == _MERGE:  # ``<<: *base``: the merged mapping is the child
                 pairs.append((value_node, path))
                 continue
             pairs.append((key_node, path))
-            pairs.append((value_node, join_path(path, label)))
+            pairs.append((value_node, _child_path(path, key_node)))
         return pairs
     return []
+
+
+def _child_path(path: str, key: int | Node) -> str:
+    """The path of a sequence item (``key``: its index) or of a mapping value (its key node)."""
+    if isinstance(key, Node):
+        return join_path(path, key.value if isinstance(key, ScalarNode) else "<complex key>")
+    return join_path(path, key)
 
 
 def _check_node(node: Node, path: str) -> None:
