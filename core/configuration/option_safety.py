@@ -1,14 +1,7 @@
 """``options`` checked before anything is compiled: real names, right types, and nothing from a
-file or the environment that could run code.
-
-With ``backend: inductor`` every key must be a real ``torch._inductor.config`` setting (with a
-"did you mean"), holding a finite value of the setting's declared type. A free string, a list,
-a mapping or a callable can name a program, path, module or function (``cpp.cxx``), so an option
-from ``file:`` or ``env:`` is accepted only when its declared type is ``bool``, ``int``,
-``float``, a ``Literal`` of constants, or one of these or ``None``, and its key is not a
-remote-cache, upload, hook or test switch; for another backend such values must be booleans,
-numbers or null. Python and plugins may set any option: they can run code anyway.
-docs/configuration.md, "Options that can run code", states the rule and why.
+file or the environment that could run code (a free string, a list, a mapping or a callable can
+name a program, path, module or function, such as ``cpp.cxx``). Python and plugins may set any
+option. docs/configuration.md, "Options that can run code", states the rule and why.
 """
 
 from __future__ import annotations

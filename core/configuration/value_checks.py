@@ -1,10 +1,7 @@
 """Semantic checks on a structured :class:`CompileConfig`, whatever its sources: choices,
-numbers in range, paths that can be directories, names the plugins declare (with what each
-backend or selector accepts), features the installed torch lacks, and DeepSpeed settings
-that would import a module named in a file.
-
-Types are checked while structuring (:mod:`torchkiln.configuration.config_validation`);
-``options`` against torch's real settings in :mod:`torchkiln.configuration.option_safety`.
+ranges, paths, names the plugins declare and what they accept, features the installed torch
+lacks, DeepSpeed settings that import modules. Types are checked by :mod:`.config_validation`,
+``options`` by :mod:`.option_safety`.
 """
 
 from __future__ import annotations
@@ -121,15 +118,12 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     if selector is not None:
         owner = f"selector {config.regions.strategy!r}"
         _check_options(add, owner, "regions.options", config.regions.options, selector.spec.options)
-    if config.regions.strategy == "classes" and not config.regions.classes:
-        add(
-            "regions.classes",
-            "strategy 'classes' needs at least one class-name glob in regions.classes",
-        )
-    if config.regions.strategy == "paths" and not config.regions.paths:
-        add(
-            "regions.paths", "strategy 'paths' needs at least one module-path glob in regions.paths"
-        )
+    for name, glob in (("classes", "class-name"), ("paths", "module-path")):
+        if config.regions.strategy == name and not getattr(config.regions, name):
+            add(
+                f"regions.{name}",
+                f"strategy {name!r} needs at least one {glob} glob in regions.{name}",
+            )
     if config.mode is not None and config.options:
         add(
             "mode",
