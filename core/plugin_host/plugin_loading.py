@@ -15,17 +15,16 @@ from typing import Any
 
 import pluggy
 
+from torchkiln.configuration.config_sources import ENV_TRUE
 from torchkiln.configuration.config_values import did_you_mean
 from torchkiln.errors import PluginError
 from torchkiln.plugin_host.plugin_info import DECLARATIONS
 
 # --- the environment controls and the trace ------------------------------------------------------
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-
 
 def env_flag(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "").strip().lower() in _TRUE
+    return env.get(name, "").strip().lower() in ENV_TRUE
 
 
 def env_names(env: Mapping[str, str], name: str) -> set[str]:

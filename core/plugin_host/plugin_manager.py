@@ -345,13 +345,12 @@ class PluginManager(pluggy.PluginManager):
         self.ensure_loaded()
         if hook_name in self._declared_cache:
             return self._declared_cache[hook_name]
-        while True:
+        while True:  # until no declaration fails: the plugin at fault is gone, ask the others
             try:
                 result, twice = self._collect(hook_name)
+                break
             except DeclarationFailed as error:
                 self._quarantine(error)  # raises under TORCHKILN_STRICT_PLUGINS=1
-                continue  # the plugin at fault is gone: ask the others again
-            break
         for message in twice:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         self._declared_cache[hook_name] = result
