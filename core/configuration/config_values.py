@@ -12,7 +12,7 @@ import re
 import reprlib
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from torchkiln.errors import ConfigError, ConfigProblem
@@ -84,11 +84,13 @@ class PlainValueError(ValueError):
 
 
 def plain_tree(value: Any) -> Any:
-    """A fresh copy of ``value`` made only of dict, list, str, int, float, bool and None.
+    """A fresh copy of ``value``, plain data as PyYAML's checked safe loader or ``json.loads``
+    built it (dict, list, str, int, float, bool and None: each reader refuses any other kind
+    with its own message).
 
     Shared sub-structures (YAML aliases) become independent copies, which is safe because the
     total is bounded by :data:`MAX_VALUES`. Raises :class:`PlainValueError` naming the path of
-    the first value that is not plain data, too deep, too large or out of range.
+    the first value that is too deep, too large or out of range.
     """
     return _copy(value, "$", 0, [MAX_VALUES])
 
@@ -113,44 +115,16 @@ def _copy(value: Any, path: str, depth: int, budget: list[int]) -> Any:
         if not math.isfinite(value):
             raise PlainValueError(path, f"{value!r} is not allowed; give a finite number")
         return value
-    if not isinstance(value, Mapping | list | tuple):
-        raise PlainValueError(path, f"{_kind(value)} is not allowed here; {ALLOWED_KINDS}")
     if depth >= MAX_DEPTH:
         raise PlainValueError(path, f"nested deeper than {MAX_DEPTH} levels")
     # No cycle check: YAML alias cycles are refused before construction and JSON has none.
-    if isinstance(value, Mapping):
-        copy: dict[str, Any] = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise PlainValueError(
-                    path, f"key {describe(key)} is {_kind(key)}; keys must be strings"
-                )
-            copy[key] = _copy(item, join_path(path, key), depth + 1, budget)
-        return copy
+    if isinstance(value, dict):
+        return {
+            key: _copy(item, join_path(path, key), depth + 1, budget) for key, item in value.items()
+        }
     return [
         _copy(item, join_path(path, index), depth + 1, budget) for index, item in enumerate(value)
     ]
-
-
-ALLOWED_KINDS = "allowed: mappings with string keys, lists, strings, numbers, booleans and null"
-
-
-def _kind(value: Any) -> str:
-    names = {
-        bool: "a boolean",
-        int: "a whole number",
-        float: "a number",
-        str: "a string",
-        bytes: "binary data",
-        set: "a set",
-        frozenset: "a set",
-        type(None): "null",
-    }
-    if type(value) in names:
-        return names[type(value)]
-    if hasattr(value, "isoformat"):
-        return f"a date/time ({type(value).__name__})"
-    return f"a {type(value).__name__}"
 
 
 # --- JSON text (environment variables) ---------------------------------------------------------
