@@ -111,7 +111,7 @@ def find_config_file(
     explicit: str | os.PathLike[str] | None, env: Mapping[str, str], cwd: Path
 ) -> Path | None:
     """The YAML file to read: the one given, else ``$TORCHKILN_CONFIG``, else
-    ``./torchkiln.yaml`` when it exists. Each choice is logged at INFO on ``torchkiln.configuration.config``
+    ``./torchkiln.yaml`` when it exists. Each choice is logged at INFO on ``torchkiln.config``
     with its absolute path, so a file nobody named is visible in the logs."""
     if explicit is not None:
         return _chosen(Path(explicit), "given")

@@ -269,9 +269,7 @@ def _deepspeed_imports(config: CompileConfig, sources: Mapping[str, str]) -> str
 
 
 def _positive_size(value: float | None) -> str | None:
-    if value is None:
-        return None
-    if not math.isfinite(value) or value <= 0 or value > 2**40:
+    if value is not None and not (math.isfinite(value) and 0 < value <= 2**40):
         return f"{describe(value)} is not a size in MiB; give a finite number above 0"
     return None
 

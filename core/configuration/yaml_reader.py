@@ -169,11 +169,7 @@ def _yaml_message(error: yaml.YAMLError) -> str:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         return f"not valid YAML: {first[:200]}"
     parts = []
-    pairs: tuple[tuple[str | None, Any], ...] = (
-        (error.context, error.context_mark),
-        (error.problem, error.problem_mark),
-    )
-    for text, mark in pairs:
+    for text, mark in ((error.context, error.context_mark), (error.problem, error.problem_mark)):
         if text:
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
             parts.append(f"{text[:200]}{where}")

@@ -308,11 +308,10 @@ class PluginManager(pluggy.PluginManager):
     def unserved(self, declared: Declared[Any]) -> str | None:
         """Why ``declared`` cannot be used although it is declared: its plugin does not
         implement the hook that serves it; ``None`` when it does."""
-        if getattr(declared.spec, "origin", "plugin") == "torch":
-            return None
-        if getattr(declared.spec, "compile", None) is not None:  # a backend carrying its compile
-            return None
-        kind, _, hook_name = declaration_of(declared.spec)
+        spec = declared.spec
+        if isinstance(spec, BackendSpec) and (spec.origin == "torch" or spec.compile is not None):
+            return None  # torch compiles it, or the backend carries its compile
+        kind, _, hook_name = declaration_of(spec)
         if hook_name is None or self._implementation(hook_name, declared.plugin) is not None:
             return None
         return (
