@@ -59,8 +59,6 @@ VERSION_GATED = (
 )
 """Features a torch release may lack: feature name, the setting asking for it, whether it does."""
 
-# DeepSpeed imports every name in this list (``torch_autocast.lower_precision_safe_modules``).
-_DEEPSPEED_IMPORTS = ("torch_autocast", "lower_precision_safe_modules")
 REMOTE_CACHE_SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -252,16 +250,17 @@ def _check_backend(config: CompileConfig, plugins: Any, add: _Add) -> None:
 
 
 def _deepspeed_imports(config: CompileConfig, sources: Mapping[str, str]) -> str | None:
+    """DeepSpeed imports every module named in ``torch_autocast.lower_precision_safe_modules``."""
     deepspeed = config.distributed.deepspeed.config
     if not isinstance(deepspeed, Mapping):
         return None
     if not is_untrusted(sources.get("distributed.deepspeed.config", "")):
         return None
-    section = deepspeed.get(_DEEPSPEED_IMPORTS[0])
-    if not isinstance(section, Mapping) or section.get(_DEEPSPEED_IMPORTS[1]) is None:
+    section = deepspeed.get("torch_autocast")
+    if not isinstance(section, Mapping) or section.get("lower_precision_safe_modules") is None:
         return None
     return (
-        f"{'.'.join(_DEEPSPEED_IMPORTS)} makes DeepSpeed import the modules it names, "
+        "torch_autocast.lower_precision_safe_modules makes DeepSpeed import the modules it names, "
         "so torchkiln does not take it from a file or the environment; pass the "
         "DeepSpeed configuration from Python instead (docs/configuration.md, "
         "'Options that can run code')"
