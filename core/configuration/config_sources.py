@@ -162,8 +162,8 @@ def _parse_env_value(raw: str, kind: Any) -> Any:
             f"the value is {len(raw)} characters long; at most {MAX_ENV_CHARS} are read"
         )
     text = raw.strip()
+    optional = type(None) in union_members(kind)
     members = [member for member in union_members(kind) if member is not type(None)]
-    optional = len(members) < len(union_members(kind))
     if optional and text.lower() in ("", "none", "null", "auto"):
         return None
     if str in members[1:] and not text.startswith("{"):
