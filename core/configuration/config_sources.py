@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import types
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,9 +20,15 @@ from typing import Any
 import attrs
 
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.configuration.config_values import MAX_ENV_CHARS, describe, parse_json
+from torchkiln.configuration.config_values import (
+    MAX_ENV_CHARS,
+    config_error,
+    describe,
+    parse_json,
+    union_members,
+)
 from torchkiln.configuration.yaml_reader import read_yaml_file
-from torchkiln.errors import ConfigError, ConfigProblem
+from torchkiln.errors import ConfigProblem
 
 logger = logging.getLogger("torchkiln.config")
 
@@ -106,7 +111,7 @@ def find_config_file(
     explicit: str | os.PathLike[str] | None, env: Mapping[str, str], cwd: Path
 ) -> Path | None:
     """The YAML file to read: the one given, else ``$TORCHKILN_CONFIG``, else
-    ``./torchkiln.yaml`` when it exists. Each choice is logged at INFO on ``torchkiln.configuration.config``
+    ``./torchkiln.yaml`` when it exists. Each choice is logged at INFO on ``torchkiln.config``
     with its absolute path, so a file nobody named is visible in the logs."""
     if explicit is not None:
         return _chosen(Path(explicit), "given")
@@ -139,16 +144,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     data = read_yaml_file(path)
     fields = {field.name for field in attrs.fields(CompileConfig)}
     if data and not any(_near_a_field(str(key), fields) for key in data):
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "$",
-                    f"not a torchkiln configuration: none of its {len(data)} top-level keys is "
-                    f"a torchkiln field (its contents are not shown); fields: "
-                    f"{', '.join(sorted(fields))}",
-                    f"file:{path}",
-                )
-            ]
+        raise config_error(
+            f"file:{path}",
+            f"not a torchkiln configuration: none of its {len(data)} top-level keys is a "
+            f"torchkiln field (its contents are not shown); fields: {', '.join(sorted(fields))}",
         )
     return data
 
@@ -163,11 +162,10 @@ def _parse_env_value(raw: str, kind: Any) -> Any:
             f"the value is {len(raw)} characters long; at most {MAX_ENV_CHARS} are read"
         )
     text = raw.strip()
-    args = typing.get_args(kind)
-    optional = type(None) in args
+    optional = type(None) in union_members(kind)
+    members = [member for member in union_members(kind) if member is not type(None)]
     if optional and text.lower() in ("", "none", "null", "auto"):
         return None
-    members = [a for a in args if a is not type(None)] if _is_union(kind) else [kind]
     if str in members[1:] and not text.startswith("{"):
         return text  # ``dict | str``: a JSON object, else a string (a file path)
     base = members[0]
@@ -201,10 +199,6 @@ def _parse_env_value(raw: str, kind: Any) -> Any:
             raise ValueError(f"{describe(raw)} is not a JSON object")
         return value
     return text
-
-
-def _is_union(kind: Any) -> bool:
-    return typing.get_origin(kind) in (typing.Union, types.UnionType)
 
 
 def env_fields() -> dict[str, tuple[str, Any]]:

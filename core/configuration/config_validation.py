@@ -112,41 +112,31 @@ def known_fields(
     return pruned, [problem for _, problem in sorted(found, key=lambda item: item[0])]
 
 
-def structure(values: Mapping[str, Any], sources: Mapping[str, str]) -> CompileConfig:
-    """Turn a merged mapping into a CompileConfig, or raise one ConfigError with every problem."""
-    known, problems = known_fields(values, sources)
-    try:
-        config = CONVERTER.structure(known, CompileConfig)
-    except Exception as error:  # cattrs groups every failure in one exception
-        for line in cattrs.transform_error(error):
-            match = _CATTRS_LINE.match(line)
-            message, path = (match["message"], match["path"]) if match else (line, "$")
-            field = path.removeprefix("$.").removeprefix("$")
-            problems.append(
-                ConfigProblem(path, humanise(message, values, field), sources.get(field, ""))
-            )
-        raise ConfigError(problems) from None
-    if problems:
-        raise ConfigError(problems)
-    return config
-
-
 def validate(
     values: Mapping[str, Any],
     sources: Mapping[str, str],
     plugins: Any,
     problems: typing.Sequence[ConfigProblem] = (),
 ) -> CompileConfig:
-    """:func:`structure` then :func:`check`, every problem (``problems`` first) in one
-    ConfigError: fields that fail to structure are left at their defaults so that the
-    semantic checks still run on the rest."""
-    found = list(problems)
+    """Structure ``values`` into a CompileConfig, then :func:`check` it; every problem
+    (``problems`` first) in one ConfigError: fields that fail to structure are left at their
+    defaults so that the semantic checks still run on the rest."""
+    known, unknown = known_fields(values, sources)
+    found = [*problems, *unknown]
     config: CompileConfig | None
     try:
-        config = structure(values, sources)
-    except ConfigError as error:
-        found.extend(error.problems)
-        config = _structure_without(values, [p.path for p in error.problems])
+        config = CONVERTER.structure(known, CompileConfig)
+    except Exception as error:  # cattrs groups every failure in one exception
+        bad_paths = []
+        for line in cattrs.transform_error(error):
+            match = _CATTRS_LINE.match(line)
+            message, path = (match["message"], match["path"]) if match else (line, "$")
+            field = path.removeprefix("$.").removeprefix("$")
+            found.append(
+                ConfigProblem(path, humanise(message, values, field), sources.get(field, ""))
+            )
+            bad_paths.append(path)
+        config = _structure_without(values, bad_paths)
     if config is not None:
         try:
             check(config, sources, plugins)

@@ -1,14 +1,6 @@
-"""Plain configuration values: the shapes a file or the environment may hold, and how a value
-is shown in a message.
-
-Files and environment variables carry JSON-like data only: mappings with string keys, lists,
-strings, whole numbers that fit in 64 bits, finite numbers, booleans and null. Everything read
-from them passes :func:`plain_tree`, which also bounds its depth and its size, so no later step
-(merging, structuring, ``torchkiln config show``) can recurse without end or expand a shared
-structure into gigabytes.
-
-Messages show values through :func:`describe`, a bounded ``repr``: a 300-million-character
-value stays a 100-character message.
+"""Plain configuration values: the JSON-like shapes a file or the environment may hold
+(:func:`plain_tree`, bounded in depth and size), and how a value is shown in a message
+(:func:`describe`, a bounded ``repr``). docs/configuration.md ("A YAML file") lists the limits.
 """
 
 from __future__ import annotations
@@ -18,10 +10,12 @@ import json
 import math
 import re
 import reprlib
-from collections.abc import Iterable, Mapping
+import types
+import typing
+from collections.abc import Iterable
 from typing import Any
 
-from torchkiln.errors import ConfigProblem
+from torchkiln.errors import ConfigError, ConfigProblem
 
 MAX_DEPTH = 32
 """Deepest nesting of mappings and lists a file or variable may hold."""
@@ -51,6 +45,13 @@ def describe(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def union_members(kind: Any) -> tuple[Any, ...]:
+    """The members of a union type (``int | None``: ``(int, NoneType)``), else ``(kind,)``."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return typing.get_args(kind)
+    return (kind,)
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'closest'?)`` for the choice closest to ``word``, or ``""``."""
     close = difflib.get_close_matches(word, list(choices), n=1)
@@ -68,6 +69,11 @@ def join_path(path: str, key: Any) -> str:
     return f"{path}[{describe(text)}]"  # ``$.options['cpp.cxx']``: a dot inside one key
 
 
+def config_error(source: str, message: str, path: str = "$") -> ConfigError:
+    """A :class:`ConfigError` with one problem."""
+    return ConfigError([ConfigProblem(path, message, source)])
+
+
 class PlainValueError(ValueError):
     """A value that is not plain data, with the field path where it was found."""
 
@@ -76,22 +82,20 @@ class PlainValueError(ValueError):
         self.path = path
         self.message = message
 
-    def problem(self, source: str) -> ConfigProblem:
-        return ConfigProblem(self.path, self.message, source)
 
-
-def plain_tree(value: Any, path: str = "$") -> Any:
-    """A fresh copy of ``value`` made only of dict, list, str, int, float, bool and None.
+def plain_tree(value: Any) -> Any:
+    """A fresh copy of ``value``, plain data as PyYAML's checked safe loader or ``json.loads``
+    built it (dict, list, str, int, float, bool and None: each reader refuses any other kind
+    with its own message).
 
     Shared sub-structures (YAML aliases) become independent copies, which is safe because the
     total is bounded by :data:`MAX_VALUES`. Raises :class:`PlainValueError` naming the path of
-    the first value that is not plain data, too deep, too large or out of range.
+    the first value that is too deep, too large or out of range.
     """
-    budget = [MAX_VALUES]
-    return _copy(value, path, 0, budget, set())
+    return _copy(value, "$", 0, [MAX_VALUES])
 
 
-def _copy(value: Any, path: str, depth: int, budget: list[int], active: set[int]) -> Any:
+def _copy(value: Any, path: str, depth: int, budget: list[int]) -> Any:
     budget[0] -= 1
     if budget[0] < 0:
         raise PlainValueError(
@@ -111,51 +115,16 @@ def _copy(value: Any, path: str, depth: int, budget: list[int], active: set[int]
         if not math.isfinite(value):
             raise PlainValueError(path, f"{value!r} is not allowed; give a finite number")
         return value
-    if not isinstance(value, Mapping | list | tuple):
-        raise PlainValueError(path, f"{_kind(value)} is not allowed here; {ALLOWED_KINDS}")
     if depth >= MAX_DEPTH:
         raise PlainValueError(path, f"nested deeper than {MAX_DEPTH} levels")
-    if id(value) in active:
-        raise PlainValueError(path, "a structure that contains itself is not allowed")
-    active.add(id(value))
-    try:
-        if isinstance(value, Mapping):
-            copy: dict[str, Any] = {}
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise PlainValueError(
-                        path, f"key {describe(key)} is {_kind(key)}; keys must be strings"
-                    )
-                copy[key] = _copy(item, join_path(path, key), depth + 1, budget, active)
-            return copy
-        return [
-            _copy(item, join_path(path, index), depth + 1, budget, active)
-            for index, item in enumerate(value)
-        ]
-    finally:
-        active.discard(id(value))
-
-
-ALLOWED_KINDS = "allowed: mappings with string keys, lists, strings, numbers, booleans and null"
-
-
-def _kind(value: Any) -> str:
-    names = {
-        bool: "a boolean",
-        int: "a whole number",
-        float: "a number",
-        str: "a string",
-        bytes: "binary data",
-        set: "a set",
-        frozenset: "a set",
-        type(None): "null",
-    }
-    for kind, name in names.items():
-        if type(value) is kind:
-            return name
-    if hasattr(value, "isoformat"):
-        return f"a date/time ({type(value).__name__})"
-    return f"a {type(value).__name__}"
+    # No cycle check: YAML alias cycles are refused before construction and JSON has none.
+    if isinstance(value, dict):
+        return {
+            key: _copy(item, join_path(path, key), depth + 1, budget) for key, item in value.items()
+        }
+    return [
+        _copy(item, join_path(path, index), depth + 1, budget) for index, item in enumerate(value)
+    ]
 
 
 # --- JSON text (environment variables) ---------------------------------------------------------
@@ -198,10 +167,7 @@ def parse_json(text: str) -> Any:
         )
     except json.JSONDecodeError as error:
         raise ValueError(f"not valid JSON ({error.msg} at character {error.pos})") from None
-    try:
-        return plain_tree(value)
-    except PlainValueError as error:
-        raise ValueError(f"{error.path}: {error.message}") from None
+    return plain_tree(value)  # a PlainValueError is a ValueError reading "$.path: message"
 
 
 def _json_depth(text: str) -> int:

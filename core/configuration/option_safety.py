@@ -1,14 +1,7 @@
 """``options`` checked before anything is compiled: real names, right types, and nothing from a
-file or the environment that could run code.
-
-With ``backend: inductor`` every key must be a real ``torch._inductor.config`` setting (with a
-"did you mean"), holding a finite value of the setting's declared type. A free string, a list,
-a mapping or a callable can name a program, path, module or function (``cpp.cxx``), so an option
-from ``file:`` or ``env:`` is accepted only when its declared type is ``bool``, ``int``,
-``float``, a ``Literal`` of constants, or one of these or ``None``, and its key is not a
-remote-cache, upload, hook or test switch; for another backend such values must be booleans,
-numbers or null. Python and plugins may set any option: they can run code anyway.
-docs/configuration.md, "Options that can run code", states the rule and why.
+file or the environment that could run code (a free string, a list, a mapping or a callable can
+name a program, path, module or function, such as ``cpp.cxx``). Python and plugins may set any
+option. docs/configuration.md, "Options that can run code", states the rule and why.
 """
 
 from __future__ import annotations
@@ -17,14 +10,13 @@ import difflib
 import functools
 import math
 import re
-import types
 import typing
 from collections.abc import Mapping
 from typing import Any
 
 from torchkiln._internals import dynamo, inductor
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.configuration.config_values import describe, join_path
+from torchkiln.configuration.config_values import describe, join_path, union_members
 from torchkiln.errors import ConfigProblem
 
 UNTRUSTED_SOURCES = ("file:", "env:")
@@ -152,29 +144,23 @@ def _other_backend_problem(backend: str, key: str, value: Any) -> str | None:
 def _safe_from_files(name: str, declared: Any) -> bool:
     if _DENIED_FROM_FILES.search(name):
         return False
-    return all(_closed_kind(member) for member in _union_members(declared))
+    return all(_closed_kind(member) for member in union_members(declared))
 
 
 def _closed_kind(kind: Any) -> bool:
     """A switch, a number, ``None``, or a Literal of constants: it cannot name anything."""
     if kind is type(None) or kind in _SCALARS:
         return True
-    if typing.get_origin(kind) is typing.Literal:
+    if _is_literal(kind):
         return all(isinstance(arg, (*_SCALARS, str, type(None))) for arg in typing.get_args(kind))
     return False
-
-
-def _union_members(kind: Any) -> tuple[Any, ...]:
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        return typing.get_args(kind)
-    return (kind,)
 
 
 def _matches(value: Any, declared: Any) -> bool:
     """``value`` fits ``declared``; kinds this module cannot check are accepted, as torch does.
     Unlike torch, which skips the type check for ``X | None``, ``Literal[...]`` and other
     generic types, these are checked here."""
-    members = _union_members(declared)
+    members = union_members(declared)
     checkable = [m for m in members if m is type(None) or isinstance(m, type) or _is_literal(m)]
     if len(checkable) < len(members):
         return True  # a callable, a list[...] or a class torch checks itself
@@ -199,7 +185,7 @@ def _is_literal(kind: Any) -> bool:
 
 def _type_text(declared: Any) -> str:
     parts = []
-    for member in _union_members(declared):
+    for member in union_members(declared):
         if member is type(None):
             parts.append("null")
         elif _is_literal(member):

@@ -24,11 +24,6 @@ WHOLE = "whole"
 DEFAULT = "default"
 
 
-def implied_source(sources: Mapping[str, str]) -> str:
-    """The source recorded for a value the store implied."""
-    return f"store ({sources.get('store', 'argument')})"
-
-
 def expand_store(
     config: CompileConfig, sources: Mapping[str, str]
 ) -> tuple[CompileConfig, dict[str, str]]:
@@ -37,7 +32,7 @@ def expand_store(
     if config.store is None:
         return config, expanded
     root = Path(config.store).expanduser()
-    origin = implied_source(sources)
+    origin = f"store ({sources.get('store', 'argument')})"  # the source of an implied value
     changes: dict[str, Any] = {}
     if config.cache_dir is None:
         changes["cache_dir"] = str(root / KERNELS)

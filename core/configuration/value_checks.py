@@ -1,10 +1,7 @@
 """Semantic checks on a structured :class:`CompileConfig`, whatever its sources: choices,
-numbers in range, paths that can be directories, names the plugins declare (with what each
-backend or selector accepts), features the installed torch lacks, and DeepSpeed settings
-that would import a module named in a file.
-
-Types are checked while structuring (:mod:`torchkiln.configuration.config_validation`);
-``options`` against torch's real settings in :mod:`torchkiln.configuration.option_safety`.
+ranges, paths, names the plugins declare and what they accept, features the installed torch
+lacks, DeepSpeed settings that import modules. Types are checked by :mod:`.config_validation`,
+``options`` by :mod:`.option_safety`.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -62,9 +59,11 @@ VERSION_GATED = (
 )
 """Features a torch release may lack: feature name, the setting asking for it, whether it does."""
 
-# DeepSpeed imports every name in this list (``torch_autocast.lower_precision_safe_modules``).
-_DEEPSPEED_IMPORTS = ("torch_autocast", "lower_precision_safe_modules")
 REMOTE_CACHE_SCHEMES = ("redis", "rediss", "unix")
+
+
+_Add = Callable[..., None]
+"""``add(path, message, source=None)`` in :func:`check`."""
 
 
 def _field(config: CompileConfig, path: str) -> Any:
@@ -75,9 +74,11 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     """Semantic checks against the registered plugins; raises one ConfigError."""
     problems: list[ConfigProblem] = []
 
-    def add(path: str, message: str | None) -> None:
+    def add(path: str, message: str | None, source: str | None = None) -> None:
+        """A problem at ``$.path`` when there is a ``message``, from the source of the field
+        ``source`` (default: ``path``)."""
         if message:
-            problems.append(ConfigProblem(dollar(path), message, sources.get(path, "")))
+            problems.append(ConfigProblem(dollar(path), message, sources.get(source or path, "")))
 
     for path, allowed, what in _CHOICES:
         if _field(config, path) is not None:
@@ -93,7 +94,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
             add(path, f"{value} must be at least 1")
         elif value > INT64_MAX:
             add(path, f"{describe(value)} is too large; at most {INT64_MAX}")
-    problems.extend(_tiered_problems(config, sources))
+    _check_tiered(config, add)
     for feature, path, wanted in VERSION_GATED:
         if wanted(config):
             add(path, feature_problem(feature))
@@ -107,28 +108,20 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     add(
         "distributed.strategy", _choice(config.distributed.strategy, strategies, what, missing_hint)
     )
-    add("regions.strategy", _unserved(plugins, selector))
-    add("distributed.strategy", _unserved(plugins, strategy))
-    if selector is not None and selector.spec.options is not None:
-        for key in config.regions.options:
-            if key not in selector.spec.options:
-                message = _unknown_option(
-                    f"selector {config.regions.strategy!r}", key, selector.spec.options
-                )
-                problems.append(
-                    ConfigProblem(
-                        f"$.regions.options.{key}", message, sources.get("regions.options", "")
-                    )
-                )
-    if config.regions.strategy == "classes" and not config.regions.classes:
-        add(
-            "regions.classes",
-            "strategy 'classes' needs at least one class-name glob in regions.classes",
-        )
-    if config.regions.strategy == "paths" and not config.regions.paths:
-        add(
-            "regions.paths", "strategy 'paths' needs at least one module-path glob in regions.paths"
-        )
+    # A declared name whose plugin lacks the hook that serves it is refused like an unknown one.
+    if selector is not None:
+        add("regions.strategy", plugins.unserved(selector))
+    if strategy is not None:
+        add("distributed.strategy", plugins.unserved(strategy))
+    if selector is not None:
+        owner = f"selector {config.regions.strategy!r}"
+        _check_options(add, owner, "regions.options", config.regions.options, selector.spec.options)
+    for name, glob in (("classes", "class-name"), ("paths", "module-path")):
+        if config.regions.strategy == name and not getattr(config.regions, name):
+            add(
+                f"regions.{name}",
+                f"strategy {name!r} needs at least one {glob} glob in regions.{name}",
+            )
     if config.mode is not None and config.options:
         add(
             "mode",
@@ -140,7 +133,7 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     add("store", _cache_dir(config.store, "store"))
     add("distributed.deepspeed.config", _deepspeed_imports(config, sources))
     if config.backend != "no":
-        problems.extend(_backend_problems(config, sources, plugins))
+        _check_backend(config, plugins, add)
     problems.extend(option_problems(config, sources))
     if strategy is not None:
         availability = strategy.spec.probe()
@@ -174,57 +167,47 @@ def _dispatch_problem(value: Any) -> str | None:
     return _choice(value, DISPATCH_CHOICES, "a dispatch setting")
 
 
-def _unknown_option(owner: str, key: str, accepted: tuple[str, ...]) -> str:
-    hint = did_you_mean(key, accepted)
-    return f"{owner} does not accept option {describe(key)}{hint}; allowed: {', '.join(accepted) or 'none'}"
+def _check_options(
+    add: _Add, owner: str, field: str, given: Iterable[str], accepted: tuple[str, ...] | None
+) -> None:
+    """A problem for each key of ``given`` that ``accepted`` (``None``: any) lacks."""
+    allowed = ", ".join(accepted or ()) or "none"
+    for key in given:
+        if accepted is not None and key not in accepted:
+            hint = did_you_mean(key, accepted)
+            add(
+                f"{field}.{key}",
+                f"{owner} does not accept option {describe(key)}{hint}; allowed: {allowed}",
+                field,
+            )
 
 
-def _unserved(plugins: Any, declared: Any) -> str | None:
-    """A declared name whose plugin lacks the hook that serves it is refused here, like an
-    unknown name (it would fail only when compiling, or run eagerly under
-    ``on_region_error="eager"``)."""
-    if declared is None or not hasattr(plugins, "unserved"):
-        return None
-    return plugins.unserved(declared)
-
-
-def _tiered_problems(config: CompileConfig, sources: Mapping[str, str]) -> list[ConfigProblem]:
+def _check_tiered(config: CompileConfig, add: _Add) -> None:
     tiered = config.tiered
-    problems = [
-        ConfigProblem(f"$.tiered.{name}", f"{value} is not between {low} and {high}",
-                      sources.get(f"tiered.{name}", ""))
-        for name, value, low, high in (("threads", tiered.threads, 1, 256),
-                                       ("nice", tiered.nice, 0, 19))
-        if not low <= value <= high
-    ]  # fmt: skip
+    for name, value, low, high in (
+        ("threads", tiered.threads, 1, 256),
+        ("nice", tiered.nice, 0, 19),
+    ):
+        if not low <= value <= high:
+            add(f"tiered.{name}", f"{value} is not between {low} and {high}")
     bound = tiered.max_slowdown
     if bound != 0 and not 1 < bound <= 100:
-        problems.append(
-            ConfigProblem(
-                "$.tiered.max_slowdown",
-                f"{bound} is neither 0 (no bound) nor a ratio above 1 and at most 100 (1.25: "
-                "the builder may make the mean step at most 25% slower)",
-                sources.get("tiered.max_slowdown", ""),
-            )
+        add(
+            "tiered.max_slowdown",
+            f"{bound} is neither 0 (no bound) nor a ratio above 1 and at most 100 (1.25: "
+            "the builder may make the mean step at most 25% slower)",
         )
     strategy = config.distributed.strategy
     if tiered.enabled and strategy not in TIERED_STRATEGIES:
-        problems.append(
-            ConfigProblem(
-                "$.tiered.enabled",
-                f"tiered compilation is not supported with distributed strategy {strategy!r} "
-                f"(allowed: {', '.join(TIERED_STRATEGIES)}): it shards parameters per block, "
-                "and a whole-model graph built from an unsharded copy would not gather them",
-                sources.get("tiered.enabled", ""),
-            )
+        add(
+            "tiered.enabled",
+            f"tiered compilation is not supported with distributed strategy {strategy!r} "
+            f"(allowed: {', '.join(TIERED_STRATEGIES)}): it shards parameters per block, "
+            "and a whole-model graph built from an unsharded copy would not gather them",
         )
-    return problems
 
 
-def _backend_problems(
-    config: CompileConfig, sources: Mapping[str, str], plugins: Any
-) -> list[ConfigProblem]:
-    source = sources.get("backend", "")
+def _check_backend(config: CompileConfig, plugins: Any, add: _Add) -> None:
     found = plugins.backend(config.backend)
     if found is None:
         declared = plugins.backends(include_torch=False)
@@ -234,84 +217,50 @@ def _backend_problems(
             n for n in set(known) - set(declared) if "testing_only" not in n and "minifier" not in n
         )
         hint = did_you_mean(config.backend, known)
-        return [
-            ConfigProblem(
-                "$.backend",
-                (
-                    f"{describe(config.backend)} is not a registered backend{hint}; registered by plugins: "
-                    f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
-                    f"{plugins.missing_hint()}"
-                ),
-                source,
-            )
-        ]
+        add(
+            "backend",
+            f"{describe(config.backend)} is not a registered backend{hint}; registered by plugins: "
+            f"{', '.join(sorted(set(declared) | {'no'}))}; known to torch: {', '.join(torch_only) or 'none'}"
+            f"{plugins.missing_hint()}",
+        )
+        return
     spec = found.spec
-    problems = []
-    unserved = _unserved(plugins, found)
-    if unserved:
-        problems.append(ConfigProblem("$.backend", unserved, source))
+    add("backend", plugins.unserved(found))
     if config.tiered.enabled and not spec.precompile:
-        problems.append(
-            ConfigProblem(
-                "$.tiered.enabled",
-                f"tiered compilation saves the whole model's compiled function in a builder "
-                f"process and loads it here; backend {config.backend!r} (plugin "
-                f"{found.plugin!r}) does not declare its functions serialisable "
-                "(BackendSpec.precompile); backends that do: "
-                + ", ".join(
-                    sorted(
-                        n
-                        for n, d in plugins.backends(include_torch=False).items()
-                        if d.spec.precompile
-                    )
-                ),
-                sources.get("tiered.enabled", ""),
-            )
+        serialisable = (
+            n for n, d in plugins.backends(include_torch=False).items() if d.spec.precompile
+        )
+        add(
+            "tiered.enabled",
+            f"tiered compilation saves the whole model's compiled function in a builder "
+            f"process and loads it here; backend {config.backend!r} (plugin "
+            f"{found.plugin!r}) does not declare its functions serialisable "
+            "(BackendSpec.precompile); backends that do: " + ", ".join(sorted(serialisable)),
         )
     availability = spec.probe()
     if not availability.available:
-        problems.append(
-            ConfigProblem(
-                "$.backend",
-                f"backend {config.backend!r} is not available here: {availability.reason}",
-                source,
-            )
-        )
+        add("backend", f"backend {config.backend!r} is not available here: {availability.reason}")
     if config.mode is not None and spec.modes is not None and config.mode not in spec.modes:
-        problems.append(
-            ConfigProblem(
-                "$.mode",
-                (
-                    f"{describe(config.mode)} is not a mode backend {config.backend!r} accepts; allowed: "
-                    f"{', '.join(spec.modes) or 'none (leave mode unset)'}"
-                ),
-                sources.get("mode", ""),
-            )
+        add(
+            "mode",
+            f"{describe(config.mode)} is not a mode backend {config.backend!r} accepts; allowed: "
+            f"{', '.join(spec.modes) or 'none (leave mode unset)'}",
         )
-    if spec.options is not None:
-        for key in config.options:
-            if key not in spec.options:
-                problems.append(
-                    ConfigProblem(
-                        f"$.options.{key}",
-                        _unknown_option(f"backend {config.backend!r}", key, spec.options),
-                        sources.get("options", ""),
-                    )
-                )
-    return problems
+    _check_options(add, f"backend {config.backend!r}", "options", config.options, spec.options)
 
 
 def _deepspeed_imports(config: CompileConfig, sources: Mapping[str, str]) -> str | None:
+    """DeepSpeed imports every module named in ``torch_autocast.lower_precision_safe_modules``."""
     deepspeed = config.distributed.deepspeed.config
     if not isinstance(deepspeed, Mapping):
         return None
     if not is_untrusted(sources.get("distributed.deepspeed.config", "")):
         return None
-    section = deepspeed.get(_DEEPSPEED_IMPORTS[0])
-    if not isinstance(section, Mapping) or section.get(_DEEPSPEED_IMPORTS[1]) is None:
+    section = deepspeed.get("torch_autocast")
+    if not isinstance(section, Mapping) or section.get("lower_precision_safe_modules") is None:
         return None
     return (
-        f"{'.'.join(_DEEPSPEED_IMPORTS)} makes DeepSpeed import the modules it names, "
+        "torch_autocast.lower_precision_safe_modules makes DeepSpeed import the modules it names, "
         "so torchkiln does not take it from a file or the environment; pass the "
         "DeepSpeed configuration from Python instead (docs/configuration.md, "
         "'Options that can run code')"
@@ -319,9 +268,7 @@ def _deepspeed_imports(config: CompileConfig, sources: Mapping[str, str]) -> str
 
 
 def _positive_size(value: float | None) -> str | None:
-    if value is None:
-        return None
-    if not math.isfinite(value) or value <= 0 or value > 2**40:
+    if value is not None and not (math.isfinite(value) and 0 < value <= 2**40):
         return f"{describe(value)} is not a size in MiB; give a finite number above 0"
     return None
 
@@ -329,6 +276,8 @@ def _positive_size(value: float | None) -> str | None:
 def _cache_dir(value: str | None, field: str = "cache_dir") -> str | None:
     if value is None:
         return None
+    if "\x00" in value:
+        return f"{describe(value)} contains a NUL character"
     if not value.strip():
         what, null = (
             ("inductor's cache", "torch's default")
@@ -339,13 +288,7 @@ def _cache_dir(value: str | None, field: str = "cache_dir") -> str | None:
             f"an empty {field} would put {what} in the working directory; give a "
             f"directory path, or null for {null}"
         )
-    try:
-        is_file = os.path.exists(value) and not os.path.isdir(value)
-    except (OSError, ValueError) as error:  # ValueError: a NUL character
-        return f"{describe(value)} is not a usable path: {error}"
-    if "\x00" in value:
-        return f"{describe(value)} contains a NUL character"
-    if is_file:
+    if os.path.exists(value) and not os.path.isdir(value):  # neither raises
         return f"{describe(value)} exists and is not a directory; give a directory path"
     return None
 

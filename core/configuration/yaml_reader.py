@@ -1,15 +1,8 @@
-"""Read a torchkiln YAML file: any input becomes plain data or one :class:`ConfigError`.
-
-What is refused, each with the field path (``$.a.b``) and the line: anything but a regular
-UTF-8 file of at most :data:`MAX_FILE_BYTES`; YAML that is not JSON-like (tags other than the
-core ones, dates, keys that are not strings, duplicate keys); nesting deeper than
-:data:`~torchkiln.configuration.config_values.MAX_DEPTH` and more than
-:data:`~torchkiln.configuration.config_values.MAX_VALUES` values, with every alias counted as
-a full copy of what it refers to, so an alias bomb ("billion laughs") is refused after looking
-at each distinct node once, before anything is built; an alias that refers to a node
-containing it. Parsing uses PyYAML's pure-Python safe loader, extended: its composer builds
-shared nodes for aliases, which this module measures and checks before the constructor runs.
-docs/configuration.md ("A YAML file") gives examples of each.
+"""Read a torchkiln YAML file: any input becomes plain data or one :class:`ConfigError` naming
+the field path (``$.a.b``) and the line. PyYAML's safe loader, extended: its composer limits
+depth and size, and the composed graph (aliases as shared nodes) is checked before anything is
+constructed, so an alias bomb is refused after one look at each distinct node. What is refused,
+with examples: docs/configuration.md, "A YAML file".
 """
 
 from __future__ import annotations
@@ -26,11 +19,11 @@ from torchkiln.configuration.config_values import (
     MAX_DEPTH,
     MAX_VALUES,
     PlainValueError,
+    config_error,
     describe,
     join_path,
     plain_tree,
 )
-from torchkiln.errors import ConfigError, ConfigProblem
 
 MAX_FILE_BYTES = 1024 * 1024
 """Largest configuration file read (1 MiB)."""
@@ -72,29 +65,27 @@ class _Refused(Exception):
 def read_config_text(path: Path, where: str, what: str = "config file") -> str:
     """The text of a regular file of at most :data:`MAX_FILE_BYTES`, decoded as UTF-8;
     ``what`` names the file in messages (``cannot read {what}: ...``)."""
-
-    def refuse(message: str) -> ConfigError:
-        return ConfigError([ConfigProblem("$", message, where)])
-
     try:
         data = _read_regular_file(path)
     except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise refuse(f"cannot read {what}: {reason}") from None
+        raise config_error(where, f"cannot read {what}: {reason}") from None
     if data is None:
-        raise refuse(_not_regular(path, what))
+        raise config_error(where, _not_regular(path, what))
     if len(data) > MAX_FILE_BYTES:
-        raise refuse(
+        raise config_error(
+            where,
             f"the file is larger than {MAX_FILE_BYTES // 1024} KiB; a torchkiln configuration "
-            "is far smaller"
+            "is far smaller",
         )
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        raise refuse(
+        raise config_error(
+            where,
             f"the file is not UTF-8 text: byte {data[error.start]:#04x} at offset {error.start} "
-            f"(line {line}); save it as UTF-8"
+            f"(line {line}); save it as UTF-8",
         ) from None
 
 
@@ -127,14 +118,9 @@ class _LimitedLoader(yaml.SafeLoader):
         self._composed = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
-        if isinstance(parent, SequenceNode) and isinstance(index, int):
-            path = join_path(self._path[-1], index)
-        elif isinstance(parent, MappingNode) and isinstance(index, ScalarNode):
-            path = join_path(self._path[-1], index.value)
-        elif isinstance(parent, MappingNode) and isinstance(index, Node):
-            path = join_path(self._path[-1], "<complex key>")
-        else:  # the root, or a mapping key
-            path = self._path[-1]
+        # ``index``: an item's position in a sequence, a value's key node; None for the root
+        # and for a mapping key, which share their parent's path
+        path = self._path[-1] if index is None else _child_path(self._path[-1], index)
         self._composed += 1
         if self._composed > MAX_VALUES:
             raise _Refused(path, f"more than {MAX_VALUES} values; a torchkiln file is far smaller")
@@ -152,7 +138,7 @@ def parse_yaml(text: str, where: str) -> Any:
     try:
         loader = _LimitedLoader(text)
     except yaml.YAMLError as error:  # characters YAML does not allow (NUL, ...)
-        raise ConfigError([ConfigProblem("$", _yaml_message(error), where)]) from None
+        raise config_error(where, _yaml_message(error)) from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -160,28 +146,20 @@ def parse_yaml(text: str, where: str) -> Any:
         _check_graph(node)
         data = loader.construct_document(node)
     except _Refused as error:
-        raise ConfigError([ConfigProblem(error.path, error.message, where)]) from None
+        raise config_error(where, error.message, error.path) from None
     except yaml.YAMLError as error:
-        raise ConfigError([ConfigProblem("$", _yaml_message(error), where)]) from None
+        raise config_error(where, _yaml_message(error)) from None
     except Exception as error:
         # PyYAML's constructors fail on some scalars with plain Python errors (``!!int ''``
         # raises IndexError); after the checks above, whatever they raise is bad input.
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "$",
-                    f"not valid YAML: a value cannot be read ({type(error).__name__}: "
-                    f"{describe(str(error))})",
-                    where,
-                )
-            ]
-        ) from None
+        cause = f"{type(error).__name__}: {describe(str(error))}"
+        raise config_error(where, f"not valid YAML: a value cannot be read ({cause})") from None
     finally:
         loader.dispose()
     try:
         return plain_tree(data)
     except PlainValueError as error:
-        raise ConfigError([error.problem(where)]) from None
+        raise config_error(where, error.message, error.path) from None
 
 
 def _yaml_message(error: yaml.YAMLError) -> str:
@@ -191,11 +169,7 @@ def _yaml_message(error: yaml.YAMLError) -> str:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         return f"not valid YAML: {first[:200]}"
     parts = []
-    pairs: tuple[tuple[str | None, Any], ...] = (
-        (error.context, error.context_mark),
-        (error.problem, error.problem_mark),
-    )
-    for text, mark in pairs:
+    for text, mark in ((error.context, error.context_mark), (error.problem, error.problem_mark)):
         if text:
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
             parts.append(f"{text[:200]}{where}")
@@ -245,14 +219,20 @@ def _children(node: Node, path: str) -> list[tuple[Node, str]]:
     if isinstance(node, MappingNode):
         pairs = []
         for key_node, value_node in node.value:
-            label = key_node.value if isinstance(key_node, ScalarNode) else "<complex key>"
             if key_node.tag == _MERGE:  # ``<<: *base``: the merged mapping is the child
                 pairs.append((value_node, path))
                 continue
             pairs.append((key_node, path))
-            pairs.append((value_node, join_path(path, label)))
+            pairs.append((value_node, _child_path(path, key_node)))
         return pairs
     return []
+
+
+def _child_path(path: str, key: int | Node) -> str:
+    """The path of a sequence item (``key``: its index) or of a mapping value (its key node)."""
+    if isinstance(key, Node):
+        return join_path(path, key.value if isinstance(key, ScalarNode) else "<complex key>")
+    return join_path(path, key)
 
 
 def _check_node(node: Node, path: str) -> None:
@@ -324,13 +304,6 @@ def read_yaml_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    "$",
-                    f"the top level must be a mapping of fields, got a {type(data).__name__}",
-                    where,
-                )
-            ]
-        )
+        kind = type(data).__name__
+        raise config_error(where, f"the top level must be a mapping of fields, got a {kind}")
     return data

@@ -24,11 +24,8 @@ def _code(function: Any) -> CodeType | None:
 def plugin_at_fault(pm: Any, hook_name: str, error: BaseException) -> str | None:
     """The plugin whose ``hook_name`` implementation ``error`` was raised in (the outermost
     one on the traceback), else ``None``."""
-    caller = getattr(pm.hook, hook_name, None)
-    if caller is None:
-        return None
     codes = {}
-    for impl in caller.get_hookimpls():
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
         code = _code(impl.function)
         if code is not None:
             codes[code] = impl.plugin_name
@@ -53,12 +50,10 @@ def raised_in(pm: Any, hook_name: str, error: Exception, owner: str | None = Non
 
 
 def call_hook(pm: Any, hook_name: str, owner: str | None = None, **kwargs: Any) -> Any:
-    """``pm.<hook_name>(**kwargs)`` (the manager's dispatch to the declaring plugin) where the
-    manager has one, else ``pm.hook.<hook_name>(**kwargs)``; a non-torchkiln exception becomes a
-    :class:`PluginError` naming the implementation it was raised in (else ``owner``)."""
-    dispatch = getattr(pm, hook_name, None)
-    if not callable(dispatch):
-        dispatch = getattr(pm.hook, hook_name)
+    """``pm.<hook_name>(**kwargs)`` (the manager's dispatch to the declaring plugin); a
+    non-torchkiln exception becomes a :class:`PluginError` naming the implementation it was
+    raised in (else ``owner``)."""
+    dispatch = getattr(pm, hook_name)
     try:
         return dispatch(**kwargs)
     except TorchkilnError:

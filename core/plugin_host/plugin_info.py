@@ -31,9 +31,7 @@ def readable_name(plugin: object) -> str:
     """The name an unnamed registration gets: a module's name, else the object's class path."""
     if isinstance(plugin, types.ModuleType):
         return plugin.__name__
-    if isinstance(plugin, type):
-        return f"{plugin.__module__}.{plugin.__qualname__}"
-    cls = type(plugin)
+    cls = plugin if isinstance(plugin, type) else type(plugin)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 

@@ -1,12 +1,7 @@
-"""Loading plugins: the ``TORCHKILN_*`` plugin controls (flags, name lists), which installed
-plugins (the ``torchkiln`` entry-point group) load and in which order, what is recorded about
-one that loaded or failed to, the checks a plugin passes when it is registered (no hook
-torchkiln does not specify, no name declared without the hook that serves it), and the
-hook-call trace ``TORCHKILN_TRACE_PLUGINS=1`` prints.
-
-The functions take pluggy's manager, not torchkiln's, so this module does not import
-:mod:`torchkiln.plugin_host.plugin_manager` (which imports it); docs/plugins.md says what
-each variable does.
+"""Loading plugins: the ``TORCHKILN_*`` plugin controls, which installed plugins (the
+``torchkiln`` entry-point group) load and in which order, the checks a plugin passes when it is
+registered, and the hook-call trace of ``TORCHKILN_TRACE_PLUGINS=1``. The functions take
+pluggy's manager: :mod:`.plugin_manager` imports this module, not the other way round.
 """
 
 from __future__ import annotations
@@ -20,24 +15,20 @@ from typing import Any
 
 import pluggy
 
+from torchkiln.configuration.config_sources import ENV_TRUE
 from torchkiln.configuration.config_values import did_you_mean
 from torchkiln.errors import PluginError
-from torchkiln.plugin_host.plugin_info import DECLARATIONS, FailedPlugin, PluginInfo
+from torchkiln.plugin_host.plugin_info import DECLARATIONS
 
 # --- the environment controls and the trace ------------------------------------------------------
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-
 
 def env_flag(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "").strip().lower() in _TRUE
+    return env.get(name, "").strip().lower() in ENV_TRUE
 
 
-def env_names(env: Mapping[str, str], name: str) -> set[str] | None:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return None
-    return {part.strip() for part in raw.split(",") if part.strip()}
+def env_names(env: Mapping[str, str], name: str) -> set[str]:
+    return {part.strip() for part in env.get(name, "").split(",") if part.strip()}
 
 
 def short(value: Any, limit: int = 200) -> str:
@@ -64,23 +55,18 @@ def warn_unknown_names(
 ) -> None:
     """A ``RuntimeWarning`` for each name in ``TORCHKILN_PLUGINS`` / ``TORCHKILN_DISABLED_PLUGINS``
     that matches no built-in and no installed entry point, with the closest known name."""
-    for variable, known in (
-        ("TORCHKILN_PLUGINS", external),
-        ("TORCHKILN_DISABLED_PLUGINS", [*builtins, *external]),
+    for variable, known, what in (
+        ("TORCHKILN_PLUGINS", external, "installed plugin (entry-point name)"),
+        ("TORCHKILN_DISABLED_PLUGINS", [*builtins, *external], "plugin"),
     ):
         lowered = {name.lower(): name for name in known}
         # "tensorrt" is close to "torchkiln.tensorrt": compare with the short names too.
         candidates = {**{n.removeprefix("torchkiln."): n for n in lowered}, **lowered}
-        for name in sorted(env_names(env, variable) or ()):
+        for name in sorted(env_names(env, variable)):
             if name.lower() in lowered:
                 continue
             close = difflib.get_close_matches(name.lower(), list(candidates), n=1)
             hint = f" (did you mean {lowered[candidates[close[0]]]!r}?)" if close else ""
-            what = (
-                "installed plugin (entry-point name)"
-                if variable == "TORCHKILN_PLUGINS"
-                else "plugin"
-            )
             warnings.warn(
                 f"{variable}: {name!r} matches no {what}{hint}; names are matched "
                 f"case-insensitively; known: {', '.join(known) or 'none'}",
@@ -146,37 +132,7 @@ def entry_points_to_load(
     return allowed, blocked
 
 
-def loaded_plugin_info(entry_point: metadata.EntryPoint, hooks: tuple[str, ...]) -> PluginInfo:
-    """What ``torchkiln plugins`` shows about an installed plugin that loaded."""
-    distribution, version = _distribution(entry_point)
-    return PluginInfo(
-        entry_point.name, "entry-point", hooks, distribution, version, entry_point.value
-    )
-
-
-def load_failure(entry_point: metadata.EntryPoint, error: Exception) -> FailedPlugin:
-    """What is recorded about an installed plugin that failed to import or to register."""
-    distribution, version = _distribution(entry_point)
-    return FailedPlugin(
-        entry_point.name,
-        entry_point.value,
-        distribution,
-        version,
-        f"{type(error).__name__}: {error}",
-    )
-
-
-def strict_load_error(failure: FailedPlugin, error: Exception) -> PluginError:
-    """What ``TORCHKILN_STRICT_PLUGINS=1`` raises instead of skipping the plugin."""
-    return PluginError(
-        failure.describe().replace("was skipped", "was not loaded")
-        + " (TORCHKILN_STRICT_PLUGINS=1)",
-        plugin=failure.name,
-        hook=getattr(error, "hook", None),
-    )
-
-
-def _distribution(entry_point: metadata.EntryPoint) -> tuple[str | None, str | None]:
+def distribution_of(entry_point: metadata.EntryPoint) -> tuple[str | None, str | None]:
     """The name and version of the distribution that installed ``entry_point``, if known
     (an entry point made by hand has none)."""
     dist = getattr(entry_point, "dist", None)

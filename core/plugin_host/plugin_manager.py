@@ -1,13 +1,9 @@
-"""The plugin manager: built-in plugins, entry-point plugins, environment controls, what the
-plugins declare and serving a declared name by the plugin that declared it.
-
-The manager holds the state (registered, installed and failed plugins, cached declarations);
-loading, the environment controls and the checks at registration are in
-:mod:`.plugin_loading`. The controls (``TORCHKILN_DISABLE_PLUGIN_AUTOLOAD``,
-``TORCHKILN_PLUGINS``, ``TORCHKILN_DISABLED_PLUGINS``, ``TORCHKILN_STRICT_PLUGINS``,
-``TORCHKILN_TRACE_PLUGINS``), the precedence of plugins (registered, then installed, then
-built-ins; the first called wins a name declared twice) and the quarantine of a plugin whose
-``declare_*`` hook fails are documented in docs/plugins.md, where users read them.
+"""The plugin manager: built-in and entry-point plugins, what they declare, and serving a
+declared name by the plugin that declared it. Loading and the checks at registration are in
+:mod:`.plugin_loading`. docs/plugins.md documents the controls
+(``TORCHKILN_DISABLE_PLUGIN_AUTOLOAD``, ``TORCHKILN_PLUGINS``, ``TORCHKILN_DISABLED_PLUGINS``,
+``TORCHKILN_STRICT_PLUGINS``, ``TORCHKILN_TRACE_PLUGINS``), the precedence of plugins and the
+quarantine of a plugin whose ``declare_*`` hook fails.
 """
 
 from __future__ import annotations
@@ -43,19 +39,14 @@ from torchkiln.plugin_host.plugin_info import (
     readable_name,
 )
 from torchkiln.plugin_host.plugin_loading import (
-    ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,  # re-exported: its home before plugin_loading
-)
-from torchkiln.plugin_host.plugin_loading import (
     call_traced,
     check_plugin,
+    distribution_of,
     entry_points_to_load,
     env_flag,
     env_names,
     implemented_hooks,
     installed_plugin_names,
-    load_failure,
-    loaded_plugin_info,
-    strict_load_error,
     trace_after,
     trace_before,
     warn_unknown_names,
@@ -94,11 +85,10 @@ class PluginManager(pluggy.PluginManager):
         self.external: dict[str, PluginInfo] = {}
         self._declared_cache: dict[str, dict[str, Any]] = {}
 
-        self.disabled = {
-            n.lower() for n in env_names(self._env, "TORCHKILN_DISABLED_PLUGINS") or ()
-        }
+        disabled = env_names(self._env, "TORCHKILN_DISABLED_PLUGINS")
+        self.disabled = {name.lower() for name in disabled}
         """``TORCHKILN_DISABLED_PLUGINS``, lower case."""
-        for name in env_names(self._env, "TORCHKILN_DISABLED_PLUGINS") or ():
+        for name in disabled:
             self.set_blocked(name)  # as spelled; other spellings are blocked when met
         self._registering_internally = False
         if builtins:
@@ -181,20 +171,30 @@ class PluginManager(pluggy.PluginManager):
         self._declared_cache.clear()
 
     def _load_entry_point(self, entry_point: metadata.EntryPoint) -> None:
+        name, target = entry_point.name, entry_point.value
         try:
             plugin = entry_point.load()
-            self.register(plugin, name=entry_point.name)  # checks it (check_plugin), once
+            self.register(plugin, name=name)  # checks it (check_plugin), once
         except Exception as error:  # isolate: one broken plugin never stops the others
-            if self.get_plugin(entry_point.name) is not None:
-                self.unregister(name=entry_point.name)
-            failure = load_failure(entry_point, error)
+            if self.get_plugin(name) is not None:
+                self.unregister(name=name)
+            reason = f"{type(error).__name__}: {error}"
+            failure = FailedPlugin(name, target, *distribution_of(entry_point), reason)
             self.failed.append(failure)
             if self.strict:
-                raise strict_load_error(failure, error) from error
+                message = failure.describe().replace("was skipped", "was not loaded")
+                raise PluginError(
+                    f"{message} (TORCHKILN_STRICT_PLUGINS=1)",
+                    plugin=name,
+                    hook=getattr(error, "hook", None),
+                ) from error
             warnings.warn(failure.describe(), RuntimeWarning, stacklevel=3)
             return
         hooks_implemented = implemented_hooks(self, plugin)
-        self.external[entry_point.name] = loaded_plugin_info(entry_point, hooks_implemented)
+        distribution, version = distribution_of(entry_point)
+        self.external[name] = PluginInfo(
+            name, "entry-point", hooks_implemented, distribution, version, target
+        )
 
     def plugin_infos(self) -> list[PluginInfo]:
         """Every registered plugin, built-ins first."""
@@ -308,11 +308,10 @@ class PluginManager(pluggy.PluginManager):
     def unserved(self, declared: Declared[Any]) -> str | None:
         """Why ``declared`` cannot be used although it is declared: its plugin does not
         implement the hook that serves it; ``None`` when it does."""
-        if getattr(declared.spec, "origin", "plugin") == "torch":
-            return None
-        if getattr(declared.spec, "compile", None) is not None:  # a backend carrying its compile
-            return None
-        kind, _, hook_name = declaration_of(declared.spec)
+        spec = declared.spec
+        if isinstance(spec, BackendSpec) and (spec.origin == "torch" or spec.compile is not None):
+            return None  # torch compiles it, or the backend carries its compile
+        kind, _, hook_name = declaration_of(spec)
         if hook_name is None or self._implementation(hook_name, declared.plugin) is not None:
             return None
         return (
@@ -345,13 +344,12 @@ class PluginManager(pluggy.PluginManager):
         self.ensure_loaded()
         if hook_name in self._declared_cache:
             return self._declared_cache[hook_name]
-        while True:
+        while True:  # until no declaration fails: the plugin at fault is gone, ask the others
             try:
                 result, twice = self._collect(hook_name)
+                break
             except DeclarationFailed as error:
                 self._quarantine(error)  # raises under TORCHKILN_STRICT_PLUGINS=1
-                continue  # the plugin at fault is gone: ask the others again
-            break
         for message in twice:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         self._declared_cache[hook_name] = result

@@ -3,9 +3,8 @@
 Dynamo says *what* failed (``L['module'].drop_prob == 0.1``, ``Tensor.item()``); users need to
 know *why* it happens with repeated blocks and what to change. Each :class:`ReportCause` is a
 regular expression searched in a reason's one-line text (and Dynamo's full text), and a remedy.
-Built-in causes are below; a plugin adds its own by returning ``ReportCause`` objects from the
-``declare_report_causes`` hook (see ``docs/hooks.md``), first match wins, plugins' before
-built-ins.
+Built-in causes are below; a plugin adds its own in its specs' ``report_causes``; first match
+wins, plugins' before built-ins.
 """
 
 from __future__ import annotations
