@@ -8,9 +8,7 @@ implementation torchkiln has of "find the first compiled function whose guards p
 frame locals, or say which guard failed"; the rest of this module reads Dynamo's state around it
 (cache entries, compile-start callbacks, guard names).
 
-Each function names what it reads, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_cache_entries_contracts.py`` checks each on every supported
-torch. Nothing here imports ``torch._dynamo`` until a function is called.
+Nothing here imports ``torch._dynamo`` until a function is called.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """Dynamo's private state that torchkiln reads or sets (``torch._dynamo``, ``torch._C._dynamo``).
 
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_dynamo_contracts.py`` checks each on every supported torch.
 Every function imports ``torch._dynamo`` in its body: importing this module imports no torch.
 """
 

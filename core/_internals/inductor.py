@@ -1,8 +1,6 @@
 """Inductor's private parts that torchkiln reads or sets (``torch._inductor``, ``torch.cpu``'s
 CPU-feature checks).
 
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_inductor_contracts.py`` checks each on every supported torch.
 Every function imports ``torch._inductor`` in its body: importing this module imports no torch.
 """
 

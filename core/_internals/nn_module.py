@@ -1,10 +1,5 @@
 """``torch.nn.Module``'s private dicts that torchkiln reads or writes (``_modules``,
-``_parameters``, ``_buffers``).
-
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_nn_module_contracts.py`` checks each on every supported
-torch.
-"""
+``_parameters``, ``_buffers``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """transformers' private state that torchkiln reads or sets (output capturing:
 ``transformers.utils.output_capturing``).
 
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_transformers_contracts.py`` checks each on every supported
-torch. Nothing here imports transformers unless said so.
+Nothing here imports transformers unless said so.
 """
 
 from __future__ import annotations
