@@ -34,8 +34,7 @@ def can_record_registry() -> dict[Any, Any] | None:
     2.15 (transformers 5.24).
     """
     module = sys.modules.get(OUTPUT_CAPTURING)
-    registry: dict[Any, Any] | None = getattr(module, "_CAN_RECORD_REGISTRY", None)
-    return registry
+    return getattr(module, "_CAN_RECORD_REGISTRY", None)
 
 
 def can_record_outputs(module: Any) -> Any:
