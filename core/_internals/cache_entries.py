@@ -82,9 +82,6 @@ class GuardTable(Generic[F]):
                 failures.append(str(parts[0]))
         return failures
 
-    def functions(self) -> list[F]:
-        return [function for _, function in self._rows]
-
     def __iter__(self) -> Iterator[tuple[Check, F]]:
         return iter(self._rows)
 
