@@ -18,7 +18,4 @@ def fake_tensor_mode(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode: contextlib.AbstractContextManager[Any] = FakeTensorMode(
-        allow_non_fake_inputs=allow_non_fake_inputs
-    )
-    return mode
+    return FakeTensorMode(allow_non_fake_inputs=allow_non_fake_inputs)

@@ -11,16 +11,12 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-OUTPUT_CAPTURING = "transformers.utils.output_capturing"
-OUTPUT_REGISTRY = "._CAN_RECORD_REGISTRY"
-"""The registry of recordable outputs, as it appears in a Dynamo guard's source name."""
-
 
 def guards_can_record_registry(guard_name: str) -> bool:
     """Whether a Dynamo guard (by its source name) checks :func:`can_record_registry`'s
     entries: ``G['__import_transformers...output_capturing']._CAN_RECORD_REGISTRY[...]``.
     Verified: torch 2.11, 2.13, 2.14, 2.15 (transformers 5.25)."""
-    return OUTPUT_REGISTRY in guard_name
+    return "._CAN_RECORD_REGISTRY" in guard_name
 
 
 def can_record_registry() -> dict[Any, Any] | None:
@@ -33,7 +29,7 @@ def can_record_registry() -> dict[Any, Any] | None:
     (``dict.items(registry)``): the subclass overrides some. Verified: torch 2.11, 2.13, 2.14,
     2.15 (transformers 5.24).
     """
-    module = sys.modules.get(OUTPUT_CAPTURING)
+    module = sys.modules.get("transformers.utils.output_capturing")
     return getattr(module, "_CAN_RECORD_REGISTRY", None)
 
 
