@@ -1,9 +1,7 @@
 """Accelerate's private conventions that torchkiln reads or writes on a model (``_orig_mod``
 in a module's ``__dict__``, ``_original_forward``, a hook's ``_hf_hook`` and ``_old_forward``).
 
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_accelerate_contracts.py`` checks each on every supported
-torch. Nothing here imports Accelerate.
+Nothing here imports Accelerate.
 """
 
 from __future__ import annotations

@@ -7,10 +7,8 @@ the function apart, to try several saved functions in turn and say why none fits
 (:class:`~torchkiln._internals.cache_entries.GuardTable`), and the names the function's bytecode
 loads, to supply them in another process.
 
-Each function names what it reads, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_aot_artifacts_contracts.py`` checks each on every supported
-torch that has ``aot_compile`` (2.11 has none: the features that need it are refused by
-:mod:`torchkiln._internals.versions`).
+The contract tests need ``aot_compile``, which torch 2.11 lacks (the features that need it are
+refused there by :mod:`torchkiln._internals.versions`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Autograd's private state of a tensor that torchkiln reads (the version counter).
-
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_autograd_contracts.py`` checks each on every supported
-torch.
-"""
+"""Autograd's private state of a tensor that torchkiln reads (the version counter)."""
 
 from __future__ import annotations
 

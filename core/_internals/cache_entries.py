@@ -8,9 +8,7 @@ implementation torchkiln has of "find the first compiled function whose guards p
 frame locals, or say which guard failed"; the rest of this module reads Dynamo's state around it
 (cache entries, compile-start callbacks, guard names).
 
-Each function names what it reads, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_cache_entries_contracts.py`` checks each on every supported
-torch. Nothing here imports ``torch._dynamo`` until a function is called.
+Nothing here imports ``torch._dynamo`` until a function is called.
 """
 
 from __future__ import annotations
@@ -49,11 +47,9 @@ class GuardTable(Generic[F]):
     __slots__ = ("_guards", "_rows")
 
     def __init__(self, pairs: Iterable[tuple[Any, F]] = ()):
-        self._guards: list[Any] = []
-        self._rows: list[tuple[Check, F]] = []
-        for guards, function in pairs:
-            self._guards.append(guards)
-            self._rows.append((guards.check, function))
+        pairs = list(pairs)
+        self._guards: list[Any] = [guards for guards, _ in pairs]
+        self._rows: list[tuple[Check, F]] = [(guards.check, function) for guards, function in pairs]
 
     def find(self, frame_locals: dict[str, Any]) -> F | None:
         """The first function whose guards pass for ``frame_locals``; ``None`` on a miss."""
@@ -68,30 +64,25 @@ class GuardTable(Generic[F]):
         """Per row: ``None`` when its guards pass, else the first guard that fails, in torch's
         words. When torch's explanation raises, :data:`UNEXPLAINED` with the error's type
         (``unexplained=None``: ``None``, the row left out of the explanation)."""
-        failures: list[str | None] = []
-        for guards in self._guards:
-            try:
-                info = guards.check_verbose(frame_locals)
-            except Exception as error:  # an explanation must never break the call
-                failures.append(
-                    None if unexplained is None else unexplained.format(error=type(error).__name__)
-                )
-                continue
-            if info.result:
-                failures.append(None)
-            else:
-                parts = getattr(info, "verbose_code_parts", None) or [info]
-                failures.append(str(parts[0]))
-        return failures
-
-    def functions(self) -> list[F]:
-        return [function for _, function in self._rows]
+        return [_first_failure(guards, frame_locals, unexplained) for guards in self._guards]
 
     def __iter__(self) -> Iterator[tuple[Check, F]]:
         return iter(self._rows)
 
     def __len__(self) -> int:
         return len(self._rows)
+
+
+def _first_failure(
+    guards: Any, frame_locals: dict[str, Any], unexplained: str | None
+) -> str | None:
+    try:
+        info = guards.check_verbose(frame_locals)
+    except Exception as error:  # an explanation must never break the call
+        return None if unexplained is None else unexplained.format(error=type(error).__name__)
+    if info.result:
+        return None
+    return str((getattr(info, "verbose_code_parts", None) or [info])[0])
 
 
 def dynamo_guard_table(

@@ -1,8 +1,6 @@
 """diffusers' private declarations that torchkiln reads (``ModelMixin._repeated_blocks``).
 
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_diffusers_contracts.py`` checks each on every supported
-torch. Nothing here imports diffusers.
+Nothing here imports diffusers.
 """
 
 from __future__ import annotations

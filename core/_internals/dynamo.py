@@ -1,7 +1,5 @@
 """Dynamo's private state that torchkiln reads or sets (``torch._dynamo``, ``torch._C._dynamo``).
 
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_dynamo_contracts.py`` checks each on every supported torch.
 Every function imports ``torch._dynamo`` in its body: importing this module imports no torch.
 """
 
@@ -50,8 +48,7 @@ def optimized_module_type() -> type:
     """
     import torch._dynamo.eval_frame as eval_frame
 
-    found: type = eval_frame.OptimizedModule
-    return found
+    return eval_frame.OptimizedModule
 
 
 def original_module(optimized: Any) -> Any:
@@ -91,8 +88,7 @@ def lookup_backend(name: str) -> Callable[..., Any]:
     """
     import torch._dynamo
 
-    found: Callable[..., Any] = torch._dynamo.lookup_backend(name)
-    return found
+    return torch._dynamo.lookup_backend(name)
 
 
 def counters() -> Any:
@@ -127,8 +123,7 @@ def exception_type() -> type[BaseException]:
     """
     import torch._dynamo.exc as dynamo_exc
 
-    found: type[BaseException] = dynamo_exc.TorchDynamoException
-    return found
+    return dynamo_exc.TorchDynamoException
 
 
 def config() -> Any:
@@ -150,8 +145,7 @@ def config_patch(**changes: Any) -> contextlib.AbstractContextManager[Any]:
     Calls ``torch._dynamo.config.patch``; see :func:`config`. Verified: torch 2.11, 2.13, 2.14,
     2.15.
     """
-    patch: contextlib.AbstractContextManager[Any] = config().patch(**changes)
-    return patch
+    return config().patch(**changes)
 
 
 def traced_config_patcher() -> Callable[..., Any]:
@@ -166,8 +160,7 @@ def traced_config_patcher() -> Callable[..., Any]:
     """
     import torch._dynamo
 
-    patcher: Callable[..., Any] = torch._dynamo.patch_dynamo_config
-    return patcher
+    return torch._dynamo.patch_dynamo_config
 
 
 def comptime_function() -> Callable[..., Any]:
@@ -180,8 +173,7 @@ def comptime_function() -> Callable[..., Any]:
     """
     from torch._dynamo.comptime import comptime
 
-    found: Callable[..., Any] = comptime
-    return found
+    return comptime
 
 
 def has_static_address_tag(tensor: Any) -> bool:

@@ -1,9 +1,4 @@
-"""torch's fake tensors (``torch._subclasses.fake_tensor``), which torchkiln runs a model on.
-
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_fake_tensor_contracts.py`` checks each on every supported
-torch.
-"""
+"""torch's fake tensors (``torch._subclasses.fake_tensor``), which torchkiln runs a model on."""
 
 from __future__ import annotations
 
@@ -23,7 +18,4 @@ def fake_tensor_mode(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode: contextlib.AbstractContextManager[Any] = FakeTensorMode(
-        allow_non_fake_inputs=allow_non_fake_inputs
-    )
-    return mode
+    return FakeTensorMode(allow_non_fake_inputs=allow_non_fake_inputs)

@@ -1,9 +1,5 @@
 """torch.distributed's private composable APIs that torchkiln calls
-(``torch.distributed._composable``).
-
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_fsdp_contracts.py`` checks each on every supported torch.
-"""
+(``torch.distributed._composable``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Inductor's private parts that torchkiln reads or sets (``torch._inductor``, ``torch.cpu``'s
 CPU-feature checks).
 
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_inductor_contracts.py`` checks each on every supported torch.
 Every function imports ``torch._inductor`` in its body: importing this module imports no torch.
 """
 
@@ -29,14 +27,11 @@ def clear_caches() -> None:
     """Drop inductor's in-process memos of paths derived from its cache directory.
 
     Calls ``torch._inductor.utils.clear_caches``, as torch's own ``temporary_cache_dir()`` does
-    when it switches directories; no public API does it. A torch without it (an
-    ``ImportError``) has nothing to clear: nothing happens. Verified: torch 2.11, 2.13, 2.14,
+    when it switches directories; no public API does it. Verified: torch 2.11, 2.13, 2.14,
     2.15.
     """
-    try:
-        from torch._inductor.utils import clear_caches as clear
-    except ImportError:  # pragma: no cover - very old torch
-        return
+    from torch._inductor.utils import clear_caches as clear
+
     clear()
 
 
@@ -165,21 +160,13 @@ def vec_isa_flags(isa: Any) -> str:
     return str(isa.build_arch_flags())
 
 
-SELECT_ALGORITHM = "torch._inductor.select_algorithm"
-
-
 def templates_built() -> bool:
     """Whether inductor has built its kernel templates in this process: they are built when
     ``torch._inductor.select_algorithm`` is imported (for ``extern_kernels``), so this asks
     ``sys.modules`` (importing nothing). Verified: torch 2.11, 2.13, 2.14, 2.15."""
     import sys
 
-    return SELECT_ALGORITHM in sys.modules
-
-
-VEC_ISA_LOAD_MARKER_SUFFIX = ".load_ok"
-"""What torch 2.14+ appends to a probe test library's path to mark it as loaded (see
-:func:`is_vec_isa_load_marker`)."""
+    return "torch._inductor.select_algorithm" in sys.modules
 
 
 def is_vec_isa_load_marker(name: str) -> bool:
@@ -195,7 +182,7 @@ def is_vec_isa_load_marker(name: str) -> bool:
     child; nothing in their caches matches. The file name is set only in ``check_build``'s
     body: no API names it. Verified: torch 2.11, 2.13, 2.14, 2.15.
     """
-    return name.endswith(VEC_ISA_LOAD_MARKER_SUFFIX)
+    return name.endswith(".load_ok")
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -236,20 +223,14 @@ def remote_cache_switch(owner: str, name: str) -> tuple[Any, Any]:
     process (the ``TORCHINDUCTOR_*_REMOTE_CACHE`` variables are read once, at import).
     Verified: torch 2.11, 2.13, 2.14, 2.15.
     """
+    import functools
     import importlib
 
     path = f"torch.{'_inductor' if owner == 'inductor' else '_functorch'}.config"
     module = importlib.import_module(path)
     if not hasattr(module, name):
         raise AttributeError(f"{path} has no {name}")
-
-    def read() -> Any:
-        return getattr(module, name)
-
-    def write(value: Any) -> None:
-        setattr(module, name, value)
-
-    return read, write
+    return functools.partial(getattr, module, name), functools.partial(setattr, module, name)
 
 
 def remote_cache_counts() -> dict[str, dict[str, int]]:

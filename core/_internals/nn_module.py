@@ -1,10 +1,5 @@
 """``torch.nn.Module``'s private dicts that torchkiln reads or writes (``_modules``,
-``_parameters``, ``_buffers``).
-
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_nn_module_contracts.py`` checks each on every supported
-torch.
-"""
+``_parameters``, ``_buffers``)."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ def child_modules(module: nn.Module) -> dict[str, Any]:
     setting a child publicly goes through ``__setattr__``/``add_module``, which a subclass may
     override. Verified: torch 2.11, 2.13, 2.14, 2.15.
     """
-    found: dict[str, Any] = module._modules
-    return found
+    return module._modules
 
 
 def own_parameters(module: nn.Module) -> dict[str, Any]:
@@ -32,8 +26,7 @@ def own_parameters(module: nn.Module) -> dict[str, Any]:
     Reads ``nn.Module._parameters``: ``named_parameters(recurse=False)`` skips ``None`` entries
     and repeats of one tensor. Verified: torch 2.11, 2.13, 2.14, 2.15.
     """
-    found: dict[str, Any] = module._parameters
-    return found
+    return module._parameters
 
 
 def own_buffers(module: nn.Module) -> dict[str, Any]:
@@ -42,5 +35,4 @@ def own_buffers(module: nn.Module) -> dict[str, Any]:
     Reads ``nn.Module._buffers``: ``named_buffers(recurse=False)`` skips ``None`` entries and
     repeats of one tensor. Verified: torch 2.11, 2.13, 2.14, 2.15.
     """
-    found: dict[str, Any] = module._buffers
-    return found
+    return module._buffers

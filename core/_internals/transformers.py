@@ -1,9 +1,7 @@
 """transformers' private state that torchkiln reads or sets (output capturing:
 ``transformers.utils.output_capturing``).
 
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_transformers_contracts.py`` checks each on every supported
-torch. Nothing here imports transformers unless said so.
+Nothing here imports transformers unless said so.
 """
 
 from __future__ import annotations
@@ -13,16 +11,12 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-OUTPUT_CAPTURING = "transformers.utils.output_capturing"
-OUTPUT_REGISTRY = "._CAN_RECORD_REGISTRY"
-"""The registry of recordable outputs, as it appears in a Dynamo guard's source name."""
-
 
 def guards_can_record_registry(guard_name: str) -> bool:
     """Whether a Dynamo guard (by its source name) checks :func:`can_record_registry`'s
     entries: ``G['__import_transformers...output_capturing']._CAN_RECORD_REGISTRY[...]``.
     Verified: torch 2.11, 2.13, 2.14, 2.15 (transformers 5.25)."""
-    return OUTPUT_REGISTRY in guard_name
+    return "._CAN_RECORD_REGISTRY" in guard_name
 
 
 def can_record_registry() -> dict[Any, Any] | None:
@@ -35,9 +29,8 @@ def can_record_registry() -> dict[Any, Any] | None:
     (``dict.items(registry)``): the subclass overrides some. Verified: torch 2.11, 2.13, 2.14,
     2.15 (transformers 5.24).
     """
-    module = sys.modules.get(OUTPUT_CAPTURING)
-    registry: dict[Any, Any] | None = getattr(module, "_CAN_RECORD_REGISTRY", None)
-    return registry
+    module = sys.modules.get("transformers.utils.output_capturing")
+    return getattr(module, "_CAN_RECORD_REGISTRY", None)
 
 
 def can_record_outputs(module: Any) -> Any:

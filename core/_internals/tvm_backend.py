@@ -1,9 +1,7 @@
 """torch's own ``tvm`` Dynamo backend (``torch/_dynamo/backends/tvm.py``): which TVM frontend it
 compiles through.
 
-Each function names what it touches, why no public API serves, and the torch releases it was
-verified on; ``tests/internals/test_tvm_backend_contracts.py`` checks each on every supported
-torch. Nothing here imports ``tvm``; torch is imported inside the functions.
+Nothing here imports ``tvm``; torch is imported inside the functions.
 """
 
 from __future__ import annotations

@@ -107,12 +107,8 @@ def _saves_compiled_functions() -> bool:
     import torch
 
     return hasattr(torch.compiler, "load_compiled_function") and callable(
-        getattr(torch.compile(_identity, backend="eager"), "aot_compile", None)
+        getattr(torch.compile(lambda value: value, backend="eager"), "aot_compile", None)
     )
-
-
-def _identity(value: object) -> object:
-    return value
 
 
 def _has_nested_compile_region() -> bool:
