@@ -118,11 +118,18 @@ def container_layer(obj: Any) -> tuple[str, Any] | None:
 def wrapper_layers(obj: Any) -> list[str]:
     """The wrappers around the plain module, outermost first (``[]`` for a plain module)."""
     layers = []
-    layer = _inner(obj)
-    while layer is not None:
+    while (layer := _inner(obj)) is not None:
         layers.append(layer[0])
-        layer = _inner(layer[1])
+        obj = layer[1]
     return layers
+
+
+def peel(obj: Any, layer_of: Callable[[Any], tuple[str, Any] | None] = _inner) -> Any:
+    """``obj`` with every wrapper layer that ``layer_of`` finds taken off (default: containers
+    and ``torch.compile`` wrappers; :func:`container_layer`: containers only)."""
+    while (layer := layer_of(obj)) is not None:
+        obj = layer[1]
+    return obj
 
 
 def check_not_wrapped(model: Any, strategy: str = "") -> None:
@@ -210,10 +217,7 @@ def unwrap(obj: Any) -> nn.Module:
     result = distributed_result(obj)
     if result is not None:
         return result.module
-    layer = _inner(obj)
-    while layer is not None:
-        obj = layer[1]
-        layer = _inner(obj)
+    obj = peel(obj)
     if not isinstance(obj, nn.Module):
         raise TypeError(f"torchkiln.unwrap expects a module or a wrapper, got {type(obj).__name__}")
     return obj

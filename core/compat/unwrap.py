@@ -25,26 +25,11 @@ from torchkiln._internals.accelerate import (
     fp32_wrapped_forward,
 )
 from torchkiln._internals.nn_module import child_modules
-from torchkiln.distributed import container_layer
 from torchkiln.engine.compile_state import STATE_ATTR, CompileState, RegionState, state_of
 
 _MISSING: Any = object()
 LIVE_STATUSES = ("pending", "compiled")
 """Region statuses whose ``forward`` is a compiled path (``eager``/``failed`` fell back)."""
-
-
-def unwrap_containers(model: Any) -> Any:
-    """``model.module`` through every DDP / DataParallel / FSDP / DeepSpeed layer, read only.
-
-    The container peeling of :func:`torchkiln.unwrap`, without its other two steps: a
-    ``torch.compile`` wrapper stays (``keep_torch_compile`` decides about it) and a strategy's
-    recorded :class:`DistributedResult` is not consulted (Accelerate wrapped the model itself).
-    """
-    layer = container_layer(model)
-    while layer is not None:
-        model = layer[1]
-        layer = container_layer(model)
-    return model
 
 
 def live_regions(state: CompileState | None) -> list[RegionState]:
@@ -116,10 +101,7 @@ def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
 
 def root_copy_without_fp32_wrapper(root: nn.Module) -> nn.Module:
     """A copy of ``root`` alone (children shared, still compiled) minus the autocast wrapper."""
-    twin = shallow_module_copy(root)
-    _set_forward(twin, carry_forward(fp32_wrapped_forward(root, _MISSING), root, twin, ""))
-    drop_fp32_wrapper_record(twin)
-    return twin
+    return _copy_tree(root, "", {""}, {}, drop_fp32_wrapper=True, memo={})
 
 
 def _with_ancestors(path: str) -> list[str]:
