@@ -194,8 +194,7 @@ def _compiling(compile_function: Callable[..., nn.Module]) -> Callable[..., Any]
 
     def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
         # a model compiled already is returned as on the import path (_compile_in_place)
-        compile_function(module, **launcher_dynamic_unforced(compile_kwargs))
-        return module
+        return compile_function(module, **launcher_dynamic_unforced(compile_kwargs))
 
     compile_regions.__name__ = compile_regions.__qualname__ = name
     compile_regions.__doc__ = (
