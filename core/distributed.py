@@ -83,11 +83,6 @@ def is_fsdp2(module: Any) -> bool:
     )
 
 
-def is_zero3(module: nn.Module) -> bool:
-    """Whether DeepSpeed ZeRO-3 partitioned ``module``'s parameters."""
-    return any(hasattr(p, "ds_id") for p in module.parameters())
-
-
 def _inner(obj: Any) -> tuple[str, Any] | None:
     """One wrapper layer: its name and what it wraps, or ``None`` for a plain module."""
     if isinstance(obj, dynamo.optimized_module_type()):
@@ -258,7 +253,7 @@ def _gather(module: nn.Module, rank0_only: bool) -> Mapping[str, Any]:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
         return get_model_state_dict(module, options=options)
-    if is_zero3(module):
+    if any(hasattr(p, "ds_id") for p in module.parameters()):  # DeepSpeed ZeRO-3 partitioned
         import deepspeed
 
         # Every rank takes part in the gather; the copies must be taken inside the context,

@@ -141,16 +141,12 @@ def _accelerate_originals() -> dict[str, Any]:
         ) from error
     missing = [name for name in REPLACED if not callable(getattr(other, name, None))]
     if missing:
+        version = getattr(sys.modules.get("accelerate"), "__version__", "unknown version")
         raise ImportError(
-            f"this Accelerate ({_version()}) has no {', '.join(missing)} in "
+            f"this Accelerate ({version}) has no {', '.join(missing)} in "
             "accelerate.utils.other; install() supports Accelerate >= 1.10"
         )
     return {name: getattr(other, name) for name in REPLACED}
-
-
-def _version() -> str:
-    module = sys.modules.get("accelerate")
-    return str(getattr(module, "__version__", "unknown version"))
 
 
 def _accelerate_modules() -> list[types.ModuleType]:

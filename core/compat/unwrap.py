@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import types
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -130,12 +129,9 @@ def _copy_tree(
     if drop_fp32_wrapper and not path:
         forward = fp32_wrapped_forward(module, forward)
         drop_fp32_wrapper_record(twin)
-    _set_forward(twin, carry_forward(forward, module, twin, path))
-    return twin
-
-
-def _set_forward(module: nn.Module, forward: Callable[..., Any] | Any) -> None:
+    forward = carry_forward(forward, module, twin, path)
     if forward is _MISSING:
-        module.__dict__.pop("forward", None)
+        twin.__dict__.pop("forward", None)
     else:
-        module.__dict__["forward"] = forward
+        twin.__dict__["forward"] = forward
+    return twin
