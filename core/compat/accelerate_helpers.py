@@ -357,7 +357,7 @@ def _without_fp32_wrapper_keeping_compile(plain: nn.Module) -> nn.Module:
             RuntimeWarning,
             stacklevel=3,
         )
-        return uncompiled_twin(plain, drop_fp32_wrapper=True)
+        return uncompiled_twin(plain)
     twin = root_copy_without_fp32_wrapper(plain)
     if has_orig_mod(plain):
         set_orig_mod(twin, twin)

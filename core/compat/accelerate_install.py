@@ -24,6 +24,7 @@ from torch import nn
 
 from torchkiln._internals import dynamo
 from torchkiln._internals.accelerate import has_orig_mod
+from torchkiln.compat import accelerate_helpers as kiln
 from torchkiln.compat.accelerate_settings import ENV_DYNAMIC, env_truth
 from torchkiln.engine import double_compile
 
@@ -174,8 +175,6 @@ def _rebind(originals: dict[str, Any], replacements: dict[str, Any]) -> list[Bin
 
 
 def _replacements(originals: dict[str, Any]) -> dict[str, Any]:
-    from torchkiln.compat import accelerate_helpers as kiln
-
     compilers = (kiln.compile_regions, kiln.compile_regions_deepspeed, kiln.compile_regions_fsdp2)
     return {
         **{function.__name__: _compiling(function) for function in compilers},
@@ -215,16 +214,12 @@ def is_compiled_module(module: nn.Module) -> bool:
     whole-model fallback; ``_orig_mod`` is the model itself). A model torchkiln compiled
     without ``compile_regions`` has no ``_orig_mod``: Accelerate then asks to compile it, and
     the double compile is reported."""
-    from torchkiln.compat import accelerate_helpers as kiln
-
     if isinstance(module, dynamo.optimized_module_type()):
         return True
     return has_orig_mod(module) and kiln.is_compiled_module(module)
 
 
 def _extracting(original: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    from torchkiln.compat import accelerate_helpers as kiln
-
     def extract_model_from_parallel(
         model: nn.Module,
         keep_fp32_wrapper: bool = True,

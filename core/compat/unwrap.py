@@ -81,8 +81,9 @@ def _closes_over(function: Any, module: nn.Module) -> bool:
     return False
 
 
-def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
-    """``root`` as it was before torchkiln compiled it, as a parameter-sharing twin."""
+def uncompiled_twin(root: nn.Module) -> nn.Module:
+    """``root`` as it was before torchkiln compiled it, as a parameter-sharing twin, minus the
+    autocast wrapper."""
     state = state_of(root)
     previous: dict[int, Any] = {}
     paths: set[str] = {""}
@@ -95,12 +96,12 @@ def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
         for path, module in root.named_modules(remove_duplicate=False):
             if id(module) in previous:  # nested_compile_region marks (hierarchical plans)
                 paths.update(_with_ancestors(path))
-    return _copy_tree(root, "", paths, previous, drop_fp32_wrapper, {})
+    return _copy_tree(root, "", paths, previous, {})
 
 
 def root_copy_without_fp32_wrapper(root: nn.Module) -> nn.Module:
     """A copy of ``root`` alone (children shared, still compiled) minus the autocast wrapper."""
-    return _copy_tree(root, "", {""}, {}, drop_fp32_wrapper=True, memo={})
+    return _copy_tree(root, "", {""}, {}, {})
 
 
 def _with_ancestors(path: str) -> list[str]:
@@ -113,7 +114,6 @@ def _copy_tree(
     path: str,
     paths: set[str],
     previous: dict[int, Any],
-    drop_fp32_wrapper: bool,
     memo: dict[int, nn.Module],
 ) -> nn.Module:
     if id(module) in memo:  # a submodule reachable twice stays one object in the twin
@@ -122,11 +122,9 @@ def _copy_tree(
     for name, child in child_modules(module).items():
         child_path = f"{path}.{name}" if path else name
         if child is not None and child_path in paths:
-            child_modules(twin)[name] = _copy_tree(
-                child, child_path, paths, previous, drop_fp32_wrapper, memo
-            )
+            child_modules(twin)[name] = _copy_tree(child, child_path, paths, previous, memo)
     forward = previous.get(id(module), module.__dict__.get("forward", _MISSING))
-    if drop_fp32_wrapper and not path:
+    if not path:  # the root: without the autocast wrapper
         forward = fp32_wrapped_forward(module, forward)
         drop_fp32_wrapper_record(twin)
     forward = carry_forward(forward, module, twin, path)
