@@ -72,12 +72,10 @@ def carry_forward(forward: Any, original: nn.Module, twin: nn.Module, path: str)
 
 def _closes_over(function: Any, module: nn.Module) -> bool:
     """Whether ``function`` or a function it ``functools.wraps`` is a method of ``module``."""
-    seen = 0
-    while function is not None and seen < 32:
+    for _ in range(32):  # a chain of __wrapped__ ends in None, or is cut off here
         if getattr(function, "__self__", None) is module:
             return True
         function = getattr(function, "__wrapped__", None)
-        seen += 1
     return False
 
 
