@@ -9,6 +9,7 @@ Nothing here imports DeepSpeed (:func:`is_deepspeed_engine` looks in ``sys.modul
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import weakref
 from collections.abc import Callable, Mapping
@@ -275,8 +276,6 @@ def check_options(
 ) -> dict[str, Any]:
     """``options`` (``distributed.options``) as keyword arguments of ``accepted``; raise
     :class:`DistributedError` naming the bad keys and the allowed ones."""
-    import inspect
-
     parameters = inspect.signature(accepted).parameters
     allowed = sorted(
         name
