@@ -9,6 +9,7 @@ Nothing here imports DeepSpeed (:func:`is_deepspeed_engine` looks in ``sys.modul
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import weakref
 from collections.abc import Callable, Mapping
@@ -83,11 +84,6 @@ def is_fsdp2(module: Any) -> bool:
     )
 
 
-def is_zero3(module: nn.Module) -> bool:
-    """Whether DeepSpeed ZeRO-3 partitioned ``module``'s parameters."""
-    return any(hasattr(p, "ds_id") for p in module.parameters())
-
-
 def _inner(obj: Any) -> tuple[str, Any] | None:
     """One wrapper layer: its name and what it wraps, or ``None`` for a plain module."""
     if isinstance(obj, dynamo.optimized_module_type()):
@@ -118,11 +114,18 @@ def container_layer(obj: Any) -> tuple[str, Any] | None:
 def wrapper_layers(obj: Any) -> list[str]:
     """The wrappers around the plain module, outermost first (``[]`` for a plain module)."""
     layers = []
-    layer = _inner(obj)
-    while layer is not None:
+    while (layer := _inner(obj)) is not None:
         layers.append(layer[0])
-        layer = _inner(layer[1])
+        obj = layer[1]
     return layers
+
+
+def peel(obj: Any, layer_of: Callable[[Any], tuple[str, Any] | None] = _inner) -> Any:
+    """``obj`` with every wrapper layer that ``layer_of`` finds taken off (default: containers
+    and ``torch.compile`` wrappers; :func:`container_layer`: containers only)."""
+    while (layer := layer_of(obj)) is not None:
+        obj = layer[1]
+    return obj
 
 
 def check_not_wrapped(model: Any, strategy: str = "") -> None:
@@ -210,10 +213,7 @@ def unwrap(obj: Any) -> nn.Module:
     result = distributed_result(obj)
     if result is not None:
         return result.module
-    layer = _inner(obj)
-    while layer is not None:
-        obj = layer[1]
-        layer = _inner(obj)
+    obj = peel(obj)
     if not isinstance(obj, nn.Module):
         raise TypeError(f"torchkiln.unwrap expects a module or a wrapper, got {type(obj).__name__}")
     return obj
@@ -254,7 +254,7 @@ def _gather(module: nn.Module, rank0_only: bool) -> Mapping[str, Any]:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
         return get_model_state_dict(module, options=options)
-    if is_zero3(module):
+    if any(hasattr(p, "ds_id") for p in module.parameters()):  # DeepSpeed ZeRO-3 partitioned
         import deepspeed
 
         # Every rank takes part in the gather; the copies must be taken inside the context,
@@ -276,8 +276,6 @@ def check_options(
 ) -> dict[str, Any]:
     """``options`` (``distributed.options``) as keyword arguments of ``accepted``; raise
     :class:`DistributedError` naming the bad keys and the allowed ones."""
-    import inspect
-
     parameters = inspect.signature(accepted).parameters
     allowed = sorted(
         name

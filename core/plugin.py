@@ -57,6 +57,7 @@ from torchkiln.errors import (
     RegionCompileError,
     TorchkilnError,
 )
+from torchkiln.plugin_host import hooks as _hooks
 from torchkiln.plugin_host.declarations import (
     Availability,
     BackendSpec,
@@ -79,18 +80,11 @@ from torchkiln.plugin_host.torch_backends import (
     torch_knows,
 )
 
-HOOK_NAMES: tuple[str, ...] = (
-    "declare_backends",
-    "declare_selectors",
-    "declare_distributed",
-    "declare_layer_caches",
-    "resolve_compile_config",
-    "select_regions",
-    "wrap_distributed",
-    "prepare_group",
-    "compile_region",
+HOOK_NAMES: tuple[str, ...] = tuple(
+    name for name, value in vars(_hooks).items() if hasattr(value, f"{PROJECT_NAME}_spec")
 )
-"""Every hook torchkiln specifies (see :mod:`torchkiln.plugin_host.hooks`)."""
+"""Every hook torchkiln specifies, in the order :mod:`torchkiln.plugin_host.hooks` defines them
+(pluggy's ``hookspec`` marks each one with a ``torchkiln_spec`` attribute)."""
 
 __all__ = [
     "HOOK_NAMES",

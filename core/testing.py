@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -56,8 +57,6 @@ def isolated_plugin_manager(*plugins: object) -> PluginManager:
 def torchkiln_clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[None]:
     """Run the test in ``tmp_path`` with no ``TORCHKILN_*`` / ``ACCELERATE_*`` variables, with
     a process-wide plugin manager built for it (the manager reads the environment when created)."""
-    import os
-
     from torchkiln.plugin_host.default_manager import reset_plugin_manager
 
     for name in list(os.environ):

@@ -34,19 +34,13 @@ V1_NAMES: Mapping[str, Mapping[str, str]] = {
 gives every hook specification (:data:`torchkiln.plugin.HOOK_NAMES`) from :data:`_HOOKS`."""
 
 
-def _moved_to(old_module: str, name: str) -> str | None:
-    new_module = V1_NAMES[old_module].get(name)
-    if new_module is None and old_module == "torchkiln.hookspecs":
-        hook_names = importlib.import_module(_PLUGIN).HOOK_NAMES
-        new_module = _HOOKS if name in hook_names else None
-    return new_module
-
-
 def v1_names(old_module: str) -> Callable[[str], Any]:
     """The module ``__getattr__`` of ``old_module``, a key of :data:`V1_NAMES`."""
 
     def __getattr__(name: str) -> Any:
-        new_module = _moved_to(old_module, name)
+        new_module = V1_NAMES[old_module].get(name)
+        if new_module is None and old_module == "torchkiln.hookspecs":
+            new_module = _HOOKS if name in importlib.import_module(_PLUGIN).HOOK_NAMES else None
         if new_module is None:
             raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
         warnings.warn(

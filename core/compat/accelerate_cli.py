@@ -21,12 +21,9 @@ from torchkiln.compat.accelerate_settings import (
 
 # Accelerate's distributed_type, as the torchkiln strategy that does the same job.
 DISTRIBUTED_HINTS = {
-    "MULTI_GPU": "ddp",
-    "MULTI_CPU": "ddp",
-    "MULTI_XPU": "ddp",
-    "MULTI_NPU": "ddp",
-    "MULTI_MLU": "ddp",
-    "MULTI_HPU": "ddp",
+    **dict.fromkeys(
+        ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU"), "ddp"
+    ),
     "FSDP": "fsdp2",
     "DEEPSPEED": "deepspeed",
 }

@@ -39,9 +39,9 @@ from torchkiln.compat.unwrap import (
     live_regions,
     root_copy_without_fp32_wrapper,
     uncompiled_twin,
-    unwrap_containers,
 )
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.distributed import container_layer, peel
 from torchkiln.engine import double_compile
 from torchkiln.engine.compile_state import CompileState, region_state_of, state_of
 
@@ -205,7 +205,7 @@ def _compile_in_place(
     Returns whether it compiled now, and the model's compile state."""
     import torchkiln
 
-    target = unwrap_containers(module)
+    target = peel(module, container_layer)
     options = torchkiln_options(compile_kwargs)
     if torchkiln.is_compiled(target):
         if _COMPILED_WITH.get(target) != options:
@@ -295,7 +295,7 @@ def _looks_like_torchkiln_region(module: nn.Module) -> bool:
 
 def has_compiled_regions(module: nn.Module) -> bool:
     """Whether ``module`` or anything inside it is compiled (by torch.compile or torchkiln)."""
-    target = unwrap_containers(module)
+    target = peel(module, container_layer)
     for submodule in target.modules():
         if live_regions(state_of(submodule)):
             _remember_regions(submodule)
@@ -336,7 +336,7 @@ def extract_model_from_parallel(
             "children; torchkiln never wraps sub-layers and never modifies the prepared model"
         )
     optimized = model if isinstance(model, dynamo.optimized_module_type()) else None
-    plain = unwrap_containers(dynamo.original_module(model) if optimized is not None else model)
+    plain = peel(dynamo.original_module(model) if optimized is not None else model, container_layer)
     if not keep_fp32_wrapper:
         plain = _without_fp32_wrapper_keeping_compile(plain)
     if optimized is None or not keep_torch_compile:
@@ -357,7 +357,7 @@ def _without_fp32_wrapper_keeping_compile(plain: nn.Module) -> nn.Module:
             RuntimeWarning,
             stacklevel=3,
         )
-        return uncompiled_twin(plain, drop_fp32_wrapper=True)
+        return uncompiled_twin(plain)
     twin = root_copy_without_fp32_wrapper(plain)
     if has_orig_mod(plain):
         set_orig_mod(twin, twin)

@@ -24,6 +24,7 @@ from torch import nn
 
 from torchkiln._internals import dynamo
 from torchkiln._internals.accelerate import has_orig_mod
+from torchkiln.compat import accelerate_helpers as kiln
 from torchkiln.compat.accelerate_settings import ENV_DYNAMIC, env_truth
 from torchkiln.engine import double_compile
 
@@ -141,16 +142,12 @@ def _accelerate_originals() -> dict[str, Any]:
         ) from error
     missing = [name for name in REPLACED if not callable(getattr(other, name, None))]
     if missing:
+        version = getattr(sys.modules.get("accelerate"), "__version__", "unknown version")
         raise ImportError(
-            f"this Accelerate ({_version()}) has no {', '.join(missing)} in "
+            f"this Accelerate ({version}) has no {', '.join(missing)} in "
             "accelerate.utils.other; install() supports Accelerate >= 1.10"
         )
     return {name: getattr(other, name) for name in REPLACED}
-
-
-def _version() -> str:
-    module = sys.modules.get("accelerate")
-    return str(getattr(module, "__version__", "unknown version"))
 
 
 def _accelerate_modules() -> list[types.ModuleType]:
@@ -178,8 +175,6 @@ def _rebind(originals: dict[str, Any], replacements: dict[str, Any]) -> list[Bin
 
 
 def _replacements(originals: dict[str, Any]) -> dict[str, Any]:
-    from torchkiln.compat import accelerate_helpers as kiln
-
     compilers = (kiln.compile_regions, kiln.compile_regions_deepspeed, kiln.compile_regions_fsdp2)
     return {
         **{function.__name__: _compiling(function) for function in compilers},
@@ -194,8 +189,7 @@ def _compiling(compile_function: Callable[..., nn.Module]) -> Callable[..., Any]
 
     def compile_regions(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
         # a model compiled already is returned as on the import path (_compile_in_place)
-        compile_function(module, **launcher_dynamic_unforced(compile_kwargs))
-        return module
+        return compile_function(module, **launcher_dynamic_unforced(compile_kwargs))
 
     compile_regions.__name__ = compile_regions.__qualname__ = name
     compile_regions.__doc__ = (
@@ -220,16 +214,12 @@ def is_compiled_module(module: nn.Module) -> bool:
     whole-model fallback; ``_orig_mod`` is the model itself). A model torchkiln compiled
     without ``compile_regions`` has no ``_orig_mod``: Accelerate then asks to compile it, and
     the double compile is reported."""
-    from torchkiln.compat import accelerate_helpers as kiln
-
     if isinstance(module, dynamo.optimized_module_type()):
         return True
     return has_orig_mod(module) and kiln.is_compiled_module(module)
 
 
 def _extracting(original: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    from torchkiln.compat import accelerate_helpers as kiln
-
     def extract_model_from_parallel(
         model: nn.Module,
         keep_fp32_wrapper: bool = True,

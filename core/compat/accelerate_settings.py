@@ -144,8 +144,11 @@ def torchkiln_backend(member: DynamoBackend, path: str = "$.backend", source: st
     mapping = BACKEND_MAP[member]
     if mapping.torchkiln is not None:
         return mapping.torchkiln
-    if mapping.torch_name is not None and mapping.torch_name in _torch_backends():
-        return mapping.torch_name
+    if mapping.torch_name is not None:
+        import torch.compiler
+
+        if mapping.torch_name in torch.compiler.list_backends(exclude_tags=()):
+            return mapping.torch_name
     mapped = ", ".join(m.value.lower() for m, b in BACKEND_MAP.items() if b.torchkiln)
     message = (
         f"Accelerate's dynamo backend {member.value!r} has no torchkiln backend: {mapping.note}. "
@@ -153,12 +156,6 @@ def torchkiln_backend(member: DynamoBackend, path: str = "$.backend", source: st
         f"any torchkiln backend{_known_backends_hint()}"
     )
     raise _error(path, message, source)
-
-
-def _torch_backends() -> list[str]:
-    import torch.compiler
-
-    return list(torch.compiler.list_backends(exclude_tags=()))
 
 
 def _known_backends_hint() -> str:

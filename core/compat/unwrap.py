@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import types
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -25,26 +24,11 @@ from torchkiln._internals.accelerate import (
     fp32_wrapped_forward,
 )
 from torchkiln._internals.nn_module import child_modules
-from torchkiln.distributed import container_layer
 from torchkiln.engine.compile_state import STATE_ATTR, CompileState, RegionState, state_of
 
 _MISSING: Any = object()
 LIVE_STATUSES = ("pending", "compiled")
 """Region statuses whose ``forward`` is a compiled path (``eager``/``failed`` fell back)."""
-
-
-def unwrap_containers(model: Any) -> Any:
-    """``model.module`` through every DDP / DataParallel / FSDP / DeepSpeed layer, read only.
-
-    The container peeling of :func:`torchkiln.unwrap`, without its other two steps: a
-    ``torch.compile`` wrapper stays (``keep_torch_compile`` decides about it) and a strategy's
-    recorded :class:`DistributedResult` is not consulted (Accelerate wrapped the model itself).
-    """
-    layer = container_layer(model)
-    while layer is not None:
-        model = layer[1]
-        layer = container_layer(model)
-    return model
 
 
 def live_regions(state: CompileState | None) -> list[RegionState]:
@@ -88,17 +72,16 @@ def carry_forward(forward: Any, original: nn.Module, twin: nn.Module, path: str)
 
 def _closes_over(function: Any, module: nn.Module) -> bool:
     """Whether ``function`` or a function it ``functools.wraps`` is a method of ``module``."""
-    seen = 0
-    while function is not None and seen < 32:
+    for _ in range(32):  # a chain of __wrapped__ ends in None, or is cut off here
         if getattr(function, "__self__", None) is module:
             return True
         function = getattr(function, "__wrapped__", None)
-        seen += 1
     return False
 
 
-def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
-    """``root`` as it was before torchkiln compiled it, as a parameter-sharing twin."""
+def uncompiled_twin(root: nn.Module) -> nn.Module:
+    """``root`` as it was before torchkiln compiled it, as a parameter-sharing twin, minus the
+    autocast wrapper."""
     state = state_of(root)
     previous: dict[int, Any] = {}
     paths: set[str] = {""}
@@ -111,15 +94,12 @@ def uncompiled_twin(root: nn.Module, drop_fp32_wrapper: bool) -> nn.Module:
         for path, module in root.named_modules(remove_duplicate=False):
             if id(module) in previous:  # nested_compile_region marks (hierarchical plans)
                 paths.update(_with_ancestors(path))
-    return _copy_tree(root, "", paths, previous, drop_fp32_wrapper, {})
+    return _copy_tree(root, "", paths, previous, {})
 
 
 def root_copy_without_fp32_wrapper(root: nn.Module) -> nn.Module:
     """A copy of ``root`` alone (children shared, still compiled) minus the autocast wrapper."""
-    twin = shallow_module_copy(root)
-    _set_forward(twin, carry_forward(fp32_wrapped_forward(root, _MISSING), root, twin, ""))
-    drop_fp32_wrapper_record(twin)
-    return twin
+    return _copy_tree(root, "", {""}, {}, {})
 
 
 def _with_ancestors(path: str) -> list[str]:
@@ -132,7 +112,6 @@ def _copy_tree(
     path: str,
     paths: set[str],
     previous: dict[int, Any],
-    drop_fp32_wrapper: bool,
     memo: dict[int, nn.Module],
 ) -> nn.Module:
     if id(module) in memo:  # a submodule reachable twice stays one object in the twin
@@ -141,19 +120,14 @@ def _copy_tree(
     for name, child in child_modules(module).items():
         child_path = f"{path}.{name}" if path else name
         if child is not None and child_path in paths:
-            child_modules(twin)[name] = _copy_tree(
-                child, child_path, paths, previous, drop_fp32_wrapper, memo
-            )
+            child_modules(twin)[name] = _copy_tree(child, child_path, paths, previous, memo)
     forward = previous.get(id(module), module.__dict__.get("forward", _MISSING))
-    if drop_fp32_wrapper and not path:
+    if not path:  # the root: without the autocast wrapper
         forward = fp32_wrapped_forward(module, forward)
         drop_fp32_wrapper_record(twin)
-    _set_forward(twin, carry_forward(forward, module, twin, path))
-    return twin
-
-
-def _set_forward(module: nn.Module, forward: Callable[..., Any] | Any) -> None:
+    forward = carry_forward(forward, module, twin, path)
     if forward is _MISSING:
-        module.__dict__.pop("forward", None)
+        twin.__dict__.pop("forward", None)
     else:
-        module.__dict__["forward"] = forward
+        twin.__dict__["forward"] = forward
+    return twin
