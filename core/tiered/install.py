@@ -79,7 +79,7 @@ def install_tiers(model: nn.Module, state: CompileState, config: CompileConfig) 
     if not config.tiered.enabled and tiered.form is None:
         tiered.state = "stopped"
     elif tiered.form is None:
-        tiered.prestart(model)
+        tiered.build.prestart(model)
     previous = model.__dict__.get("forward", MISSING)
     tiered.previous_forward = previous
     model.__dict__["forward"] = tiered
