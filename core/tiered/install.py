@@ -53,27 +53,23 @@ def whole_directory(
     return None
 
 
-def wants_tiers(config: CompileConfig, model: nn.Module, region_paths: list[str]) -> bool:
+def install_tiers(
+    model: nn.Module, state: CompileState, config: CompileConfig
+) -> TieredForward | None:
     """Tiers are installed when asked for, or when a whole-model form already exists (the
     artifact directory's or the store's: it is then preferred to the region entries)."""
     if not config.enabled:
-        return False
-    return config.tiered.enabled or whole_directory(config, model, region_paths) is not None
-
-
-def region_paths_of(state: CompileState) -> list[str]:
-    return [r.path for g in state.plan.groups for r in g.regions]
-
-
-def install_tiers(model: nn.Module, state: CompileState, config: CompileConfig) -> TieredForward:
-    region_paths = region_paths_of(state)
+        return None
+    region_paths = [r.path for g in state.plan.groups for r in g.regions]
+    existing = whole_directory(config, model, region_paths)
+    if not config.tiered.enabled and existing is None:
+        return None
     tiered = TieredForward(model, config, region_paths)
     exchange = getattr(state.job, "exchange", None)  # a job whose ranks share (torchkiln.jobs)
     if exchange is not None and exchange.world > 1:
         from torchkiln.tiered.job_tiers import JobTiers
 
         tiered.build.job = JobTiers(exchange)
-    existing = whole_directory(config, model, region_paths)
     if existing is not None:
         _load_existing(tiered, model, existing, config)
     if not config.tiered.enabled and tiered.form is None:
