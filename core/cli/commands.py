@@ -407,14 +407,11 @@ def render_plan_tree(model: Any, plan: Any) -> str:
                 lines.append(f"{label}  <- compiled (group {region_group[path]})")
                 if any(p.startswith(path + ".") for p in nested_group):
                     visit(child, path + ".", indent + "  ")
-                continue
-            if path in nested_group:
+            elif path in nested_group:
                 lines.append(f"{label}  <- nested region (group {nested_group[path]})")
-                continue
-            if path in eager:
+            elif path in eager:
                 lines.append(f"{label}  (eager: {eager[path]})")
-                continue
-            if any(p.startswith(path + ".") for p in (*region_group, *nested_group)):
+            elif any(p.startswith(path + ".") for p in (*region_group, *nested_group)):
                 lines.append(label)
                 visit(child, path + ".", indent + "  ")
 
