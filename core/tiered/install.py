@@ -71,7 +71,7 @@ def install_tiers(
 
         tiered.build.job = JobTiers(exchange)
     if existing is not None:
-        _load_existing(tiered, model, existing, config)
+        _load_existing(tiered, model, existing)
     if not config.tiered.enabled and tiered.form is None:
         tiered.state = "stopped"
     elif tiered.form is None:
@@ -95,16 +95,14 @@ def install_tiers(
     return tiered
 
 
-def _load_existing(
-    tiered: TieredForward, model: nn.Module, directory: Path, config: CompileConfig
-) -> None:
+def _load_existing(tiered: TieredForward, model: nn.Module, directory: Path) -> None:
     from torchkiln.artifacts.precompiled import ArtifactWarning
 
     try:
         tiered.switch(model, directory, loaded=True)
     except Exception as error:  # torch raising while it rebuilds saved guards, say
         message = f"torchkiln: whole-model artifacts in {str(directory)!r} not used: {error}"
-        if config.artifacts_strict:
+        if tiered.config.artifacts_strict:
             raise ArtifactError(
                 message + " (artifacts_strict is set, so this is an error)"
             ) from error
