@@ -138,7 +138,7 @@ class WholeBuild:
     def pace(self) -> None:
         """Pause the running builder for this step, or let it run (the governor's bound)."""
         builder = self.builder
-        if not self.pending or builder is None:
+        if not self.pending or builder is None or not builder.started:
             return
         measured, builder.resumed_idle = not builder.resumed_idle, False
         builder.pause(not self.governor.step(time.perf_counter(), measured))

@@ -50,6 +50,7 @@ class BuilderProcess:
             process_group=0,
         )
         self.result: dict[str, Any] | None = None
+        self.started = False
         self.paused = False
         self.resumed_idle = False
         """Whether a pause ended early because this process idled (the step is not measured)."""
@@ -61,6 +62,7 @@ class BuilderProcess:
     def start(self, request: dict[str, Any]) -> None:
         """Write the request and tell the waiting child to build it."""
         (self.workdir / REQUEST).write_bytes(dumps_weightless(request))
+        self.started = True
         assert self.process.stdin is not None
         try:
             self.process.stdin.write(GO)
@@ -69,9 +71,8 @@ class BuilderProcess:
             pass
 
     def poll(self) -> dict[str, Any] | None:
-        """The builder's result once it has exited, else ``None`` (never blocks; asked only of a
-        started builder, as :meth:`wait` is)."""
-        if self.result is not None:
+        """The builder's result once it has exited, else ``None`` (never blocks)."""
+        if self.result is not None or not self.started:
             return self.result
         if self.process.poll() is None:
             return None
@@ -138,6 +139,8 @@ class BuilderProcess:
             self.nice = nice
 
     def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
+        if not self.started:
+            return None
         self.pause(False)  # a paused builder would never finish
         try:
             self.process.wait(timeout)
