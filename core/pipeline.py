@@ -306,10 +306,9 @@ def _step_marker(model: nn.Module, state: CompileState, cfg: CompileConfig) -> A
 
 
 def _tiers(model: nn.Module, state: CompileState, cfg: CompileConfig) -> None:
-    from torchkiln.tiered.install import install_tiers, region_paths_of, wants_tiers
+    from torchkiln.tiered.install import install_tiers
 
-    if wants_tiers(cfg, model, region_paths_of(state)):
-        install_tiers(model, state, cfg)  # adds its own undo
+    install_tiers(model, state, cfg)  # when asked for, or a whole-model form exists; its own undo
 
 
 STEPS: tuple[Step, ...] = (

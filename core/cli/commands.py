@@ -97,11 +97,6 @@ def plugins_listing() -> dict[str, Any]:
         result = spec.probe()
         return {"available": result.available, "reason": result.reason}
 
-    def usable(declared: Any) -> dict[str, Any]:
-        """A name declared without the hook that serves it cannot be used (and is refused
-        when a configuration names it)."""
-        return {"unusable": pm.unserved(declared)}
-
     return {
         "plugins": [attrs.asdict(info) for info in pm.plugin_infos()],
         "disabled": sorted(name for name, plugin in pm.list_name_plugin() if plugin is None),
@@ -117,7 +112,8 @@ def plugins_listing() -> dict[str, Any]:
                 "options": d.spec.options,
                 "devices": d.spec.devices,
                 **availability(d.spec),
-                **usable(d),
+                # declared without the hook that serves it: refused when a configuration names it
+                "unusable": pm.unserved(d),
             }
             for name, d in sorted(backends.items())
         ],
@@ -127,7 +123,7 @@ def plugins_listing() -> dict[str, Any]:
                 "plugin": d.plugin,
                 "description": d.spec.description,
                 "options": d.spec.options,
-                **usable(d),
+                "unusable": pm.unserved(d),
             }
             for n, d in sorted(selectors.items())
         ],
@@ -137,7 +133,7 @@ def plugins_listing() -> dict[str, Any]:
                 "plugin": d.plugin,
                 "description": d.spec.description,
                 **availability(d.spec),
-                **usable(d),
+                "unusable": pm.unserved(d),
             }
             for n, d in sorted(strategies.items())
         ],
@@ -411,14 +407,11 @@ def render_plan_tree(model: Any, plan: Any) -> str:
                 lines.append(f"{label}  <- compiled (group {region_group[path]})")
                 if any(p.startswith(path + ".") for p in nested_group):
                     visit(child, path + ".", indent + "  ")
-                continue
-            if path in nested_group:
+            elif path in nested_group:
                 lines.append(f"{label}  <- nested region (group {nested_group[path]})")
-                continue
-            if path in eager:
+            elif path in eager:
                 lines.append(f"{label}  (eager: {eager[path]})")
-                continue
-            if any(p.startswith(path + ".") for p in (*region_group, *nested_group)):
+            elif any(p.startswith(path + ".") for p in (*region_group, *nested_group)):
                 lines.append(label)
                 visit(child, path + ".", indent + "  ")
 

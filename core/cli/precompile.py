@@ -98,10 +98,7 @@ def _precompile(args: argparse.Namespace) -> int:
         progress="off",
         **options,
     )
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
-    else:
-        print(result.summary())
+    print(json.dumps(result.to_dict(), indent=1) if args.json else result.summary())
     if not result.entries:
         print("torchkiln: error: nothing could be precompiled", file=sys.stderr)
         return 1

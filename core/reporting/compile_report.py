@@ -191,7 +191,7 @@ def _region_report(
         # The witness: the group's function ran without compiled code for this region.
         status, fallback = "eager", _eager_reason(state, later)
     later_breaks = _breaks(later.records)
-    lines = _reasons(state, records, later, later_breaks, status, fallback, causes)
+    lines = _reasons(state, later, later_breaks, status, fallback, causes)
     return RegionReport(
         path=state.region.path,
         group=state.region.group,
@@ -260,7 +260,6 @@ def _reason(
 
 def _reasons(
     state: RegionState,
-    records: list[CompileRecord],
     later: _Later,
     later_breaks: dict[str, int],
     status: str,
@@ -270,7 +269,7 @@ def _reasons(
     found = [
         _reason("graph break", r, FIRST_CALLS, causes, n) for r, n in state.graph_breaks.items()
     ]
-    for phase, phase_records in ((FIRST_CALLS, records), (LATER_CALLS, later.records)):
+    for phase, phase_records in ((FIRST_CALLS, state.records), (LATER_CALLS, later.records)):
         found += [
             _reason("guard", r.recompile_reason, phase, causes)
             for r in phase_records

@@ -105,7 +105,7 @@ _KIND_LABEL = {
 }
 
 
-def _notes(report: Any) -> tuple[list[str], dict[str, str], dict[str, list[str]]]:
+def _notes(report: Any) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """One line per distinct reason (regions that share it listed together), the named causes
     seen with their remedies, and Dynamo's full text per line (for verbose)."""
     grouped: dict[tuple[str, str, str], list[Any]] = {}
@@ -116,7 +116,7 @@ def _notes(report: Any) -> tuple[list[str], dict[str, str], dict[str, list[str]]
             )
     lines: list[str] = []
     causes: dict[str, str] = {}
-    full: dict[str, list[str]] = {}
+    full: dict[str, str] = {}
     for (kind, text, phase), found in grouped.items():
         count = sum(reason.count for _, reason in found)
         times = f", {count}x" if count > len(found) else ""
@@ -126,9 +126,7 @@ def _notes(report: Any) -> tuple[list[str], dict[str, str], dict[str, list[str]]
         lines.append(line)
         if reason.cause and reason.remedy:
             causes.setdefault(reason.cause, reason.remedy)
-        texts = [r.full for _, r in found if r.full]
-        if texts:
-            full[line] = texts[:1]
+        full[line] = next((r.full for _, r in found if r.full), "")
     for path, reason in report.eager:
         lines.append(f"eager: {path or '<root>'}: {reason}")
     return lines, causes, full
@@ -155,9 +153,7 @@ def render_report(report: Any) -> str:
     for note in notes:
         lines.append(f"  {note}")
         if report.verbose:
-            lines += [
-                f"      {text}" for block in full.get(note, ()) for text in block.splitlines()
-            ]
+            lines += [f"      {text}" for text in full.get(note, "").splitlines()]
     for cause, remedy in causes.items():
         lines.append(f"  remedy for {cause}: {remedy}")
     for part in (report.tiers, report.remote_cache):

@@ -72,12 +72,26 @@ class WholeBuild:
         if saved_functions_supported() and not unsendable(model):
             self.prestarted = self._new_builder(model)
 
-    def start(self, model: nn.Module, log: CallLog, call: int, form_loaded: bool) -> str | None:
-        """Ask for a build of what ``log`` saw. Returns what the runtime waits for meanwhile
-        (``None``: nothing new, as when rank 0 could not build and tells the other ranks).
+    def start(
+        self,
+        model: nn.Module,
+        log: CallLog,
+        call: int,
+        form_loaded: bool,
+        rebuild_reason: str | None = None,
+    ) -> str | None:
+        """Ask for a build of what ``log`` saw (with ``rebuild_reason``: stop the builder and
+        start one for everything seen). Returns what the runtime waits for meanwhile (``None``:
+        nothing new, as when rank 0 could not build and tells the other ranks).
 
         :raises BuildFailed: no build can start here, and the runtime stays regional.
         """
+        if rebuild_reason is not None:
+            self.rebuild_reason = rebuild_reason
+            self._say(f"restarting the builder: {rebuild_reason}")
+            if self.builder is not None:
+                self.builder.stop()
+            self.governor.restarted()
         if not saved_functions_supported():
             raise BuildFailed(
                 f"torch {torch.__version__} cannot save compiled functions "
@@ -120,17 +134,6 @@ class WholeBuild:
             f"{describe_families(self.built_for)} (call {call})"
         )
         return "the whole-model form is being built"
-
-    def restart(
-        self, model: nn.Module, log: CallLog, call: int, reason: str, form_loaded: bool
-    ) -> str | None:
-        """Stop the builder and start one for everything ``log`` saw (:meth:`start`)."""
-        self.rebuild_reason = reason
-        self._say(f"restarting the builder: {reason}")
-        if self.builder is not None:
-            self.builder.stop()
-        self.governor.restarted()
-        return self.start(model, log, call, form_loaded)
 
     def pace(self) -> None:
         """Pause the running builder for this step, or let it run (the governor's bound)."""

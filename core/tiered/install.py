@@ -53,33 +53,29 @@ def whole_directory(
     return None
 
 
-def wants_tiers(config: CompileConfig, model: nn.Module, region_paths: list[str]) -> bool:
+def install_tiers(
+    model: nn.Module, state: CompileState, config: CompileConfig
+) -> TieredForward | None:
     """Tiers are installed when asked for, or when a whole-model form already exists (the
     artifact directory's or the store's: it is then preferred to the region entries)."""
     if not config.enabled:
-        return False
-    return config.tiered.enabled or whole_directory(config, model, region_paths) is not None
-
-
-def region_paths_of(state: CompileState) -> list[str]:
-    return [r.path for g in state.plan.groups for r in g.regions]
-
-
-def install_tiers(model: nn.Module, state: CompileState, config: CompileConfig) -> TieredForward:
-    region_paths = region_paths_of(state)
+        return None
+    region_paths = [r.path for g in state.plan.groups for r in g.regions]
+    existing = whole_directory(config, model, region_paths)
+    if not config.tiered.enabled and existing is None:
+        return None
     tiered = TieredForward(model, config, region_paths)
     exchange = getattr(state.job, "exchange", None)  # a job whose ranks share (torchkiln.jobs)
     if exchange is not None and exchange.world > 1:
         from torchkiln.tiered.job_tiers import JobTiers
 
         tiered.build.job = JobTiers(exchange)
-    existing = whole_directory(config, model, region_paths)
     if existing is not None:
-        _load_existing(tiered, model, existing, config)
+        _load_existing(tiered, model, existing)
     if not config.tiered.enabled and tiered.form is None:
         tiered.state = "stopped"
     elif tiered.form is None:
-        tiered.prestart(model)
+        tiered.build.prestart(model)
     previous = model.__dict__.get("forward", MISSING)
     tiered.previous_forward = previous
     model.__dict__["forward"] = tiered
@@ -99,16 +95,14 @@ def install_tiers(model: nn.Module, state: CompileState, config: CompileConfig) 
     return tiered
 
 
-def _load_existing(
-    tiered: TieredForward, model: nn.Module, directory: Path, config: CompileConfig
-) -> None:
+def _load_existing(tiered: TieredForward, model: nn.Module, directory: Path) -> None:
     from torchkiln.artifacts.precompiled import ArtifactWarning
 
     try:
         tiered.switch(model, directory, loaded=True)
     except Exception as error:  # torch raising while it rebuilds saved guards, say
         message = f"torchkiln: whole-model artifacts in {str(directory)!r} not used: {error}"
-        if config.artifacts_strict:
+        if tiered.config.artifacts_strict:
             raise ArtifactError(
                 message + " (artifacts_strict is set, so this is an error)"
             ) from error

@@ -29,10 +29,6 @@ class JobTiers:
     def builds_here(self) -> bool:
         return self.exchange.rank == 0
 
-    @property
-    def rank(self) -> int:
-        return self.exchange.rank
-
     def agree(self, result: dict[str, Any] | None, output: Path | None) -> dict[str, Any] | None:
         """Rank 0's builder result at this call, on every rank (``None``: still building).
 

@@ -13,7 +13,6 @@ import logging
 import sys
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +107,7 @@ class TieredForward:
         self.build.pace()  # 3. the builder runs or pauses for this step
         if not self.log.closed and self.state != "stopped":
             self._observe(model, args, kwargs)  # 4. the first calls ask for the build
-        elif self.build.builds == 1 and self.build.job is None and self.state in _BUILDING:
+        elif self.build.builds == 1 and self.build.job is None and self.state != "stopped":
             self._watch(model, args, kwargs)  # 5. a call the build does not cover
         if self.form is not None:  # 6. the whole-model form serves the calls it fits
             intact = self._regions_intact()
@@ -148,14 +147,14 @@ class TieredForward:
                 self._stop_with(f"the call's inputs cannot be sent to a builder: {error}")
             return
         if self.build.builds == 0:  # the first call: build for it, beside the regional compile
-            self._ask(lambda call: self.build.start(model, self.log, call, self.form is not None))
+            self._ask(model)
             self.log.closed = self.log.ready()  # a log of one call (a limit of 1)
             return
         if not self.log.ready():
             return
         self.log.closed = True
         if family_shapes(self.log.families()) != family_shapes(self.build.built_for):
-            self._rebuild(
+            self._ask(
                 model,
                 f"calls 1-{len(self.log.specs)} showed "
                 f"{describe_families(self.log.families())}; the first builder had call 1 only",
@@ -174,21 +173,18 @@ class TieredForward:
             return
         self.log.add(spec, args, kwargs)
         call = sum(self.calls.values()) + 1
-        self._rebuild(
+        self._ask(
             model,
             f"call {call} showed {describe_families(self.log.families())}; the builder had "
             f"{describe_families(built_for)}",
         )
 
-    def _rebuild(self, model: nn.Module, reason: str) -> None:
-        form_loaded = self.form is not None
-        self._ask(lambda call: self.build.restart(model, self.log, call, reason, form_loaded))
-
-    def _ask(self, start: Callable[[int], str | None]) -> None:
-        """Start a build (``start(call)``): ``building`` while no form serves, or ``stopped``
-        when no build can start here."""
+    def _ask(self, model: nn.Module, rebuild_reason: str | None = None) -> None:
+        """Start a build of what the log saw (with ``rebuild_reason``: the restart):
+        ``building`` while no form serves, or ``stopped`` when no build can start here."""
+        call, form_loaded = sum(self.calls.values()) + 1, self.form is not None
         try:
-            waiting_for = start(sum(self.calls.values()) + 1)
+            waiting_for = self.build.start(model, self.log, call, form_loaded, rebuild_reason)
         except BuildFailed as failure:
             self._stop_with(str(failure))
             return
@@ -228,10 +224,6 @@ class TieredForward:
         )
         if shown:
             print(f"torchkiln: tiered: {message}", file=sys.stderr, flush=True)
-
-    def prestart(self, model: nn.Module) -> None:
-        """Start the builder process now (compile time): :meth:`WholeBuild.prestart`."""
-        self.build.prestart(model)
 
     # -- switching ------------------------------------------------------------------------------
 
@@ -300,12 +292,8 @@ class TieredForward:
             builder_lowered=governor.lowered,
             measured_steps={"running": len(governor.running), "paused": len(governor.paused)},
             slowdown_bound=self.config.tiered.max_slowdown,
-            job_rank=build.job.rank if build.job is not None else None,
+            job_rank=build.job.exchange.rank if build.job is not None else None,
         )
-
-
-_BUILDING = ("building", "switched")
-"""The states in which a call the build does not cover restarts it (once)."""
 
 
 def _identity(value: Any) -> Any:

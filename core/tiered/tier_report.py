@@ -89,10 +89,8 @@ class TierReport:
         return out
 
     def _cost_line(self) -> str:
-        running, paused = (
-            self.measured_steps.get("running", 0),
-            self.measured_steps.get("paused", 0),
-        )
+        running = self.measured_steps.get("running", 0)
+        paused = self.measured_steps.get("paused", 0)
         line = (
             f"  builder's cost to the steps: {self.builder_slowdown:.2f}x (median of {running} "
             f"steps with it running / {paused} with it paused)"
