@@ -17,6 +17,8 @@ _.on_fit_start; _.on_validation_start; _.on_test_start; _.on_predict_start; trai
 _.on_train_begin; control
 # public API and fields read by users, reports or JSON (attrs fields, reprlib limits)
 _.to_kwargs; _.to_torchkiln; ENV_NAMES; preset; format; extras
+# a GroupPreparation field plugins set; the compiler reads it by name (region_compiler._wrapped)
+_.wrap_traced
 _.maxlevel; _.maxdict; _.maxlist; _.maxtuple; _.maxset; _.maxstring; _.maxother; _.maxlong
 _.hits; _.misses; _.load_seconds; max_abs_diff; gradients_checked
 # read by transformers (its output collector) and by the bench table / a queue protocol
