@@ -63,10 +63,6 @@ class CacheDirSetting:
     """The value of ``TORCHINDUCTOR_CACHE_DIR`` before (``None``: it was unset)."""
     hold: settings.Hold = attrs.field(repr=False)
 
-    @property
-    def restored(self) -> bool:
-        return self.hold.released
-
     def restore(self) -> None:
         """Give the directory up (idempotent): the previous holder's directory, or the value
         from before any, is back in force, unless someone else changed the variable since."""

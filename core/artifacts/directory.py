@@ -221,17 +221,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """``(size, sha256)`` of the file the writer just wrote, as the manifest records them."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(2**20):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
 def entry_path(directory: str | os.PathLike[str], relative: str) -> Path:
     """``directory/relative`` when ``relative`` stays inside ``directory``: relative, no
     ``..``, no backslash, and no link on the way (the resolved path is the path itself).
@@ -273,8 +262,12 @@ def under(file: str, top: str) -> PurePosixPath:
 def stored_file(directory: str | os.PathLike[str], relative: str) -> KernelFile:
     """The manifest record (file, size, sha256) of a file the writer put at
     ``directory/relative``."""
-    size, sha256 = file_digest(Path(directory) / relative)
-    return KernelFile(relative, size, sha256)
+    digest, size = hashlib.sha256(), 0
+    with open(Path(directory) / relative, "rb") as handle:
+        while chunk := handle.read(2**20):
+            digest.update(chunk)
+            size += len(chunk)
+    return KernelFile(relative, size, digest.hexdigest())
 
 
 def kernel_files(directory: str | os.PathLike[str]) -> list[KernelFile]:
