@@ -254,15 +254,6 @@ def whole_config(config: CompileConfig, guard_filter: GuardFilter) -> CompileCon
     return attrs.evolve(config, fullgraph=True, mode=mode, options=options)
 
 
-def whole_group(model: nn.Module) -> RegionGroup:
-    """The whole model as the one region of a group (``compile_region``'s ``group``)."""
-    return RegionGroup(
-        WHOLE_GROUP,
-        (Region("", model, WHOLE_GROUP),),
-        "the whole model as one function (the whole-model form)",
-    )
-
-
 def _compile_one(
     model: nn.Module,
     family: Family,
@@ -289,16 +280,20 @@ def _compile_one(
         return compiled.aot_compile(((model, *family.args), family.kwargs))
 
 
-def build_whole(
+def build_whole_form(
     model: nn.Module,
     families: list[Family],
     config: CompileConfig,
     directory: Path,
     region_paths: list[str],
     plugins: PluginManager,
+    environment: dict[str, Any],
 ) -> tuple[WholeArtifacts, list[dict[str, str]]]:
-    """Compile ``model`` for each family into ``directory/whole/``, with the configured
-    backend's ``compile_region`` as ``plugins`` serve it (:func:`check_savable_backend` first).
+    """Compile ``model`` for each family into the new ``directory`` as a store holds a
+    whole-model form: the functions in ``whole/``, with the configured backend's
+    ``compile_region`` as ``plugins`` serve it (:func:`check_savable_backend` first), inductor's
+    cache in ``kernels/`` (and, for inductor on the CPU, the ISA probe's answers recorded), then
+    the directory's ``meta.json``.
 
     :return: the ``whole`` manifest entry (its ``entries`` may be empty) and, per family that
         failed, ``{"kind", "reason"}``.
@@ -308,37 +303,46 @@ def build_whole(
     name_function_modules(type(module).__module__ for module in model.modules())
     (directory / WHOLE_DIR).mkdir(parents=True, exist_ok=True)
     guard_filter = GuardFilter(region_paths)
-    group = whole_group(model)
+    group = RegionGroup(
+        WHOLE_GROUP,
+        (Region("", model, WHOLE_GROUP),),
+        "the whole model as one function (the whole-model form)",
+    )
     entries: list[WholeEntry] = []
     skipped: list[dict[str, str]] = []
+    probes: dict[str, Any] = {}
     training = model.training
     try:
-        for index, family in enumerate(families):
-            started = time.perf_counter()
-            try:
-                cfg = whole_config(config, guard_filter)
-                aot = _compile_one(model, family, cfg, plugins, group)
-            except Exception as error:  # one family failing is recorded, the others go on
-                skipped.append({"kind": family.kind, "reason": error_reason(error)})
-                continue
-            seconds = time.perf_counter() - started
-            relative = f"{WHOLE_DIR}/{family.kind}-{index}.bin"
-            refs = installed_module_globals(aot, whole_model_forward.__globals__)
-            aot.save_compiled_function(str(directory / relative))
-            stored = stored_file(directory, relative)
-            entries.append(
-                WholeEntry(
-                    kind=family.kind,
-                    training=family.training,
-                    file=relative,
-                    inputs=input_spec(family.args, family.kwargs),
-                    dynamic={k: list(v) for k, v in family.dynamic.items()},
-                    module_refs=refs,
-                    compile_seconds=round(seconds, 3),
-                    sha256=stored.sha256,
-                    size=stored.size,
+        with (
+            apply_cache_dir(directory / KERNELS_DIR),
+            recorded_probes(probes, config.backend, environment["device"]),
+        ):
+            for index, family in enumerate(families):
+                started = time.perf_counter()
+                try:
+                    cfg = whole_config(config, guard_filter)
+                    aot = _compile_one(model, family, cfg, plugins, group)
+                except Exception as error:  # one family failing is recorded, the others go on
+                    skipped.append({"kind": family.kind, "reason": error_reason(error)})
+                    continue
+                seconds = time.perf_counter() - started
+                relative = f"{WHOLE_DIR}/{family.kind}-{index}.bin"
+                refs = installed_module_globals(aot, whole_model_forward.__globals__)
+                aot.save_compiled_function(str(directory / relative))
+                stored = stored_file(directory, relative)
+                entries.append(
+                    WholeEntry(
+                        kind=family.kind,
+                        training=family.training,
+                        file=relative,
+                        inputs=input_spec(family.args, family.kwargs),
+                        dynamic={k: list(v) for k, v in family.dynamic.items()},
+                        module_refs=refs,
+                        compile_seconds=round(seconds, 3),
+                        sha256=stored.sha256,
+                        size=stored.size,
+                    )
                 )
-            )
     finally:
         model.train(training)
     modules = sorted(guard_filter.modules)
@@ -353,27 +357,6 @@ def build_whole(
         dropped_guards=dict(guard_filter.dropped),
         entries=entries,
     )
-    return whole, skipped
-
-
-def build_whole_form(
-    model: nn.Module,
-    families: list[Family],
-    config: CompileConfig,
-    directory: Path,
-    region_paths: list[str],
-    plugins: PluginManager,
-    environment: dict[str, Any],
-) -> tuple[WholeArtifacts, list[dict[str, str]]]:
-    """:func:`build_whole` into the new ``directory``, with inductor's cache in its
-    ``kernels/`` (and, for inductor on the CPU, the ISA probe's answers recorded), then the
-    directory's ``meta.json``: a whole-model form as a store holds it."""
-    probes: dict[str, Any] = {}
-    with (
-        apply_cache_dir(directory / KERNELS_DIR),
-        recorded_probes(probes, config.backend, environment["device"]),
-    ):
-        whole, skipped = build_whole(model, families, config, directory, region_paths, plugins)
     meta = {
         "format": META_FORMAT,
         "environment": environment,
