@@ -63,22 +63,20 @@ class PrecompiledDirectory(CodeSource):
         or the backend cannot serve)."""
         if self._entries is None:
             self._entries = []
-            problem = self._problem()
+            published = JobStore(self.directory, writable=False).published()
+            problem = self._problem(published)
             if problem is not None:
                 self._reject("any group", problem)
                 return self._entries
             try:  # a shipped directory with a broken entry is damaged: none is used
-                found = [
-                    (path, read_meta(path))
-                    for path in JobStore(self.directory, writable=False).published()
-                ]
+                found = [(path, read_meta(path)) for path in published]
             except ArtifactError as error:
                 self._reject("any group", str(error))
             else:
                 self._entries = found
         return self._entries
 
-    def _problem(self) -> str | None:
+    def _problem(self, published: list[Path]) -> str | None:
         declared = self.plugins.backend(self.config.backend)
         if declared is None or not getattr(declared.spec, "precompile", False):
             return (
@@ -90,7 +88,7 @@ class PrecompiledDirectory(CodeSource):
                 "it was written by an older torchkiln (manifest.json and groups/): re-run "
                 "`torchkiln precompile` to rewrite it"
             )
-        if not JobStore(self.directory, writable=False).published():
+        if not published:
             return (
                 f"artifacts directory {str(self.directory)!r} holds no precompiled entries "
                 "(write them with torchkiln.precompile or `torchkiln precompile`)"

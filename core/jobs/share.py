@@ -288,7 +288,6 @@ class _GroupSharing:
 
 @attrs.frozen
 class _Plan:
-    key: str
     source: int
     receivers: tuple[int, ...]
 
@@ -302,7 +301,7 @@ def _plans(everyone: list[dict[str, Any]]) -> list[_Plan]:
         stored = [r for r in ranks if everyone[r]["stored"]]
         source = stored[0] if stored else ranks[0]
         receivers = tuple(r for r in ranks if r != source and not everyone[r]["stored"])
-        plans.append(_Plan(key, source, receivers))
+        plans.append(_Plan(source, receivers))
     return plans
 
 
