@@ -97,18 +97,20 @@ def build_entry(
     return seconds
 
 
-def _records(meta: dict[str, Any]) -> tuple[KernelFile, list[KernelFile]]:
+def _checked_files(directory: Path) -> tuple[dict[str, Any], list[KernelFile], dict[str, bytes]]:
+    """The entry's metadata, its kernels' records and every file it lists by path, each checked
+    (:func:`read_entry`) before any is used."""
+    meta = read_meta(directory)
     try:
-        return KernelFile(**meta["entry"]), kernel_records(meta)
+        entry, kernels = KernelFile(**meta["entry"]), kernel_records(meta)
     except (KeyError, TypeError) as error:
         raise ArtifactError(f"entry metadata is malformed: {error}") from error
+    return meta, kernels, {r.file: read_entry(directory, r) for r in (entry, *kernels)}
 
 
 def pack_entry(directory: Path) -> bytes:
     """The entry as one message: its metadata and every file it lists, each checked first."""
-    meta = read_meta(directory)
-    entry, kernels = _records(meta)
-    files = {record.file: read_entry(directory, record) for record in (entry, *kernels)}
+    meta, _, files = _checked_files(directory)
     return pickle.dumps({"meta": meta, "files": files})
 
 
@@ -128,11 +130,8 @@ def load_entry(directory: Path, shared: Callable[..., Any], cache_dir: str | Non
 
     :raises ArtifactError: a file that does not match the metadata (nothing was loaded).
     """
-    meta = read_meta(directory)
-    entry, kernels = _records(meta)
-    data = read_entry(directory, entry)
-    for kernel in kernels:  # every file checked before any is copied
-        read_entry(directory, kernel)
+    meta, kernels, files = _checked_files(directory)
     copy_kernels(directory, kernels, cache_dir)
+    data = files[meta["entry"]["file"]]
     backend = meta.get("fields", {}).get("backend")
     return load_functions(shared, [(meta["kind"], data)], meta.get("cpu_isa"), backend)

@@ -242,15 +242,6 @@ def _target_directory(path: str | Any) -> Path:
     return directory
 
 
-def _open_store(directory: Path) -> JobStore:
-    try:
-        return JobStore(directory)
-    except ArtifactError as error:
-        raise ArtifactError(
-            f"artifacts directory {str(directory)!r} cannot be written: {error.__cause__ or error}"
-        ) from error
-
-
 def precompile(
     model: nn.Module,
     example_inputs: Any,
@@ -312,7 +303,13 @@ def precompile(
     if not plan.groups:
         raise ArtifactError(f"nothing to precompile: {plan.reason or 'the plan has no regions'}")
     directory = _target_directory(path)
-    recorder = EntryRecorder(_open_store(directory), cfg)
+    try:
+        store = JobStore(directory)
+    except ArtifactError as error:
+        raise ArtifactError(
+            f"artifacts directory {str(directory)!r} cannot be written: {error.__cause__ or error}"
+        ) from error
+    recorder = EntryRecorder(store, cfg)
     compiler = Compiler(plan, cfg, pm, make_progress(cfg, plan))
     compiler.group_hooks.append(recorder.hook)
     call = _as_call(example_inputs)
