@@ -10,6 +10,7 @@ for. docs/precompile.md says what is checked and why."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import inspect
 import json
 import os
@@ -84,6 +85,14 @@ def environment_key(config: CompileConfig, model: nn.Module) -> dict[str, Any]:
         "device": device,
         "dtype": dtype,
     }
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed release of ``distribution``, or ``None`` when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def class_name(module: nn.Module) -> str:

@@ -14,7 +14,6 @@ code, tree and structure hashes match (:func:`torchkiln.artifacts.whole_load.who
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -39,6 +38,7 @@ from torchkiln.artifacts.directory import (
     error_reason,
     hash_files,
     input_spec,
+    installed_version,
     kernel_files,
     stored_file,
     structure_hash,
@@ -113,13 +113,8 @@ def whole_code_hash(model: nn.Module, files: Iterable[str]) -> str:
 
 def package_versions(modules: Iterable[str]) -> dict[str, str]:
     """The installed version of each top-level package among ``modules`` that has one."""
-    versions = {}
-    for top in sorted({m.split(".", 1)[0] for m in modules}):
-        try:
-            versions[top] = importlib.metadata.version(top)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return versions
+    tops = sorted({m.split(".", 1)[0] for m in modules})
+    return {top: version for top in tops if (version := installed_version(top)) is not None}
 
 
 def walk(value: Any, path: str, depth: int) -> Iterator[tuple[str, Any]]:
