@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -47,9 +46,6 @@ class PrecompiledDirectory(CodeSource):
         self.config = config
         self.plugins = plugins
         self.loaded: dict[str, Loaded] = {}
-        self.rejected: dict[str, str] = {}
-        """Group name -> why its entries were not used."""
-        self.load_seconds = 0.0
         self._entries: list[Entry] | None = None
 
     def _reject(self, what: str, reason: str) -> None:
@@ -114,9 +110,7 @@ class PrecompiledDirectory(CodeSource):
         reason = None if fitting else _why_none(fields, [meta for _, meta in entries])
         if reason is None:
             try:
-                started = time.perf_counter()
                 loaded = self._load(group.name, fitting, shared)
-                self.load_seconds += time.perf_counter() - started
             except ArtifactError as error:  # refused by the integrity check: nothing was loaded
                 reason = str(error)[:500]
             except Exception as error:
@@ -132,7 +126,6 @@ class PrecompiledDirectory(CodeSource):
                     ", ".join(kinds),
                 )
                 return True
-        self.rejected[group.name] = reason
         self._reject(f"group {group.name!r}", reason)
         return False
 
