@@ -174,17 +174,6 @@ def contiguous_state(value: Any, depth: int = 0) -> int:
     return replaced
 
 
-def mark_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any], dims: dict[str, Any]) -> int:
-    """Mark ``dims`` dynamic on the tensors of a call (the builder's weightless copy); returns how
-    many tensors were marked."""
-    marked = 0
-    for path, leaf in walk((args, kwargs), "", 0):
-        if isinstance(leaf, torch.Tensor) and dims.get(path):
-            cache_entries.mark_dynamic(leaf, list(dims[path]))
-            marked += 1
-    return marked
-
-
 def whole_model_forward(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
     """The function compiled for the whole model: the class's ``forward``, not an instance
     attribute, so the trace goes through every block's own code."""
@@ -269,7 +258,9 @@ def _compile_one(
             "though the backend declares precompile=True"
         )
     model.train(family.training)
-    mark_dynamic(family.args, family.kwargs, family.dynamic)
+    for path, leaf in walk((family.args, family.kwargs), "", 0):  # the dims compiled dynamic
+        if isinstance(leaf, torch.Tensor) and family.dynamic.get(path):
+            cache_entries.mark_dynamic(leaf, list(family.dynamic[path]))
     with torch.set_grad_enabled(family.kind == "training"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
         return compiled.aot_compile(((model, *family.args), family.kwargs))
