@@ -59,13 +59,7 @@ class CacheDirSetting:
 
     path: str
     """The absolute cache directory now in force."""
-    previous: str | None
-    """The value of ``TORCHINDUCTOR_CACHE_DIR`` before (``None``: it was unset)."""
     hold: settings.Hold = attrs.field(repr=False)
-
-    @property
-    def restored(self) -> bool:
-        return self.hold.released
 
     def restore(self) -> None:
         """Give the directory up (idempotent): the previous holder's directory, or the value
@@ -118,10 +112,9 @@ def apply_cache_dir(path: str | os.PathLike[str]) -> CacheDirSetting:
         raise TorchkilnError(f"cache_dir {str(path)!r} exists and is not a directory") from error
     except OSError as error:
         raise TorchkilnError(f"cache_dir {str(path)!r} cannot be created: {error}") from error
-    previous = os.environ.get(CACHE_DIR_ENV)
     # paths derived from the cache dir are memoised in process: cleared at each change
     held = hold_variable(CACHE_DIR_ENV, str(directory), inductor.clear_caches)
-    return CacheDirSetting(path=str(directory), previous=previous, hold=held)
+    return CacheDirSetting(path=str(directory), hold=held)
 
 
 def current_cache_dir() -> str:

@@ -15,6 +15,7 @@ docs/precompile.md ("Where a precompiled first call's time goes") gives what it 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -63,11 +64,7 @@ def deferred_templates() -> Iterator[None]:
     if not isinstance(original, staticmethod):  # another torch: leave it alone
         yield
         return
-    parse = original.__func__
-
-    def deferred(source: str) -> DeferredTemplate:
-        return DeferredTemplate(parse, source)
-
+    deferred = functools.partial(DeferredTemplate, original.__func__)  # parse(source) on first use
     inductor.set_template_parser(staticmethod(deferred))
     try:
         yield

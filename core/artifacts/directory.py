@@ -10,6 +10,7 @@ for. docs/precompile.md says what is checked and why."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import inspect
 import json
 import os
@@ -84,6 +85,14 @@ def environment_key(config: CompileConfig, model: nn.Module) -> dict[str, Any]:
         "device": device,
         "dtype": dtype,
     }
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed release of ``distribution``, or ``None`` when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def class_name(module: nn.Module) -> str:
@@ -221,17 +230,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """``(size, sha256)`` of the file the writer just wrote, as the manifest records them."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(2**20):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
 def entry_path(directory: str | os.PathLike[str], relative: str) -> Path:
     """``directory/relative`` when ``relative`` stays inside ``directory``: relative, no
     ``..``, no backslash, and no link on the way (the resolved path is the path itself).
@@ -273,8 +271,12 @@ def under(file: str, top: str) -> PurePosixPath:
 def stored_file(directory: str | os.PathLike[str], relative: str) -> KernelFile:
     """The manifest record (file, size, sha256) of a file the writer put at
     ``directory/relative``."""
-    size, sha256 = file_digest(Path(directory) / relative)
-    return KernelFile(relative, size, sha256)
+    digest, size = hashlib.sha256(), 0
+    with open(Path(directory) / relative, "rb") as handle:
+        while chunk := handle.read(2**20):
+            digest.update(chunk)
+            size += len(chunk)
+    return KernelFile(relative, size, digest.hexdigest())
 
 
 def kernel_files(directory: str | os.PathLike[str]) -> list[KernelFile]:

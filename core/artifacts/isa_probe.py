@@ -68,12 +68,6 @@ def probe_key(isa: Any, code: str) -> str:
     return f"{isa}|{inductor.vec_isa_flags(isa)}|{digest}"
 
 
-def already_probed() -> bool:
-    """Whether this process has decided its ISA (then there is nothing to record or save)."""
-    module = _isa_module()
-    return module is None or inductor.vec_isa_decided(module)
-
-
 @contextlib.contextmanager
 def recorded_probes(
     record: dict[str, Any], backend: str = "inductor", device: str = "cpu"
@@ -88,7 +82,7 @@ def recorded_probes(
     if module is None or platform.machine() not in ("x86_64", "AMD64"):
         yield
         return
-    if already_probed():
+    if inductor.vec_isa_decided(module):
         # torch's in-process answers: the next use probes again (same answers: same machine,
         # same compiler), this time in the current cache directory
         inductor.forget_vec_isa_probe(module)
@@ -122,11 +116,8 @@ def probe_mismatch(record: dict[str, Any] | None) -> str | None:
 @contextlib.contextmanager
 def answered_probes(record: dict[str, Any] | None) -> Iterator[None]:
     """While loading: answer inductor's ISA probe from ``record`` when it fits this machine."""
-    if not record:  # not inductor on CPU: nothing to answer, and no inductor import
-        yield
-        return
-    module = _isa_module()
-    if module is None or already_probed():
+    module = _isa_module() if record else None  # no record (not inductor on CPU): no import
+    if module is None or inductor.vec_isa_decided(module):
         yield
         return
     reason = probe_mismatch(record)

@@ -38,14 +38,13 @@ def copy_kernels(
     directory: Path, kernels: list[KernelFile], cache_dir: str | os.PathLike[str] | None = None
 ) -> int:
     """Merge the artifact directory's ``kernels`` (each checked by :func:`read_entry` first)
-    into the inductor cache ``cache_dir`` (default: the cache in force); a regular file
-    already there is kept (entries are
-    content-addressed). Written as inductor writes its cache: a temporary file in the
-    destination directory renamed into place, never through a link (a link planted in a
-    shared cache is replaced, not followed; a linked directory is skipped). The ISA probe's
-    load markers, which a directory written before torchkiln left them out may list, are not
-    copied (:func:`torchkiln.artifacts.isa_probe.machine_local`). Returns how many files were
-    written."""
+    into the inductor cache ``cache_dir`` (default: the cache in force); a regular file already
+    there is kept (entries are content-addressed). Written as inductor writes its cache: a
+    temporary file in the destination directory renamed into place, never through a link (a
+    link planted in a shared cache is replaced, not followed; a linked directory is skipped).
+    The ISA probe's load markers, which a directory written before torchkiln left them out may
+    list, are not copied (:func:`~torchkiln.artifacts.isa_probe.machine_local`). Returns how
+    many files were written."""
     copied = 0
     target = Path(cache_dir or current_cache_dir()).expanduser().resolve()
     if kernels:

@@ -14,7 +14,6 @@ code, tree and structure hashes match (:func:`torchkiln.artifacts.whole_load.who
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -39,6 +38,7 @@ from torchkiln.artifacts.directory import (
     error_reason,
     hash_files,
     input_spec,
+    installed_version,
     kernel_files,
     stored_file,
     structure_hash,
@@ -113,13 +113,8 @@ def whole_code_hash(model: nn.Module, files: Iterable[str]) -> str:
 
 def package_versions(modules: Iterable[str]) -> dict[str, str]:
     """The installed version of each top-level package among ``modules`` that has one."""
-    versions = {}
-    for top in sorted({m.split(".", 1)[0] for m in modules}):
-        try:
-            versions[top] = importlib.metadata.version(top)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return versions
+    tops = sorted({m.split(".", 1)[0] for m in modules})
+    return {top: version for top in tops if (version := installed_version(top)) is not None}
 
 
 def walk(value: Any, path: str, depth: int) -> Iterator[tuple[str, Any]]:
@@ -177,17 +172,6 @@ def contiguous_state(value: Any, depth: int = 0) -> int:
         else:
             replaced += contiguous_state(item, depth + 1)
     return replaced
-
-
-def mark_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any], dims: dict[str, Any]) -> int:
-    """Mark ``dims`` dynamic on the tensors of a call (the builder's weightless copy); returns how
-    many tensors were marked."""
-    marked = 0
-    for path, leaf in walk((args, kwargs), "", 0):
-        if isinstance(leaf, torch.Tensor) and dims.get(path):
-            cache_entries.mark_dynamic(leaf, list(dims[path]))
-            marked += 1
-    return marked
 
 
 def whole_model_forward(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
@@ -254,15 +238,6 @@ def whole_config(config: CompileConfig, guard_filter: GuardFilter) -> CompileCon
     return attrs.evolve(config, fullgraph=True, mode=mode, options=options)
 
 
-def whole_group(model: nn.Module) -> RegionGroup:
-    """The whole model as the one region of a group (``compile_region``'s ``group``)."""
-    return RegionGroup(
-        WHOLE_GROUP,
-        (Region("", model, WHOLE_GROUP),),
-        "the whole model as one function (the whole-model form)",
-    )
-
-
 def _compile_one(
     model: nn.Module,
     family: Family,
@@ -283,22 +258,28 @@ def _compile_one(
             "though the backend declares precompile=True"
         )
     model.train(family.training)
-    mark_dynamic(family.args, family.kwargs, family.dynamic)
+    for path, leaf in walk((family.args, family.kwargs), "", 0):  # the dims compiled dynamic
+        if isinstance(leaf, torch.Tensor) and family.dynamic.get(path):
+            cache_entries.mark_dynamic(leaf, list(family.dynamic[path]))
     with torch.set_grad_enabled(family.kind == "training"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
         return compiled.aot_compile(((model, *family.args), family.kwargs))
 
 
-def build_whole(
+def build_whole_form(
     model: nn.Module,
     families: list[Family],
     config: CompileConfig,
     directory: Path,
     region_paths: list[str],
     plugins: PluginManager,
+    environment: dict[str, Any],
 ) -> tuple[WholeArtifacts, list[dict[str, str]]]:
-    """Compile ``model`` for each family into ``directory/whole/``, with the configured
-    backend's ``compile_region`` as ``plugins`` serve it (:func:`check_savable_backend` first).
+    """Compile ``model`` for each family into the new ``directory`` as a store holds a
+    whole-model form: the functions in ``whole/``, with the configured backend's
+    ``compile_region`` as ``plugins`` serve it (:func:`check_savable_backend` first), inductor's
+    cache in ``kernels/`` (and, for inductor on the CPU, the ISA probe's answers recorded), then
+    the directory's ``meta.json``.
 
     :return: the ``whole`` manifest entry (its ``entries`` may be empty) and, per family that
         failed, ``{"kind", "reason"}``.
@@ -308,37 +289,46 @@ def build_whole(
     name_function_modules(type(module).__module__ for module in model.modules())
     (directory / WHOLE_DIR).mkdir(parents=True, exist_ok=True)
     guard_filter = GuardFilter(region_paths)
-    group = whole_group(model)
+    group = RegionGroup(
+        WHOLE_GROUP,
+        (Region("", model, WHOLE_GROUP),),
+        "the whole model as one function (the whole-model form)",
+    )
     entries: list[WholeEntry] = []
     skipped: list[dict[str, str]] = []
+    probes: dict[str, Any] = {}
     training = model.training
     try:
-        for index, family in enumerate(families):
-            started = time.perf_counter()
-            try:
-                cfg = whole_config(config, guard_filter)
-                aot = _compile_one(model, family, cfg, plugins, group)
-            except Exception as error:  # one family failing is recorded, the others go on
-                skipped.append({"kind": family.kind, "reason": error_reason(error)})
-                continue
-            seconds = time.perf_counter() - started
-            relative = f"{WHOLE_DIR}/{family.kind}-{index}.bin"
-            refs = installed_module_globals(aot, whole_model_forward.__globals__)
-            aot.save_compiled_function(str(directory / relative))
-            stored = stored_file(directory, relative)
-            entries.append(
-                WholeEntry(
-                    kind=family.kind,
-                    training=family.training,
-                    file=relative,
-                    inputs=input_spec(family.args, family.kwargs),
-                    dynamic={k: list(v) for k, v in family.dynamic.items()},
-                    module_refs=refs,
-                    compile_seconds=round(seconds, 3),
-                    sha256=stored.sha256,
-                    size=stored.size,
+        with (
+            apply_cache_dir(directory / KERNELS_DIR),
+            recorded_probes(probes, config.backend, environment["device"]),
+        ):
+            for index, family in enumerate(families):
+                started = time.perf_counter()
+                try:
+                    cfg = whole_config(config, guard_filter)
+                    aot = _compile_one(model, family, cfg, plugins, group)
+                except Exception as error:  # one family failing is recorded, the others go on
+                    skipped.append({"kind": family.kind, "reason": error_reason(error)})
+                    continue
+                seconds = time.perf_counter() - started
+                relative = f"{WHOLE_DIR}/{family.kind}-{index}.bin"
+                refs = installed_module_globals(aot, whole_model_forward.__globals__)
+                aot.save_compiled_function(str(directory / relative))
+                stored = stored_file(directory, relative)
+                entries.append(
+                    WholeEntry(
+                        kind=family.kind,
+                        training=family.training,
+                        file=relative,
+                        inputs=input_spec(family.args, family.kwargs),
+                        dynamic={k: list(v) for k, v in family.dynamic.items()},
+                        module_refs=refs,
+                        compile_seconds=round(seconds, 3),
+                        sha256=stored.sha256,
+                        size=stored.size,
+                    )
                 )
-            )
     finally:
         model.train(training)
     modules = sorted(guard_filter.modules)
@@ -353,27 +343,6 @@ def build_whole(
         dropped_guards=dict(guard_filter.dropped),
         entries=entries,
     )
-    return whole, skipped
-
-
-def build_whole_form(
-    model: nn.Module,
-    families: list[Family],
-    config: CompileConfig,
-    directory: Path,
-    region_paths: list[str],
-    plugins: PluginManager,
-    environment: dict[str, Any],
-) -> tuple[WholeArtifacts, list[dict[str, str]]]:
-    """:func:`build_whole` into the new ``directory``, with inductor's cache in its
-    ``kernels/`` (and, for inductor on the CPU, the ISA probe's answers recorded), then the
-    directory's ``meta.json``: a whole-model form as a store holds it."""
-    probes: dict[str, Any] = {}
-    with (
-        apply_cache_dir(directory / KERNELS_DIR),
-        recorded_probes(probes, config.backend, environment["device"]),
-    ):
-        whole, skipped = build_whole(model, families, config, directory, region_paths, plugins)
     meta = {
         "format": META_FORMAT,
         "environment": environment,

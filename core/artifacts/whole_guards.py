@@ -13,7 +13,7 @@ first), and the guard that a region has no instance ``forward`` (torchkiln insta
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from torchkiln._internals.cache_entries import (
@@ -96,6 +96,3 @@ def referenced_files(modules: Iterable[str]) -> list[str]:
         if path and path not in ("built-in", "frozen"):
             files.append(path)
     return files
-
-
-Filter = Callable[[list[Any]], list[bool]]

@@ -45,10 +45,9 @@ class WholeModelForm:
     guards pass for this call, or ``None``
     (:class:`~torchkiln._internals.cache_entries.GuardTable`)."""
 
-    def __init__(self, entries: list[tuple[WholeEntry, Any]], directory: Path, seconds: float):
+    def __init__(self, entries: list[tuple[WholeEntry, Any]], seconds: float):
         self.entries = [entry for entry, _ in entries]
         self._table = loaded_guard_table(fn for _, fn in entries)
-        self.directory = directory
         self.load_seconds = seconds
 
     def match(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -114,4 +113,4 @@ def load_whole(directory: Path, meta: dict[str, Any], model: nn.Module) -> Whole
             f_globals = {**whole_model_forward.__globals__, **_module_globals(entry)}
             fn = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
             loaded.append((entry, fn))
-    return WholeModelForm(loaded, directory, time.perf_counter() - started)
+    return WholeModelForm(loaded, time.perf_counter() - started)

@@ -11,7 +11,6 @@ unpickled or imported.
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import shutil
 import time
@@ -58,25 +57,6 @@ def plain_module(module: nn.Module) -> Iterator[None]:
         module.__dict__.update(installed)
 
 
-def save_compiled_call(
-    savable: Any,
-    shared: Callable[..., Any],
-    module: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    path: Path,
-) -> None:
-    """Compile ``savable`` (the group function ``shared`` under ``torch.compile``) for this
-    call with ``aot_compile`` and save it at ``path``."""
-    with warnings.catch_warnings():
-        # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards; torch's
-        # warning about it says nothing the user can act on.
-        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
-        with plain_module(module), trace_settings_of(savable):
-            aot = savable.aot_compile(((module, *args), kwargs))
-        aot.save_compiled_function(str(path), external_data=closure_data(shared))
-
-
 def build_entry(
     directory: Path,
     fields: dict[str, Any],
@@ -86,39 +66,51 @@ def build_entry(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> float:
-    """Compile ``savable`` (the group's function under ``torch.compile(fullgraph=True)``) for
-    this call and write the entry into ``directory``; returns the compile seconds."""
+    """Compile ``savable`` (the group function ``shared`` under ``torch.compile(fullgraph=True)``)
+    for this call with ``aot_compile`` and write the entry into ``directory``, which is removed
+    when that fails; returns the compile seconds."""
     probes: dict[str, Any] = {}
     started = time.perf_counter()
-    recording = recorded_probes(probes, fields["backend"], fields["device"])
-    with apply_cache_dir(directory / KERNELS_DIR), recording:
-        save_compiled_call(savable, shared, module, args, kwargs, directory / ENTRY)
-    seconds = time.perf_counter() - started
-    meta = {
-        "format": META_FORMAT,
-        "fields": fields,
-        "kind": fields["kind"],
-        "compile_seconds": round(seconds, 3),
-        "cpu_isa": probes or None,
-        "entry": stored_file(directory, ENTRY).to_dict(),
-        "kernels": [k.to_dict() for k in kernel_files(directory)],
-    }
-    write_meta(directory, meta)
+    try:
+        recording = recorded_probes(probes, fields["backend"], fields["device"])
+        with apply_cache_dir(directory / KERNELS_DIR), recording, warnings.catch_warnings():
+            # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards;
+            # torch's warning about it says nothing the user can act on.
+            warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
+            with plain_module(module), trace_settings_of(savable):
+                aot = savable.aot_compile(((module, *args), kwargs))
+            aot.save_compiled_function(str(directory / ENTRY), external_data=closure_data(shared))
+        seconds = time.perf_counter() - started
+        meta = {
+            "format": META_FORMAT,
+            "fields": fields,
+            "kind": fields["kind"],
+            "compile_seconds": round(seconds, 3),
+            "cpu_isa": probes or None,
+            "entry": stored_file(directory, ENTRY).to_dict(),
+            "kernels": [k.to_dict() for k in kernel_files(directory)],
+        }
+        write_meta(directory, meta)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     return seconds
 
 
-def _records(meta: dict[str, Any]) -> tuple[KernelFile, list[KernelFile]]:
+def _checked_files(directory: Path) -> tuple[dict[str, Any], list[KernelFile], dict[str, bytes]]:
+    """The entry's metadata, its kernels' records and every file it lists by path, each checked
+    (:func:`read_entry`) before any is used."""
+    meta = read_meta(directory)
     try:
-        return KernelFile(**meta["entry"]), kernel_records(meta)
+        entry, kernels = KernelFile(**meta["entry"]), kernel_records(meta)
     except (KeyError, TypeError) as error:
         raise ArtifactError(f"entry metadata is malformed: {error}") from error
+    return meta, kernels, {r.file: read_entry(directory, r) for r in (entry, *kernels)}
 
 
 def pack_entry(directory: Path) -> bytes:
     """The entry as one message: its metadata and every file it lists, each checked first."""
-    meta = read_meta(directory)
-    entry, kernels = _records(meta)
-    files = {record.file: read_entry(directory, record) for record in (entry, *kernels)}
+    meta, _, files = _checked_files(directory)
     return pickle.dumps({"meta": meta, "files": files})
 
 
@@ -138,17 +130,8 @@ def load_entry(directory: Path, shared: Callable[..., Any], cache_dir: str | Non
 
     :raises ArtifactError: a file that does not match the metadata (nothing was loaded).
     """
-    meta = read_meta(directory)
-    entry, kernels = _records(meta)
-    data = read_entry(directory, entry)
-    for kernel in kernels:  # every file checked before any is copied
-        read_entry(directory, kernel)
+    meta, kernels, files = _checked_files(directory)
     copy_kernels(directory, kernels, cache_dir)
+    data = files[meta["entry"]["file"]]
     backend = meta.get("fields", {}).get("backend")
     return load_functions(shared, [(meta["kind"], data)], meta.get("cpu_isa"), backend)
-
-
-def remove_quietly(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        os.rmdir(directory)

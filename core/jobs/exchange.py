@@ -168,6 +168,5 @@ class JobExchange:
 
 
 def _first_line(error: BaseException) -> str:
-    return next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)[
-        :400
-    ]
+    first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return first[:400]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from importlib import metadata
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from torchkiln.artifacts.directory import (
     code_hash,
     environment_key,
     input_spec,
+    installed_version,
     structure_hash,
 )
 from torchkiln.configuration.config import CompileConfig
@@ -37,13 +37,6 @@ def call_kind(module: nn.Module) -> str:
     """``training`` (grad enabled and the module in train mode) or ``inference``: the two kinds
     an artifact directory knows."""
     return "training" if torch.is_grad_enabled() and module.training else "inference"
-
-
-def _release(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def device_architecture(device: torch.device) -> dict[str, Any]:
@@ -76,7 +69,7 @@ def group_fields(config: CompileConfig, group: str, module: nn.Module) -> dict[s
     the group's entries whose group fields are these)."""
     return {
         **environment_key(config, module),
-        "transformers": _release("transformers"),
+        "transformers": installed_version("transformers"),
         "architecture": device_architecture(_first_device(module)),
         "device_index": _first_device(module).index,
         "group": group,

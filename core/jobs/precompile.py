@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -44,7 +45,7 @@ from torchkiln.engine.plan_check import select_plan
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
-from torchkiln.jobs.entry import build_entry, remove_quietly
+from torchkiln.jobs.entry import build_entry
 from torchkiln.jobs.keys import share_fields, share_key
 from torchkiln.jobs.store import ENTRIES, JobStore
 from torchkiln.jobs.whole_store import whole_key, whole_section
@@ -173,11 +174,7 @@ class EntryRecorder:
             seconds, path = 0.0, self.store.find(key)
             if path is None:  # an earlier precompile may have written it: kept as it is
                 staging = self.store.staging(key)
-                try:
-                    seconds = build_entry(staging, fields, compiled, fn, module, args, kwargs)
-                except BaseException:
-                    remove_quietly(staging)
-                    raise
+                seconds = build_entry(staging, fields, compiled, fn, module, args, kwargs)
                 path = self.store.publish(staging, key)
         except Exception as error:  # one entry failing is recorded, the rest go on
             self.skipped.append({"group": group, "kind": self.kind, "reason": error_reason(error)})
@@ -215,7 +212,7 @@ def _precompile_whole(
         if built.entries:
             section.publish(staging, key)
     finally:
-        remove_quietly(staging)  # gone after a publish; else the attempt
+        shutil.rmtree(staging, ignore_errors=True)  # gone after a publish; else the attempt
     entries = [
         PrecompiledEntry(WHOLE_GROUP, e.kind, e.inputs, relative, e.compile_seconds)
         for e in built.entries
@@ -243,15 +240,6 @@ def _target_directory(path: str | Any) -> Path:
             f"({', '.join(sorted(STORE_NAMES))} only)"
         )
     return directory
-
-
-def _open_store(directory: Path) -> JobStore:
-    try:
-        return JobStore(directory)
-    except ArtifactError as error:
-        raise ArtifactError(
-            f"artifacts directory {str(directory)!r} cannot be written: {error.__cause__ or error}"
-        ) from error
 
 
 def precompile(
@@ -315,7 +303,13 @@ def precompile(
     if not plan.groups:
         raise ArtifactError(f"nothing to precompile: {plan.reason or 'the plan has no regions'}")
     directory = _target_directory(path)
-    recorder = EntryRecorder(_open_store(directory), cfg)
+    try:
+        store = JobStore(directory)
+    except ArtifactError as error:
+        raise ArtifactError(
+            f"artifacts directory {str(directory)!r} cannot be written: {error.__cause__ or error}"
+        ) from error
+    recorder = EntryRecorder(store, cfg)
     compiler = Compiler(plan, cfg, pm, make_progress(cfg, plan))
     compiler.group_hooks.append(recorder.hook)
     call = _as_call(example_inputs)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -47,9 +46,6 @@ class PrecompiledDirectory(CodeSource):
         self.config = config
         self.plugins = plugins
         self.loaded: dict[str, Loaded] = {}
-        self.rejected: dict[str, str] = {}
-        """Group name -> why its entries were not used."""
-        self.load_seconds = 0.0
         self._entries: list[Entry] | None = None
 
     def _reject(self, what: str, reason: str) -> None:
@@ -63,22 +59,20 @@ class PrecompiledDirectory(CodeSource):
         or the backend cannot serve)."""
         if self._entries is None:
             self._entries = []
-            problem = self._problem()
+            published = JobStore(self.directory, writable=False).published()
+            problem = self._problem(published)
             if problem is not None:
                 self._reject("any group", problem)
                 return self._entries
             try:  # a shipped directory with a broken entry is damaged: none is used
-                found = [
-                    (path, read_meta(path))
-                    for path in JobStore(self.directory, writable=False).published()
-                ]
+                found = [(path, read_meta(path)) for path in published]
             except ArtifactError as error:
                 self._reject("any group", str(error))
             else:
                 self._entries = found
         return self._entries
 
-    def _problem(self) -> str | None:
+    def _problem(self, published: list[Path]) -> str | None:
         declared = self.plugins.backend(self.config.backend)
         if declared is None or not getattr(declared.spec, "precompile", False):
             return (
@@ -90,7 +84,7 @@ class PrecompiledDirectory(CodeSource):
                 "it was written by an older torchkiln (manifest.json and groups/): re-run "
                 "`torchkiln precompile` to rewrite it"
             )
-        if not JobStore(self.directory, writable=False).published():
+        if not published:
             return (
                 f"artifacts directory {str(self.directory)!r} holds no precompiled entries "
                 "(write them with torchkiln.precompile or `torchkiln precompile`)"
@@ -116,9 +110,7 @@ class PrecompiledDirectory(CodeSource):
         reason = None if fitting else _why_none(fields, [meta for _, meta in entries])
         if reason is None:
             try:
-                started = time.perf_counter()
                 loaded = self._load(group.name, fitting, shared)
-                self.load_seconds += time.perf_counter() - started
             except ArtifactError as error:  # refused by the integrity check: nothing was loaded
                 reason = str(error)[:500]
             except Exception as error:
@@ -134,7 +126,6 @@ class PrecompiledDirectory(CodeSource):
                     ", ".join(kinds),
                 )
                 return True
-        self.rejected[group.name] = reason
         self._reject(f"group {group.name!r}", reason)
         return False
 

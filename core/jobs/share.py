@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ import attrs
 from torchkiln.artifacts.directory import ArtifactError, error_reason
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode, Loaded
-from torchkiln.jobs.entry import build_entry, load_entry, pack_entry, remove_quietly, unpack_entry
+from torchkiln.jobs.entry import build_entry, load_entry, pack_entry, unpack_entry
 from torchkiln.jobs.exchange import JobExchange
 from torchkiln.jobs.keys import describe_difference, share_fields, share_key
 from torchkiln.jobs.store import JobStore
@@ -242,7 +243,6 @@ class _GroupSharing:
                 call.kwargs,
             )
         except Exception as error:  # sent to the others; every rank then compiles normally
-            remove_quietly(staging)
             return None, error_reason(error)
         record.role, record.source = "compiled", self.job.exchange.rank
         return self._keep(staging), None
@@ -280,15 +280,14 @@ class _GroupSharing:
             return None
         finally:
             record.load_seconds = time.perf_counter() - started
-            if job.store is None:
-                remove_quietly(directory)  # kernels copied, function loaded: nothing needs it
+            if job.store is None:  # kernels copied, function loaded: nothing needs it
+                shutil.rmtree(directory, ignore_errors=True)
         source = "store" if record.role == "store" else f"rank {record.source}"
         return Loaded(source, functions, closure, functools.partial(_other_call, record.group))
 
 
 @attrs.frozen
 class _Plan:
-    key: str
     source: int
     receivers: tuple[int, ...]
 
@@ -302,7 +301,7 @@ def _plans(everyone: list[dict[str, Any]]) -> list[_Plan]:
         stored = [r for r in ranks if everyone[r]["stored"]]
         source = stored[0] if stored else ranks[0]
         receivers = tuple(r for r in ranks if r != source and not everyone[r]["stored"])
-        plans.append(_Plan(key, source, receivers))
+        plans.append(_Plan(source, receivers))
     return plans
 
 

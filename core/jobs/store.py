@@ -109,10 +109,10 @@ class JobStore:
             os.rename(self.entries / key, aside)
             shutil.rmtree(aside, ignore_errors=True)
 
-    def sweep(self, now: float | None = None) -> list[str]:
+    def sweep(self) -> list[str]:
         """Remove what killed writers left (hidden staging or aside directories older than
         :data:`STALE_SECONDS`); returns their names."""
-        now = time.time() if now is None else now
+        now = time.time()
         removed = []
         with contextlib.suppress(OSError):
             for name in os.listdir(self.entries):

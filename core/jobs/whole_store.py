@@ -12,13 +12,7 @@ from pathlib import Path
 
 from torch import nn
 
-from torchkiln.artifacts.directory import (
-    META,
-    class_name,
-    code_hash,
-    environment_key,
-    structure_hash,
-)
+from torchkiln.artifacts.directory import class_name, code_hash, environment_key, structure_hash
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.store_layout import WHOLE
 from torchkiln.jobs.store import JobStore
@@ -47,7 +41,7 @@ def whole_store(config: CompileConfig) -> JobStore | None:
 
 def whole_section(root: str | Path, writable: bool = True) -> JobStore:
     """The whole-model forms of the store (or precompiled directory) ``root``."""
-    return JobStore(Path(root).expanduser(), section=WHOLE, marker=META, writable=writable)
+    return JobStore(Path(root).expanduser(), section=WHOLE, writable=writable)
 
 
 class BuildOutput:
@@ -60,8 +54,7 @@ class BuildOutput:
         self.config = config
         self.region_paths = region_paths
         self.path: Path | None = None
-        self.owned = False
-        """Whether torchkiln made :attr:`path` (removed at the end unless a form was loaded)."""
+        """The directory torchkiln made (removed at the end unless a form was loaded)."""
         self.key: str | None = None
         """The store key :attr:`path` is published under, until it is."""
 
@@ -71,9 +64,9 @@ class BuildOutput:
         store = whole_store(self.config) if not form_loaded else None
         if store is not None:
             self.key = whole_key(self.config, model, self.region_paths)
-            self.path, self.owned = store.staging(self.key), True
+            self.path = store.staging(self.key)
         else:
-            self.path, self.owned = Path(tempfile.mkdtemp(prefix="torchkiln-whole-")), True
+            self.path = Path(tempfile.mkdtemp(prefix="torchkiln-whole-"))
         return self.path
 
     def publish(self, directory: Path) -> Path:
@@ -83,9 +76,9 @@ class BuildOutput:
         if self.key is None or store is None or directory != self.path:
             return directory
         published = store.publish(directory, self.key)
-        self.key, self.path, self.owned = None, None, False
+        self.key, self.path = None, None
         return published
 
     def remove(self) -> None:
-        if self.owned and self.path is not None:
+        if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
