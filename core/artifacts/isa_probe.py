@@ -125,6 +125,7 @@ def answered_probes(record: dict[str, Any] | None) -> Iterator[None]:
         logger.info("torchkiln: inductor's CPU ISA probe runs as usual: %s", reason)
         yield
         return
+    assert record is not None  # a module was looked up only for a record
     answers: dict[str, bool] = record["probes"]
     probe = inductor.vec_isa_probe(module)
     assert probe is not None  # _isa_module found it
