@@ -279,6 +279,23 @@ def test_a_missing_directory_warns_and_a_corrupt_entry_is_refused(
         torchkiln.compile(stack(), backend="aot_eager", artifacts=str(copy))
 
 
+def test_a_directory_of_the_older_format_says_to_precompile_again(tmp_path: Path) -> None:
+    """manifest.json and groups/ (what precompile wrote before it wrote a store): refused by
+    name, at compile, and as an output."""
+    (tmp_path / "manifest.json").write_text('{"format": 2, "environment": {}, "groups": []}')
+    (tmp_path / "groups").mkdir()
+    with pytest.warns(ArtifactWarning, match=r"older torchkiln .*re-run `torchkiln precompile`"):
+        model = torchkiln.compile(stack(), backend="aot_eager", artifacts=str(tmp_path))
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs()), stack()(inputs()))
+    with pytest.raises(ArtifactError, match="older torchkiln"):
+        torchkiln.compile(
+            stack(), backend="aot_eager", artifacts=str(tmp_path), artifacts_strict=True
+        )
+    with pytest.raises(ArtifactError, match="is not empty and is not a torchkiln store"):
+        torchkiln.precompile(stack(), inputs(), tmp_path, backend="aot_eager")
+
+
 def test_a_backend_that_cannot_serialise_is_refused_with_the_reason(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match=r"backend 'eager' cannot be precompiled.*BackendSpec"):
         torchkiln.precompile(stack(), inputs(), tmp_path, backend="eager")
