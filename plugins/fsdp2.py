@@ -7,8 +7,15 @@ compiled code: they are module hooks, and ``nn.Module.__call__`` runs them eager
 region's compiled ``forward``, so a block's parameters are gathered before it runs and
 resharded after, exactly as without compilation.
 
-Activation checkpointing uses torch's composable ``checkpoint`` (hooks on the module, in place),
-so the state-dict keys stay the plain model's: no ``_checkpoint_wrapped_module.`` prefix.
+Activation checkpointing (:func:`prepare_group`) puts ``torch.utils.checkpoint`` (non-reentrant)
+*inside* each group's traced function, torchtitan's "wrap, then compile": Dynamo captures it as
+one checkpointed subgraph and the backend compiles the recomputation with the forward. Nothing is
+wrapped or renamed, so the state-dict keys stay the plain model's (no
+``_checkpoint_wrapped_module.``). Two mechanisms that fail were measured (docs/distributed.md):
+torch's composable ``checkpoint`` around an inductor-compiled block, and ``torch.utils.checkpoint``
+around the compiled call, both recompute other tensors than the forward saved (pytorch#166926,
+``CheckpointError`` at the first backward). The composable form serves only where nothing is
+compiled (``disable``).
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from torchkiln.plugin import (
     DistributedSpec,
     FSDP2Config,
     FSDP2MixedPrecision,
+    GroupPreparation,
+    RegionFunction,
     RegionPlan,
     add_undo,
     check_not_wrapped,
@@ -44,6 +53,10 @@ STRATEGY = "fsdp2"
 BACKEND_DEVICES = {"gloo": "cpu", "mpi": "cpu", "nccl": "cuda", "xccl": "xpu", "hccl": "hpu"}
 DYNAMO_FLAGS = ("capture_scalar_outputs", "skip_fwd_side_effects_in_bwd_under_checkpoint")
 """Set to ``True`` with ``distributed.fsdp2.dynamo_flags``; the second only where torch has it."""
+CHECKPOINT_TRACE_FLAG = "skip_fwd_side_effects_in_bwd_under_checkpoint"
+"""Set while a checkpointed group traces (only then): without it Dynamo refuses the checkpointed
+subgraph of a transformers block ("HOP: Unsafe side effect", a ContextVar read) and the block
+runs eagerly, its activations checkpointed but nothing compiled."""
 
 
 @hookimpl
@@ -93,6 +106,38 @@ def set_dynamo_flags(model: nn.Module) -> Callable[[], None]:
 def _release(holds: list[Any]) -> None:
     for held in reversed(holds):
         held.release()
+
+
+def checkpointed(traced: RegionFunction) -> RegionFunction:
+    """``traced`` (the group's function, traced by Dynamo) run inside ``torch.utils.checkpoint``:
+    its activations are recomputed when the backward needs them, by compiled code too (the RNG
+    state is replayed, so dropout recomputes the same mask)."""
+    from torch.utils.checkpoint import checkpoint
+
+    def checkpointed_call(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+        return checkpoint(traced, module, *args, use_reentrant=False, **kwargs)
+
+    return checkpointed_call
+
+
+def checkpoint_trace_settings() -> Any:
+    """The Dynamo setting a checkpointed group traces in (:data:`CHECKPOINT_TRACE_FLAG`)."""
+    return dynamo.config_patch(**{CHECKPOINT_TRACE_FLAG: True})
+
+
+@hookimpl(trylast=True)  # innermost: other wrappers (Accelerate's hooks) run once, outside it
+def prepare_group(config: CompileConfig) -> GroupPreparation | None:
+    """Activation checkpointing around each compiled region of an ``fsdp2`` compile."""
+    if (
+        config.distributed.strategy != STRATEGY
+        or not config.distributed.fsdp2.activation_checkpointing
+    ):
+        return None
+    return GroupPreparation(
+        wrap_traced=checkpointed,
+        trace_settings=checkpoint_trace_settings,
+        notes=["activation checkpointing: torch.utils.checkpoint traced into the compiled code"],
+    )
 
 
 def _shard(model: nn.Module, paths: list[str], kwargs: dict[str, Any]) -> None:
@@ -167,10 +212,10 @@ def wrap_distributed(
     settings = config.distributed.fsdp2
     kwargs = shard_kwargs(config, model)
     paths = list(dict.fromkeys(region.path for region in plan.regions()))
-    if settings.activation_checkpointing:
-        for path in paths:
-            checkpoint_activations(model.get_submodule(path))
     compile_regions(model)
+    if settings.activation_checkpointing and not is_compiled(model):
+        for path in paths:  # nothing compiled (``disable``): torch's composable checkpoint
+            checkpoint_activations(model.get_submodule(path))
     if settings.dynamo_flags and is_compiled(model):
         add_undo(model, set_dynamo_flags(model))
     _shard(model, paths, kwargs)
