@@ -44,6 +44,7 @@ from torchkiln.configuration.config import CompileConfig
 from torchkiln.distributed import container_layer, peel
 from torchkiln.engine import double_compile
 from torchkiln.engine.compile_state import CompileState, region_state_of, state_of
+from torchkiln.engine.region_runtime import RegionRuntime
 
 TORCH_COMPILE_DEFAULTS: Mapping[str, Any] = {
     "backend": "inductor",
@@ -277,7 +278,7 @@ def is_compiled_module(module: nn.Module) -> bool:
 
 def _looks_like_torchkiln_region(module: nn.Module) -> bool:
     """A region of a model compiled by ``torchkiln.compile`` directly (no root at hand): its
-    instance ``forward`` is torchkiln's first-call shim, or the group's compiled function
+    instance ``forward`` is torchkiln's region runtime, or the group's compiled function
     (named ``torchkiln_<group>_<n>``) bound to it."""
     forward = module.__dict__.get("forward")
     if forward is None:
@@ -285,7 +286,7 @@ def _looks_like_torchkiln_region(module: nn.Module) -> bool:
     region = region_state_of(module)
     if region is not None and region.status in LIVE_STATUSES:
         return True  # torchkiln's own record of the region (its forward is named "forward")
-    if getattr(forward, "__qualname__", "").startswith("first_call_step."):
+    if isinstance(forward, RegionRuntime):
         return True
     function = getattr(forward, "__func__", None)
     return getattr(forward, "__self__", None) is module and getattr(

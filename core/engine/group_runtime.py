@@ -1,24 +1,18 @@
-"""What happens when a compiled block is called: docs/architecture.md, "A block's call".
+"""A region group's code: docs/architecture.md, "A block's call".
 
-1. The block's ``forward`` is its first-call step (:func:`first_call_step`), bound to it.
-2. Its first call times itself, opens a window on Dynamo's records and reports progress.
-3. It calls the group's code: the backend's compiled function, or a :class:`GroupCode`.
-4. A ``GroupCode``'s first call asks its sources in order (:class:`CodeSource`: the store or
+A region's runtime (:mod:`~torchkiln.engine.region_runtime`) calls its group's code: the
+backend's compiled function, or a :class:`GroupCode` when sources may have code for it.
+
+1. A ``GroupCode``'s first call asks its sources in order (:class:`CodeSource`: the store or
    a peer rank, a precompiled directory); the first that has code serves the group.
-5. Each call runs the first loaded function whose saved guards pass; a call none fits (or a
-   group no source had code for) runs the backend's code, built on the first such call.
-6. A compile failure is handled by ``on_region_error``: raised, or the block runs eagerly.
-7. The call finished, the block's status is ``compiled`` or ``eager``, its ``forward`` is the
-   group's code itself, and later calls go straight there (or eagerly).
+2. Each call runs the first loaded function whose saved guards pass; a call none fits (or a
+   group no source had code for) runs the backend's code, built on the first such call. A
+   loaded function that missed one call serves every later call it fits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import time
-import types
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -26,21 +20,10 @@ from typing import Any
 import attrs
 from torch import nn
 
-from torchkiln._internals import dynamo, frame_strategy
 from torchkiln._internals.aot_artifacts import loaded_guard_table
-from torchkiln.engine import dynamo_records
-from torchkiln.engine.compile_state import REGION_ATTR, RegionState, _nothing, restore_forward
-from torchkiln.engine.double_compile import first_call_check
-from torchkiln.engine.dynamo_records import Window
-from torchkiln.engine.progress import ProgressObserver
-from torchkiln.errors import RegionCompileError, TorchkilnError
+from torchkiln.engine.compile_state import _nothing
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.region_plan import RegionGroup
-
-
-class RegionFallbackWarning(RuntimeWarning):
-    """A region that failed to compile runs eagerly (``on_region_error: eager``)."""
-
 
 # --- the settings a group's code runs in (``GroupPreparation.trace_settings``) ------------------
 
@@ -220,171 +203,3 @@ class GroupCode:
             for (kind, _), failed in zip(self.loaded.functions, failures, strict=True)
         )
         self.loaded.on_miss(self.miss_reason)
-
-
-@functools.cache
-def traceable_int_patch() -> bool:
-    """Whether this torch can set ``allow_unspec_int_on_nn_module`` inside a traced function
-    (``torch._dynamo.patch_dynamo_config``): then the setting holds for every trace of a group's
-    code, later recompiles included, and never changes process-wide state."""
-    try:
-        dynamo.traced_config_patcher()(allow_unspec_int_on_nn_module=True)
-    except (AttributeError, ValueError):
-        return False
-    return True
-
-
-def first_call_dynamo_settings(shared_by: int) -> Any:
-    """Dynamo settings for a region's first (compiling) call only, restored on exit: module int
-    attributes traced as symbolic, so blocks that differ only in ``layer_idx`` share one graph
-    (docs/architecture.md, "Blocks that differ only in an integer"). Nothing when the group
-    function sets it while tracing (:func:`traceable_int_patch`)."""
-    if shared_by < 2 or traceable_int_patch():
-        return contextlib.nullcontext()
-    return dynamo.config_patch(allow_unspec_int_on_nn_module=True)
-
-
-# --- the block's first call --------------------------------------------------------------------
-
-
-def first_call_step(
-    compiled_function: RegionFunction,
-    group: RegionGroup,
-    group_count: int,
-    wrapper_code: str,
-    progress: ProgressObserver,
-    policy: str,
-    plugin: str | None,
-) -> RegionFunction:
-    """``first_call(module, *args, **kwargs)``, installed bound to each region's module.
-
-    Everything per region comes from the module it is bound to (its ``REGION_ATTR``), never
-    from this closure: ``copy.deepcopy(model)`` rebinds bound methods, so a copy made before
-    the first call runs the copy's own weights and fills the copy's report. It stays installed
-    until a first call *finishes*: interrupted, failed on the user's own error, or failed under
-    the ``raise`` policy, the next call is a first call again."""
-    comptime = dynamo.comptime_function()
-    check = first_call_check(group.name)
-
-    def first_call(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
-        comptime(check)  # only another compile ever traces this step: a double compile
-        region_state: RegionState = module.__dict__[REGION_ATTR]
-        state = region_state.owner
-        step = module.__dict__["forward"]
-        compiled = types.MethodType(compiled_function, module)
-        region = region_state.region
-        dynamo_records.install()  # again, in case torch._dynamo.reset() dropped it
-        progress.start(region, region_state.group_index, group_count)
-        window = Window.open()
-        eager_before = (region_state.eager_calls, region_state.first_eager)
-        started = time.perf_counter()
-        module.__dict__["forward"] = compiled  # recursion and re-entry see the final state
-        try:
-            failed = state.failed_groups.get(region.group) if policy == "eager" else None
-            if failed is not None and failed is not region_state:
-                state.set_status(region_state, "eager")
-                region_state.fallback_reason = (
-                    f"not retried: group {failed.region.group!r} failed to compile at "
-                    f"{failed.region.display_path}: {failed.fallback_reason}"
-                )
-                restore_forward(module, region_state.previous_forward)
-                output = module.forward(*args, **kwargs)
-            else:
-                with first_call_dynamo_settings(len(group.regions)):
-                    output = compiled(*args, **kwargs)
-                state.set_status(region_state, "compiled")
-        except Exception as error:
-            output = _handle_failure(
-                module, region_state, step, error, policy, plugin, args, kwargs
-            )
-        except BaseException:
-            module.__dict__["forward"] = step  # interrupted: the next call starts over
-            raise
-        finally:
-            if module.__dict__.get("forward") is step:
-                # Not finished: the next call is a first call again; this one does not count.
-                region_state.eager_calls, region_state.first_eager = eager_before
-            _close_window(region_state, window, wrapper_code, started)
-            if region_state.status != "pending":
-                ok = region_state.status == "compiled"
-                progress.done(region, region_state.first_call_seconds or 0.0, ok)
-            if state.pending == 0 and not state.first_calls_done:
-                state.first_calls_done = True
-                for callback in state.on_first_calls_done:
-                    callback(state)
-        return output
-
-    first_call.__name__ = "forward"  # pickles as getattr(module, "forward")
-    return first_call
-
-
-def _close_window(
-    region_state: RegionState, window: Window, wrapper_code: str, started: float
-) -> None:
-    region_state.first_call_seconds = time.perf_counter() - started
-    records, graphs, breaks = window.close(wrapper_code)
-    region_state.records.extend(records)
-    region_state.graphs += graphs
-    for reason, count in breaks.items():
-        region_state.graph_breaks[reason] = region_state.graph_breaks.get(reason, 0) + count
-
-
-def _handle_failure(
-    module: nn.Module,
-    region_state: RegionState,
-    step: Any,
-    error: Exception,
-    policy: str,
-    plugin: str | None,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    region = region_state.region
-    if isinstance(error, TorchkilnError) and not isinstance(error, RegionCompileError):
-        module.__dict__["forward"] = step  # torchkiln's own verdict (strict artifacts): as is
-        raise error
-    # Whose error is it? The same call run eagerly tells: a wrong-shaped input fails there too
-    # (Dynamo reports it as a failure to trace), a backend that cannot compile or whose code
-    # fails at run time does not. Hooks already ran in nn.Module.__call__; only the forward
-    # itself runs again.
-    restore_forward(module, region_state.previous_forward)
-    try:
-        output = module.forward(*args, **kwargs)
-    except Exception as eager_error:
-        module.__dict__["forward"] = step  # the user's error: the next call starts over
-        # Nor may it stop Dynamo compiling the group's code: torch 2.14+ marks it "skip" for
-        # good when the error unwound through the group function's ``with`` block.
-        frame_strategy.resume_compiling(region_state.group_code())
-        if eager_error is error or not isinstance(
-            error, dynamo.exception_type() | RegionCompileError
-        ):
-            raise error from error.__cause__  # the call failed the same way eagerly
-        raise eager_error from None  # eager fails too: the input is wrong, not the compile
-    region_state.fallback_reason = describe_failure(error)
-    if policy == "raise":
-        region_state.owner.set_status(region_state, "failed")
-        module.__dict__["forward"] = step  # the next call tries again (and says how it went)
-        raise RegionCompileError(region.path, region.group, error, plugin) from error
-    region_state.owner.set_status(region_state, "eager")
-    region_state.owner.failed_groups.setdefault(region.group, region_state)
-    warnings.warn(
-        f"torchkiln: region {region.display_path} ({region.group}) runs eagerly: "
-        f"{region_state.fallback_reason}",
-        RegionFallbackWarning,
-        stacklevel=2,
-    )
-    return output
-
-
-def first_line(error: BaseException) -> str:
-    return next((line for line in str(error).splitlines() if line.strip()), "")
-
-
-def describe_failure(error: BaseException) -> str:
-    """``BackendCompilerFailed: backend='x' raised: RuntimeError: why``: Dynamo's wrapper says
-    which backend; the exception it wraps says why (on a line of its own, so name it here)."""
-    text = f"{type(error).__name__}: {first_line(error)}"
-    inner = getattr(error, "inner_exception", None) or error.__cause__
-    if inner is not None and inner is not error:
-        text += f" {type(inner).__name__}: {first_line(inner)}"
-    return text

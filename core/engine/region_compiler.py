@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import types
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -37,16 +36,15 @@ from torchkiln.engine.compile_state import (
 )
 from torchkiln.engine.double_compile import group_function_check
 from torchkiln.engine.dynamo_records import HeldRecords
-from torchkiln.engine.group_runtime import (
-    CodeSource,
-    GroupCode,
+from torchkiln.engine.group_runtime import CodeSource, GroupCode, with_trace_settings
+from torchkiln.engine.progress import ProgressObserver
+from torchkiln.engine.region_runtime import (
+    FirstCall,
+    RegionRuntime,
     describe_failure,
-    first_call_step,
     first_line,
     traceable_int_patch,
-    with_trace_settings,
 )
-from torchkiln.engine.progress import ProgressObserver
 from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.plugin_faults import bad_result, plugin_at_fault, raised_in
@@ -92,7 +90,7 @@ def group_function(group: RegionGroup, forward: Callable[..., Any]) -> Callable[
     ``forward`` may be wrapped already (``GroupPreparation.wrap_traced``): the function made
     here is the outermost frame, so each group still gets a code object, and a cache, of its own.
     For a group of several regions, module int attributes (``layer_idx``) are traced as
-    symbolic (see :func:`~torchkiln.engine.group_runtime.first_call_dynamo_settings`).
+    symbolic (see :func:`~torchkiln.engine.region_runtime.first_call_dynamo_settings`).
     """
     region_forward = _traced_function(
         forward, group.name, unspec_ints=len(group.regions) > 1 and traceable_int_patch()
@@ -282,6 +280,7 @@ class Compiler:
         if error is None:
             compiled_shared = _wrap_call(compiled_shared, preparations, group.name)
         compiled_shared = _named_forward(compiled_shared)  # once per group, not per region
+        first_calls: dict[str, FirstCall] = {}
         for region in group.regions:
             module = region.module
             region_state = RegionState(
@@ -306,16 +305,17 @@ class Compiler:
                     compiled = _wrap_call(compiled, preparations, group.name)
                 compiled = _named_forward(compiled)
                 wrapper_code = own.__code__.co_name
-            step = first_call_step(
-                compiled,
-                group,
-                len(self.plan.groups),
-                wrapper_code,
-                self.progress,
-                self.config.on_region_error,
-                self._backend_plugin,
-            )
-            module.__dict__["forward"] = types.MethodType(step, module)
+            first_call = first_calls.get(wrapper_code)
+            if first_call is None:
+                first_call = first_calls[wrapper_code] = FirstCall(
+                    group,
+                    len(self.plan.groups),
+                    wrapper_code,
+                    self.progress,
+                    self.config.on_region_error,
+                    self._backend_plugin,
+                )
+            module.__dict__["forward"] = RegionRuntime(region_state, compiled, first_call)
 
     @functools.cached_property
     def _backend_plugin(self) -> str | None:

@@ -19,7 +19,7 @@ from fingerprint import Fingerprint
 from torch import nn
 
 import torchkiln
-from torchkiln.engine.group_runtime import RegionFallbackWarning
+from torchkiln.engine.region_runtime import RegionFallbackWarning
 from torchkiln.plugin import (
     HOOK_NAMES,
     BackendSpec,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import functools
 import io
-import types
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from torch._dynamo.utils import counters
 
 import torchkiln
 from torchkiln.engine.compile_state import STATE_ATTR
+from torchkiln.engine.region_runtime import RegionRuntime
 
 
 def compile_eager(model: nn.Module, **options: object) -> nn.Module:
@@ -38,18 +38,21 @@ def plain_twin(model: nn.Module) -> nn.Module:
     return twin.eval()
 
 
-def test_after_the_first_call_forward_is_the_bare_compiled_function() -> None:
+def test_a_regions_forward_is_one_object_from_compile_to_decompile() -> None:
+    """Nothing swaps a region's forward while calls run: first, later, another shape."""
     model = compile_eager(NestedListModel().eval())
-    block = model.stages[1][0]
-    shim = block.__dict__["forward"]
-    model(token_ids())
+    blocks = [model.stages[0][0], model.stages[1][0]]
+    installed = [block.__dict__["forward"] for block in blocks]
+    assert all(isinstance(forward, RegionRuntime) for forward in installed)
 
-    forward = block.__dict__["forward"]
-    assert forward is not shim
-    assert isinstance(forward, types.MethodType) and forward.__self__ is block
-    # The same function for every region of the group: one compiled code, reused.
-    assert forward.__func__ is model.stages[0][0].__dict__["forward"].__func__
-    assert type(block).forward is MlpBlock.forward
+    for ids in (token_ids(), token_ids(), token_ids(batch=3, seq=5), token_ids()):
+        model(ids)
+        assert all(b.__dict__["forward"] is f for b, f in zip(blocks, installed, strict=True))
+    # The same code for every region of the group: compiled once, reused.
+    assert installed[0].run is installed[1].run is installed[0].code
+    assert type(blocks[1]).forward is MlpBlock.forward
+    torchkiln.decompile(model)
+    assert not any("forward" in block.__dict__ for block in blocks)
 
 
 def test_a_copy_made_before_the_first_call_runs_its_own_weights() -> None:

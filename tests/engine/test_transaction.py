@@ -17,7 +17,7 @@ from torch import nn
 
 import torchkiln
 from torchkiln.artifacts.cache import CACHE_DIR_ENV
-from torchkiln.engine.group_runtime import RegionFallbackWarning
+from torchkiln.engine.region_runtime import RegionFallbackWarning
 from torchkiln.plugin import (
     BackendSpec,
     DistributedResult,
