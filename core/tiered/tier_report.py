@@ -83,7 +83,8 @@ class TierReport:
         if self.rebuild_reason:
             out.append(f"  rebuilt: {self.rebuild_reason}")
         if self.misses:
-            out.append(f"  {self.misses} calls missed the whole-model form (served regionally)")
+            calls = "call" if self.misses == 1 else "calls"
+            out.append(f"  {self.misses} {calls} missed the whole-model form (served regionally)")
         if self.reason:
             out.append(f"  reason: {self.reason}")
         return out
