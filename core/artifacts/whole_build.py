@@ -14,6 +14,7 @@ code, tree and structure hashes match (:func:`torchkiln.artifacts.whole_load.who
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -145,17 +146,26 @@ def walk(value: Any, path: str, depth: int) -> Iterator[tuple[str, Any]]:
                 yield from walk(item, f"{path}.{key}", depth + 1)
 
 
+def dynamic_cache_layer_types() -> tuple[type, ...]:
+    """transformers' dynamic KV-cache layer class (``cache_utils.DynamicLayer``, its sliding
+    window kinds are subclasses), when transformers is imported; else none."""
+    module = sys.modules.get("transformers.cache_utils")
+    layer = getattr(module, "DynamicLayer", None)
+    return (layer,) if isinstance(layer, type) else ()
+
+
 def contiguous_state(value: Any, depth: int = 0) -> int:
-    """Make every non-contiguous tensor held in an object's attribute (a KV cache layer's
-    ``keys``) contiguous, in place; returns how many were replaced.
+    """Make the non-contiguous tensors of every transformers dynamic KV-cache layer held in the
+    call's arguments (a ``DynamicLayer``'s ``keys``) contiguous; returns how many were replaced.
 
     A cache's layout depends on who wrote it last: after the prefill a layer holds the key
     projection's transposed view, after a decode step the contiguous result of ``torch.cat``
     (and inductor-compiled code may choose either). A whole-model entry guards on strides, so
-    one layout would miss the entry compiled for the other. The values are unchanged, and the
-    copy costs what the next decode step's ``cat`` copies anyway. Tensors passed as arguments
-    themselves are left alone; so is every contiguous tensor (static caches' buffers)."""
-    replaced = 0
+    one layout would miss the entry compiled for the other. Only such layers are touched: they
+    replace these tensors themselves at every update (``torch.cat``), so nothing can alias them
+    across calls; the values are unchanged, and the copy costs what the next step's ``cat``
+    copies anyway. Any other object of the user's, and every tensor passed as an argument, is
+    left exactly as it is: replacing its tensors would break the user's aliasing."""
     if depth >= MAX_DEPTH or isinstance(value, torch.Tensor | nn.Module):
         return 0
     if isinstance(value, list | tuple):
@@ -165,12 +175,13 @@ def contiguous_state(value: Any, depth: int = 0) -> int:
     fields = getattr(value, "__dict__", None)
     if not isinstance(fields, dict):
         return 0
+    if not isinstance(value, dynamic_cache_layer_types()):
+        return sum(contiguous_state(item, depth + 1) for item in list(fields.values()))
+    replaced = 0
     for key, item in list(fields.items()):
         if isinstance(item, torch.Tensor) and not item.is_contiguous():
             fields[key] = item.contiguous()
             replaced += 1
-        else:
-            replaced += contiguous_state(item, depth + 1)
     return replaced
 
 

@@ -51,6 +51,8 @@ class WholeBuild:
         self.processes = 0
         self.pending = False
         """Whether a build was asked for whose result the runtime has not taken yet."""
+        self.keep_output = False
+        """Whether a form was loaded from the output directory (then :meth:`stop` keeps it)."""
         self.rebuild_reason: str | None = None
         self.result: dict[str, Any] = {}
         self.output = BuildOutput(config, region_paths)
@@ -175,12 +177,12 @@ class WholeBuild:
         built = self.output.path
         return self.output.publish(Path(self.builder.workdir) if built is None else built)
 
-    def stop(self, keep_output: bool) -> None:
+    def stop(self) -> None:
         """Stop the builders; remove a directory torchkiln made unless a form was loaded."""
         for builder in (self.builder, self.prestarted):
             if builder is not None:
                 builder.stop()
-        if not keep_output:
+        if not self.keep_output:
             self.output.remove()
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -8,7 +8,7 @@ call", lists a call's steps; :meth:`TieredForward.__call__` numbers them.
 
 from __future__ import annotations
 
-import atexit
+import functools
 import logging
 import sys
 import time
@@ -42,7 +42,7 @@ class TieredForward:
         self.config = config
         self.region_paths = region_paths
         self.log = CallLog()
-        self.build = WholeBuild(config, region_paths, self._say)
+        self.build = WholeBuild(config, region_paths, functools.partial(say, config))
         self.form: WholeModelForm | None = None
         self.state = "observing"
         self.reason: str | None = "no call yet: the builder starts at the first call"
@@ -54,7 +54,9 @@ class TieredForward:
         self.loaded_from: str | None = None
         self._regions: list[tuple[dict[str, Any], Any]] = []
         self._depth = 0
-        atexit.register(self.stop)
+        # Stops the builder at exit or when the runtime is collected, whichever comes first; it
+        # holds the build, never the runtime (an atexit entry would keep it alive for good).
+        self._stop = weakref.finalize(self, self.build.stop)
 
     # -- copies and pickles ---------------------------------------------------------------------
 
@@ -216,14 +218,7 @@ class TieredForward:
         self._say(f"staying regional: {reason}", logging.WARNING)
 
     def _say(self, message: str, level: int = logging.INFO) -> None:
-        """Progress of the build: each change of state, logged, and shown on standard error
-        as the per-region progress is (``progress``: ``on``, or ``auto`` on a terminal)."""
-        logger.log(level, "torchkiln: tiered: %s", message)
-        shown = self.config.progress == "on" or (
-            self.config.progress == "auto" and sys.stderr.isatty()
-        )
-        if shown:
-            print(f"torchkiln: tiered: {message}", file=sys.stderr, flush=True)
+        say(self.config, message, level)
 
     # -- switching ------------------------------------------------------------------------------
 
@@ -236,6 +231,7 @@ class TieredForward:
         if meta.get("environment") != environment_key(self.config, model):
             raise ArtifactError("the directory was built for another environment")
         self.form = load_whole(directory, meta, model)
+        self.build.keep_output = True
         self._regions = self._region_forwards(model)
         self.state = "loaded" if loaded else "switched"
         self.reason = None
@@ -266,7 +262,8 @@ class TieredForward:
 
     def stop(self) -> None:
         """Stop the builder and remove a directory torchkiln made for it (decompile, exit)."""
-        self.build.stop(keep_output=self.form is not None)
+        self.build.keep_output = self.form is not None
+        self._stop()
 
     def report(self) -> TierReport:
         build, governor = self.build, self.build.governor
@@ -294,6 +291,15 @@ class TieredForward:
             slowdown_bound=self.config.tiered.max_slowdown,
             job_rank=build.job.exchange.rank if build.job is not None else None,
         )
+
+
+def say(config: CompileConfig, message: str, level: int = logging.INFO) -> None:
+    """Progress of the build: each change of state, logged, and shown on standard error as the
+    per-region progress is (``progress``: ``on``, or ``auto`` on a terminal)."""
+    logger.log(level, "torchkiln: tiered: %s", message)
+    shown = config.progress == "on" or (config.progress == "auto" and sys.stderr.isatty())
+    if shown:
+        print(f"torchkiln: tiered: {message}", file=sys.stderr, flush=True)
 
 
 def _identity(value: Any) -> Any:

@@ -81,3 +81,21 @@ def test_a_cache_in_another_layout_is_made_contiguous_in_place_with_its_values()
     assert cache.layers[0].keys.is_contiguous() and torch.equal(cache.layers[0].keys, keys)
     assert not ids.is_contiguous()
     assert contiguous_state(((ids,), {"past_key_values": cache})) == 0
+
+
+def test_a_users_own_object_keeps_its_tensors_and_their_aliasing():
+    """Only transformers' dynamic cache layers (which replace their tensors at every update)
+    are made contiguous: a view the user's object holds stays that very view."""
+    import types
+
+    import torch
+
+    from torchkiln.artifacts.whole_build import contiguous_state
+
+    base = torch.randn(4, 6)
+    holder = types.SimpleNamespace(view=base.t(), nested=types.SimpleNamespace(view=base.t()))
+    view, nested = holder.view, holder.nested.view
+    assert contiguous_state(((), {"state": holder, "more": [holder.nested]})) == 0
+    assert holder.view is view and holder.nested.view is nested
+    base.add_(1)  # still a view of the user's tensor
+    assert torch.equal(holder.view, base.t())

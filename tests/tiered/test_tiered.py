@@ -267,3 +267,19 @@ def test_the_builder_process_starts_at_compile_time_and_ends_with_decompile(toke
     waiting = never_called.__dict__["forward"].build.prestarted
     torchkiln.decompile(never_called)
     assert waiting.process.wait(timeout=60) is not None and waiting.result is None
+
+
+@pytest.mark.needs_feature("tiered compilation")
+def test_the_tiers_of_a_decompiled_or_dropped_model_are_freed():
+    """Nothing process-wide (an atexit entry, say) keeps a model's tiered runtime alive."""
+    import gc
+    import weakref
+
+    runtimes = []
+    for undo in (torchkiln.decompile, lambda model: None):
+        model = _compiled()
+        runtimes.append(weakref.ref(model.__dict__["forward"]))
+        undo(model)
+        del model
+    gc.collect()
+    assert [runtime() for runtime in runtimes] == [None, None]
