@@ -25,12 +25,19 @@ from typing import Any
 
 import attrs
 
-from torchkiln.artifacts.directory import ArtifactError, error_reason
+from torchkiln._internals.aot_artifacts import loaded_guard_table
+from torchkiln.artifacts.directory import ArtifactError, error_reason, read_meta
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode, Loaded
 from torchkiln.jobs.entry import build_entry, load_entry, pack_entry, unpack_entry
 from torchkiln.jobs.exchange import JobExchange
-from torchkiln.jobs.keys import describe_difference, share_fields, share_key
+from torchkiln.jobs.keys import (
+    CALL_FIELDS,
+    describe_difference,
+    group_fields,
+    share_fields,
+    share_key,
+)
 from torchkiln.jobs.store import JobStore
 from torchkiln.plugin_host.region_plan import RegionGroup
 
@@ -113,6 +120,19 @@ class JobReport:
         return [head, *(f"  {g.line()}" for g in self.groups)]
 
 
+@attrs.frozen
+class StoredEntry:
+    """An entry of the store for one group, loaded: its saved guards decide which calls it fits."""
+
+    directory: Path
+    functions: list[tuple[str, Any]]
+    closure: dict[str, Any]
+
+    def fits(self, call: GroupCall) -> bool:
+        f_locals = {**self.closure, "module": call.module, "args": call.args, "kwargs": call.kwargs}
+        return loaded_guard_table(fn for _, fn in self.functions).find(f_locals) is not None
+
+
 class JobShare(CodeSource):
     """Per compiled model: the exchange, the store, and one :class:`GroupShare` per group; a
     source of each group's code (its first call shares)."""
@@ -125,6 +145,32 @@ class JobShare(CodeSource):
         self.store = JobStore(config.job.store) if config.job.store else None
         self.groups: dict[str, GroupShare] = {}
         self.codes: dict[str, GroupCode] = {}
+        self._stored: dict[str, list[StoredEntry]] = {}
+
+    def stored_entries(self, call: GroupCall) -> list[StoredEntry]:
+        """Every entry the store holds for the call's group (all its group fields equal: the
+        same environment, class, sources and layout), loaded once, whatever call it was
+        compiled for: keys name the entries' directories, the saved guards decide reuse."""
+        name = call.group.name
+        if name not in self._stored:
+            self._stored[name] = self._load_stored(call) if self.store is not None else []
+        return self._stored[name]
+
+    def _load_stored(self, call: GroupCall) -> list[StoredEntry]:
+        assert self.store is not None
+        fields = group_fields(self.config, call.group.name, call.module)
+        entries = []
+        for path in self.store.published():
+            try:
+                saved = read_meta(path).get("fields", {})
+                if {k: v for k, v in saved.items() if k not in CALL_FIELDS} != fields:
+                    continue
+                functions, closure = load_entry(path, call.shared, self.config.cache_dir)
+            except Exception as error:  # a damaged entry: the others still serve
+                logger.info("torchkiln: store entry %s not used: %s", path, error_reason(error))
+                continue
+            entries.append(StoredEntry(path, functions, closure))
+        return entries
 
     def report(self) -> JobReport:
         for name, code in self.codes.items():
@@ -161,7 +207,12 @@ class _GroupSharing:
         fields = share_fields(job.config, record.group, call.module, call.args, call.kwargs)
         key = share_key(fields)
         record.key = key
-        found = store.find(key) if store is not None else None
+        started = time.perf_counter()
+        stored = job.stored_entries(call)
+        record.load_seconds += time.perf_counter() - started
+        found = next((entry.directory for entry in stored if entry.fits(call)), None)
+        if found is None and store is not None:
+            found = store.find(key)
         started = time.perf_counter()
         everyone = exchange.gather(
             {"key": key, "fields": fields, "stored": found is not None},
@@ -267,8 +318,13 @@ class _GroupSharing:
             record.role = "local"
             return None
         started = time.perf_counter()
+        stored = job.stored_entries(self.call)
         try:
-            functions, closure = load_entry(directory, self.call.shared, job.config.cache_dir)
+            functions, closure = next(
+                ((e.functions, e.closure) for e in stored if e.directory == directory), (None, None)
+            )
+            if functions is None:
+                functions, closure = load_entry(directory, self.call.shared, job.config.cache_dir)
         except Exception as error:
             record.reason = (
                 f"what rank {record.source} compiled could not be loaded here "
@@ -279,11 +335,14 @@ class _GroupSharing:
                 job.store.discard(record.key)
             return None
         finally:
-            record.load_seconds = time.perf_counter() - started
+            record.load_seconds += time.perf_counter() - started
             if job.store is None:  # kernels copied, function loaded: nothing needs it
                 shutil.rmtree(directory, ignore_errors=True)
         source = "store" if record.role == "store" else f"rank {record.source}"
-        return Loaded(source, functions, closure, functools.partial(_other_call, record.group))
+        others = [fn for entry in stored if entry.directory != directory for fn in entry.functions]
+        return Loaded(
+            source, [*functions, *others], closure, functools.partial(_other_call, record.group)
+        )
 
 
 @attrs.frozen
