@@ -21,6 +21,7 @@ from torchkiln.errors import (
     PluginError,
     RegionCompileError,
     TorchkilnError,
+    UncoveredCallError,
 )
 from torchkiln.plugin_host.hooks import hookimpl
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from torchkiln.configuration.config import CompileConfig
     from torchkiln.distributed import distributed_result, full_state_dict, unwrap
     from torchkiln.jobs.precompile import precompile
-    from torchkiln.pipeline import compile, decompile, is_compiled, plan, report
+    from torchkiln.pipeline import compile, decompile, freeze, is_compiled, plan, report
     from torchkiln.plugin_host.default_manager import get_plugin_manager
     from torchkiln.plugin_host.plugin_manager import PluginManager
 
@@ -43,6 +44,7 @@ _LAZY = {
     "get_plugin_manager": "torchkiln.plugin_host.default_manager",
     "compile": "torchkiln.pipeline",
     "decompile": "torchkiln.pipeline",
+    "freeze": "torchkiln.pipeline",
     "is_compiled": "torchkiln.pipeline",
     "plan": "torchkiln.pipeline",
     "report": "torchkiln.pipeline",
@@ -77,10 +79,12 @@ __all__ = [
     "PluginManager",
     "RegionCompileError",
     "TorchkilnError",
+    "UncoveredCallError",
     "__version__",
     "compile",
     "decompile",
     "distributed_result",
+    "freeze",
     "full_state_dict",
     "get_plugin_manager",
     "hookimpl",

@@ -75,6 +75,24 @@ class RegionCompileError(TorchkilnError):
         )
 
 
+class UncoveredCallError(TorchkilnError):
+    """A call of a frozen model (``torchkiln.freeze(model, on_miss="raise")``) that no compiled
+    form it holds fits: serving it would compile.
+
+    ``where`` names the region (its path and group) and ``guards`` the guards that failed,
+    in torch's words."""
+
+    def __init__(self, where: str, guards: Sequence[str], hint: str = ""):
+        self.where = where
+        self.guards = tuple(guards)
+        failed = "; ".join(self.guards) or "no compiled form was there to check"
+        super().__init__(
+            f"torchkiln: frozen model: no compiled form covers this call of {where}: {failed}. "
+            "Warm this call up before torchkiln.freeze, or freeze with on_miss='eager' to run "
+            f"such calls eagerly{hint}"
+        )
+
+
 class DistributedError(TorchkilnError):
     """A distributed strategy cannot run as configured (no process group, wrapped twice, ...)."""
 

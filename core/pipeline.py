@@ -409,6 +409,26 @@ def report(model: Any, *, verbose: bool = False) -> CompileReport:
     return build_report(state, verbose=verbose, causes=state.report_causes)
 
 
+def freeze(model: Any, *, on_miss: str = "raise") -> Any:
+    """Serving mode: from now on Dynamo compiles nothing for ``model``.
+
+    Every call runs a compiled form the model already holds (warm the calls up first); a call
+    that none fits raises :class:`~torchkiln.errors.UncoveredCallError` naming the region and
+    the guard that failed (``on_miss="raise"``), or runs that region eagerly with one
+    ``UncoveredCallWarning`` per group (``on_miss="eager"``). A tiered builder is stopped; a
+    whole-model form already loaded keeps serving the calls it fits. ``torchkiln.decompile``
+    ends it. Returns ``model``.
+
+    :raises ConfigError: ``on_miss`` is neither ``"raise"`` nor ``"eager"``.
+    :raises TorchkilnError: ``model`` holds nothing torchkiln compiled.
+    """
+    from torchkiln.engine.serving import freeze_state
+
+    state = state_of(_root(model)) or _held_state(model)
+    freeze_state(state, on_miss)
+    return model
+
+
 def _held_state(model: Any) -> CompileState:
     """The compile of the blocks ``model`` holds, limited to those blocks (for a report on
     PEFT's merged model, a submodule taken out of the model, a re-wrapped model)."""

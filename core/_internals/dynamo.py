@@ -191,3 +191,27 @@ def drop_static_address_tag(tensor: Any) -> None:
     change. torch has no public way to undo the tag. Verified: torch 2.11, 2.13, 2.14, 2.15.
     """
     tensor.__dict__.pop(STATIC_ADDRESS_TAG, None)
+
+
+RECOMPILE_REFUSED = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+"""How torch's ``fail_on_recompile`` stance words its refusal (a plain ``RuntimeError``)."""
+
+
+def recompile_refusal(error: BaseException) -> list[str] | None:
+    """The guard failures named by Dynamo's refusal to compile under the ``fail_on_recompile``
+    stance (``torch.compiler.set_stance``), ``[]`` when it names none; ``None`` when ``error``
+    is not that refusal.
+
+    Dynamo raises a plain ``RuntimeError`` (``torch._dynamo.convert_frame``), with no type or
+    attribute of its own: only its wording tells it from any other ``RuntimeError``, and the
+    guard failures are only in its text (``- 0/0: tensor 'x' rank mismatch ...``). Verified:
+    torch 2.11, 2.13, 2.14, 2.15 (tests/internals/test_dynamo_contracts.py).
+    """
+    text = str(error)
+    if not isinstance(error, RuntimeError) or not text.startswith(RECOMPILE_REFUSED):
+        return None
+    return [
+        line.strip()[2:].split(": ", 1)[-1]
+        for line in text.splitlines()
+        if line.strip().startswith("- ")
+    ]

@@ -166,6 +166,8 @@ class CompileState:
     group_codes: dict[str, Any] = attrs.Factory(dict)
     """Group -> its :class:`~torchkiln.engine.group_runtime.GroupCode`, for a group served by
     a source's code (the report names each one's state)."""
+    frozen: Any = None
+    """Serving mode: the :class:`~torchkiln.engine.serving.Freeze` after ``torchkiln.freeze``."""
     root: weakref.ref[nn.Module] | None = attrs.field(default=None, repr=False)
     """The module this state lives on: decompiling through another object that holds all of
     its regions (PEFT's merged model) also clears it there."""

@@ -21,7 +21,7 @@ import attrs
 from torch import nn
 
 from torchkiln._internals.aot_artifacts import loaded_guard_table
-from torchkiln.engine.compile_state import _nothing
+from torchkiln.engine.compile_state import REGION_ATTR, _nothing
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.region_plan import RegionGroup
 
@@ -153,6 +153,9 @@ class GroupCode:
         self.hits = 0
         self.misses = 0
         self.miss_reason: str | None = None
+        self.frozen: Any = None
+        """The model's :class:`~torchkiln.engine.serving.Freeze` once frozen: then a call no
+        loaded function fits is the freeze's to refuse or run eagerly, never compiled."""
 
     def __call__(self, module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
         if self.state == "pending":
@@ -165,8 +168,19 @@ class GroupCode:
                 return fn(module, *args, **kwargs)
             self._miss(f_locals)
         if self._built is None:
+            if self.frozen is not None:
+                return self._uncovered(module, args, kwargs)
             self._built = self._build()
         return self._built(module, *args, **kwargs)
+
+    def _uncovered(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A frozen model's call that no loaded function fits (and no backend code was built
+        before the freeze): the freeze refuses it or runs it eagerly, naming the guards."""
+        guards: list[str] = []
+        if self._table is not None and self.loaded is not None:
+            f_locals = {**self.loaded.closure, "module": module, "args": args, "kwargs": kwargs}
+            guards = [failed for failed in self._table.first_failures(f_locals) if failed]
+        return self.frozen.uncovered(module.__dict__[REGION_ATTR], guards, args, kwargs)
 
     def line(self) -> str:
         """The report's line for this group's code."""

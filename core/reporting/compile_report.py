@@ -135,6 +135,9 @@ class CompileReport:
     torch's registry knows, compiled with ``torch.compile``)."""
     selector_plugin: str | None = None
     """The plugin whose ``select_regions`` chose the regions."""
+    frozen: str | None = None
+    """Serving mode (``torchkiln.freeze``): its policy and the calls no compiled form covered
+    since, by group; ``None`` when not frozen."""
 
     @property
     def title(self) -> str:
@@ -456,4 +459,5 @@ def build_report(
         remote_cache=state.remote_cache.report() if state.remote_cache is not None else None,
         backend_plugin=state.providers.get("backend"),
         selector_plugin=state.providers.get("selector"),
+        frozen=state.frozen.line() if state.frozen is not None else None,
     )

@@ -159,6 +159,7 @@ def render_report(report: Any) -> str:
     for part in (report.tiers, report.remote_cache):
         lines += part.lines() if part is not None else []
     lines += [f"  code of group {line}" for line in report.served_from]
+    lines += [report.frozen] if report.frozen is not None else []
     lines += [f"  note: {line}" for line in report.notes]
     lines += report.job.lines() if report.job is not None else []
     return "\n".join(lines)

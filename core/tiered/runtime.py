@@ -54,6 +54,8 @@ class TieredForward:
         self.loaded_from: str | None = None
         self._regions: list[tuple[dict[str, Any], Any]] = []
         self._depth = 0
+        self.frozen = False
+        """Serving mode (``torchkiln.freeze``): no build is started or taken any more."""
         # Stops the builder at exit or when the runtime is collected, whichever comes first; it
         # holds the build, never the runtime (an atexit entry would keep it alive for good).
         self._stop = weakref.finalize(self, self.build.stop)
@@ -104,13 +106,8 @@ class TieredForward:
             return type(model).forward(model, *args, **kwargs)
         if self.first_call_at is None:
             self.first_call_at = time.perf_counter()
-        if self.build.pending:  # 2. a build that finished is taken now, between two calls
-            self._take_build(model)
-        self.build.pace()  # 3. the builder runs or pauses for this step
-        if not self.log.closed and self.state != "stopped":
-            self._observe(model, args, kwargs)  # 4. the first calls ask for the build
-        elif self.build.builds == 1 and self.build.job is None and self.state != "stopped":
-            self._watch(model, args, kwargs)  # 5. a call the build does not cover
+        if not self.frozen:  # serving mode: the forms already here serve, nothing is built
+            self._drive_build(model, args, kwargs)  # 2-5
         if self.form is not None:  # 6. the whole-model form serves the calls it fits
             intact = self._regions_intact()
             fn = self.form.match(model, args, kwargs) if intact else None
@@ -126,6 +123,15 @@ class TieredForward:
             return type(model).forward(model, *args, **kwargs)
         finally:
             self._depth -= 1
+
+    def _drive_build(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.build.pending:  # 2. a build that finished is taken now, between two calls
+            self._take_build(model)
+        self.build.pace()  # 3. the builder runs or pauses for this step
+        if not self.log.closed and self.state != "stopped":
+            self._observe(model, args, kwargs)  # 4. the first calls ask for the build
+        elif self.build.builds == 1 and self.build.job is None and self.state != "stopped":
+            self._watch(model, args, kwargs)  # 5. a call the build does not cover
 
     def _regions_intact(self) -> bool:
         return all(d.get("forward") is f for d, f in self._regions)
@@ -259,6 +265,18 @@ class TieredForward:
             for path, module in model.named_modules()
             if path in paths
         ]
+
+    def freeze(self) -> None:
+        """Serving mode: stop the builder (no compile runs beside the calls); the form loaded,
+        if any, keeps serving the calls it fits."""
+        self.frozen = True
+        self.log.closed = True
+        self.build.keep_output = self.form is not None
+        for builder in (self.build.builder, self.build.prestarted):
+            if builder is not None:
+                builder.stop()
+        if self.form is None and self.state != "stopped":
+            self.state, self.reason = "stopped", "frozen before a whole-model form was there"
 
     def stop(self) -> None:
         """Stop the builder and remove a directory torchkiln made for it (decompile, exit)."""

@@ -182,3 +182,19 @@ def test_drop_static_address_tag() -> None:
     dynamo.drop_static_address_tag(marked)
     assert not dynamo.has_static_address_tag(marked)
     dynamo.drop_static_address_tag(marked)  # no tag: no change
+
+
+def test_recompile_refusal_is_told_from_other_errors_and_names_the_guard():
+    import torch
+
+    from torchkiln._internals.dynamo import recompile_refusal
+
+    compiled = torch.compile(lambda x: x * 2, backend="eager")
+    compiled(torch.ones(2))
+    with torch.compiler.set_stance("fail_on_recompile"), pytest.raises(RuntimeError) as caught:
+        compiled(torch.ones(3, 3))
+    guards = recompile_refusal(caught.value)
+    assert guards is not None and len(guards) == 1
+    assert "rank mismatch" in guards[0] and "expected 1, actual 2" in guards[0]
+    assert recompile_refusal(RuntimeError("a user's own error")) is None
+    assert recompile_refusal(ValueError(str(caught.value))) is None
