@@ -45,10 +45,10 @@ class Freeze:
     """Group -> calls no compiled form fit since the freeze (run eagerly, or refused)."""
 
     def line(self) -> str:
-        """The report's line: ``frozen (on_miss='raise'): 2 calls no compiled form covered
-        (LlamaDecoderLayer 2)``."""
+        """The report's line: ``frozen (on_miss='raise'): 2 region calls no compiled form
+        covered (LlamaDecoderLayer 2)``."""
         total = sum(self.uncovered_calls.values())
-        calls = "call" if total == 1 else "calls"
+        calls = "region call" if total == 1 else "region calls"
         groups = ", ".join(f"{group} {count}" for group, count in self.uncovered_calls.items())
         by_group = f" ({groups})" if groups else ""
         return (

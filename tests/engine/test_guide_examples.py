@@ -13,7 +13,12 @@ from torchkiln._internals.versions import feature_problem
 from torchkiln.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-GUIDES = [REPO / "docs" / "guide.md", REPO / "docs" / "tiered.md", REPO / "docs" / "store.md"]
+GUIDES = [
+    REPO / "docs" / "guide.md",
+    REPO / "docs" / "tiered.md",
+    REPO / "docs" / "store.md",
+    REPO / "docs" / "serving.md",
+]
 EXAMPLES = REPO / "docs" / "examples"
 FENCE = re.compile(r"^```python\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 SOURCE = re.compile(r"\A# (?P<path>docs/examples/\S+\.py)\n")
