@@ -39,11 +39,6 @@ class BackendCompile:
         return self.spec.compile(fn, group, config)
 
 
-BACKEND_COMPILE_CODE = BackendCompile.compile_region.__code__
-"""The code of every backend object's ``compile_region``: an error raised under it is the
-backend's (its declaring plugin's), not a wrapper's it passed through."""
-
-
 def backend_implementation(declared: Declared[BackendSpec]) -> HookImpl:
     """The ``compile_region`` implementation that compiles with ``declared``'s backend object."""
     return added_implementation(declared.plugin, BackendCompile(declared.spec).compile_region)

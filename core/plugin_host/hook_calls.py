@@ -20,6 +20,7 @@ since pluggy 1.0, checked by ``tests/plugin_host/test_hook_wrappers.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 import pluggy
@@ -67,7 +68,15 @@ def call_implementation(
     return pm._hookexec(hook_name, [impl, *wrappers], kwargs, True)
 
 
+ADDED_CODES: set[CodeType] = set()
+"""The code of every function an :func:`added_implementation` runs: an error raised under one
+is that implementation's (its plugin's), not a wrapper's it passed through."""
+
+
 def added_implementation(plugin_name: str, function: Callable[..., Any]) -> HookImpl:
     """An implementation that takes part in one call only, credited to ``plugin_name`` (as
     pluggy's ``HookCaller.call_extra`` makes them): a backend's own compile."""
+    code = getattr(getattr(function, "__func__", function), "__code__", None)
+    if code is not None:
+        ADDED_CODES.add(code)  # one per function definition, however many calls
     return HookImpl(None, plugin_name, function, PLAIN_OPTIONS)

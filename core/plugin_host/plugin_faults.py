@@ -15,8 +15,7 @@ from types import CodeType
 from typing import Any
 
 from torchkiln.errors import PluginError, TorchkilnError
-from torchkiln.plugin_host.backend_compile import BACKEND_COMPILE_CODE
-from torchkiln.plugin_host.hook_calls import is_wrapper
+from torchkiln.plugin_host.hook_calls import ADDED_CODES, is_wrapper
 
 
 def _code(function: Any) -> CodeType | None:
@@ -28,13 +27,14 @@ def plugin_at_fault(pm: Any, hook_name: str, error: BaseException) -> str | None
     """The plugin whose ``hook_name`` implementation ``error`` was raised in, else ``None``.
 
     The outermost plain implementation on the traceback is at fault (a selector that asks
-    another one through ``select_with`` answers for what it asked); a backend object's compile
-    is its declaring plugin's (``None`` here: the caller knows the owner). Only where no plain
+    another one through ``select_with`` answers for what it asked); for an implementation
+    torchkiln added to the call (a backend object's compile) that is ``None`` here: the caller
+    knows the plugin that declared the backend. Only where no plain
     implementation is on the traceback is a wrapper at fault, the innermost one: a wrapper an
     implementation's error merely passed through (it is on the traceback, outside that
     implementation) is never blamed for it.
     """
-    plain: dict[CodeType, str | None] = {BACKEND_COMPILE_CODE: None}
+    plain: dict[CodeType, str | None] = dict.fromkeys(ADDED_CODES)
     wrappers: dict[CodeType, str] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         code = _code(impl.function)

@@ -19,7 +19,6 @@ import torchkiln
 from torchkiln import ConfigError
 from torchkiln._internals import tvm_backend
 from torchkiln._internals.versions import torch_release
-from torchkiln.plugin import hookimpl
 from torchkiln.plugins import hpu, neuron, tensorrt, tvm, xla
 from torchkiln.testing import (
     assert_backend_matches_eager,
@@ -123,7 +122,11 @@ def test_a_vendor_backend_compiles_only_its_own_backends(plugin, monkeypatch):
     monkeypatch.setattr(plugin, "compile_group", compile_group)
     assert not hasattr(plugin, "compile_region")
     pm = isolated_plugin_manager()
-    mine = [d for d in pm.backends().values() if d.plugin == "torchkiln." + plugin.__name__.rsplit(".", 1)[-1]]
+    mine = [
+        d
+        for d in pm.backends().values()
+        if d.plugin == "torchkiln." + plugin.__name__.rsplit(".", 1)[-1]
+    ]
     assert mine and all(d.spec.compile is not None for d in mine)
     model = small_model()
     torchkiln.compile(model, backend="eager", plugins=pm)
