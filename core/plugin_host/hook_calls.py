@@ -65,6 +65,7 @@ def call_implementation(
     (in pluggy's order) by pluggy's hook execution; a wrapper may change the result."""
     wrappers = [i for i in getattr(pm.hook, hook_name).get_hookimpls() if is_wrapper(i)]
     # pluggy's order: plain implementations first, then wrappers; the last is called first.
+    # firstresult: with one implementation, a wrapper gets its result itself, not a list of one.
     return pm._hookexec(hook_name, [impl, *wrappers], kwargs, True)
 
 
