@@ -17,6 +17,7 @@ from torchkiln.plugin import (
     Availability,
     BackendSpec,
     CompileConfig,
+    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -66,11 +67,14 @@ def declare_backends() -> Sequence[BackendSpec]:
             probe=probe,
             training=True,
             devices=("hpu",),
+            compile=compile_group,
         )
     ]
 
 
-@hookimpl
-def compile_region(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
+def compile_group(
+    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig
+) -> Callable[..., Any]:
+    """The ``hpu`` backend's compile of one region group (``BackendSpec.compile``)."""
     __import__(CORE)  # registers hpu_backend with torch._dynamo
     return compile_with_torch(fn, config, TORCH_BACKEND)

@@ -18,6 +18,7 @@ from torchkiln.plugin import (
     CompileConfig,
     ConfigError,
     ConfigProblem,
+    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -52,6 +53,7 @@ def declare_backends() -> Sequence[BackendSpec]:
             training=True,
             modes=("default",),
             devices=("neuron",),
+            compile=compile_group,
         )
     ]
 
@@ -74,6 +76,8 @@ def resolve_compile_config(
     return None
 
 
-@hookimpl
-def compile_region(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
+def compile_group(
+    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig
+) -> Callable[..., Any]:
+    """The ``neuron`` backend's compile of one region group (``BackendSpec.compile``)."""
     return compile_with_torch(fn, config, NAME)

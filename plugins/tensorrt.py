@@ -16,6 +16,7 @@ from torchkiln.plugin import (
     Availability,
     BackendSpec,
     CompileConfig,
+    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -93,11 +94,14 @@ def declare_backends() -> Sequence[BackendSpec]:
             modes=(),
             options=OPTIONS,
             devices=("cuda",),
+            compile=compile_group,
         )
     ]
 
 
-@hookimpl
-def compile_region(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
+def compile_group(
+    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig
+) -> Callable[..., Any]:
+    """The ``tensorrt`` backend's compile of one region group (``BackendSpec.compile``)."""
     __import__("torch_tensorrt")  # registers the backend with torch._dynamo
     return compile_with_torch(fn, config, registered_name())

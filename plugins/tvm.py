@@ -22,6 +22,7 @@ from torchkiln.plugin import (
     Availability,
     BackendSpec,
     CompileConfig,
+    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -73,10 +74,13 @@ def declare_backends() -> Sequence[BackendSpec]:
         # No tvm backend, or one of unknown frontend: the probe refuses it, with the reason.
         options=OPTIONS.get(frontend or "", ()),
         devices=("cpu", "cuda"),
+        compile=compile_group,
     )
     return [spec]
 
 
-@hookimpl
-def compile_region(fn: Callable[..., Any], config: CompileConfig) -> Callable[..., Any]:
+def compile_group(
+    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig
+) -> Callable[..., Any]:
+    """The ``tvm`` backend's compile of one region group (``BackendSpec.compile``)."""
     return compile_with_torch(fn, config, NAME)

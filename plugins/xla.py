@@ -9,6 +9,7 @@ model and its inputs on the XLA device (``torch_xla.device()``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from torchkiln.plugin import (
     Availability,
     BackendSpec,
     CompileConfig,
+    RegionGroup,
     compile_with_torch,
     hookimpl,
     probe_import,
@@ -44,18 +46,28 @@ def declare_backends() -> Sequence[BackendSpec]:
     common: dict[str, Any] = dict(probe=probe, modes=(), options=(), devices=("xla",))
     training = "PyTorch/XLA through torch's openxla backend"
     inference = "PyTorch/XLA forward only (torch's openxla_eval); no backward"
+    described = [
+        ("xla", training, True),
+        ("xla_inference", inference, False),
+        ("openxla", "torch's name for xla", True),
+        ("openxla_eval", "torch's name for xla_inference", False),
+    ]
     return [
-        BackendSpec("xla", training, training=True, **common),
-        BackendSpec("xla_inference", inference, training=False, **common),
-        BackendSpec("openxla", "torch's name for xla", training=True, **common),
-        BackendSpec("openxla_eval", "torch's name for xla_inference", training=False, **common),
+        BackendSpec(
+            name,
+            description,
+            training=trains,
+            compile=functools.partial(compile_group, torch_backend=TORCH_BACKENDS[name]),
+            **common,
+        )
+        for name, description, trains in described
     ]
 
 
-@hookimpl
-def compile_region(
-    fn: Callable[..., Any], config: CompileConfig, backend: str
+def compile_group(
+    fn: Callable[..., Any], group: RegionGroup, config: CompileConfig, torch_backend: str
 ) -> Callable[..., Any]:
-    torch_backend = TORCH_BACKENDS[backend]
+    """One XLA backend's compile of one region group (``BackendSpec.compile``, with its torch
+    backend name bound)."""
     __import__(BRIDGE)  # fail now, naming torch_xla, rather than on the first forward call
     return compile_with_torch(fn, config, torch_backend)

@@ -47,6 +47,7 @@ from torchkiln.engine.region_runtime import (
 )
 from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
+from torchkiln.plugin_host.hook_calls import call_implementation, plain_implementations
 from torchkiln.plugin_host.plugin_faults import bad_result, plugin_at_fault, raised_in
 from torchkiln.plugin_host.region_plan import RegionGroup, RegionPlan
 
@@ -221,13 +222,12 @@ class Compiler:
     ) -> list[GroupPreparation]:
         """Ask every plugin to prepare ``group``; install their forwards, keep their undos."""
         preparations = []
-        # Each implementation called on its own (in pluggy's order), so that a fault names the
-        # plugin it came from.
-        for impl in reversed(self.plugins.hook.prepare_group.get_hookimpls()):
-            if impl.hookwrapper or impl.wrapper:
-                continue
+        # One plugin's preparation at a time (each inside every wrapper of the hook), so that a
+        # fault names the plugin it came from.
+        for impl in plain_implementations(self.plugins, "prepare_group"):
             try:
-                preparation = self.plugins.call_impl(
+                preparation = call_implementation(
+                    self.plugins,
                     "prepare_group",
                     impl,
                     model=root,

@@ -16,9 +16,10 @@ from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.config_validation import validate
 from torchkiln.configuration.option_safety import unnamed_file_problems
 from torchkiln.configuration.store_layout import expand_store
-from torchkiln.errors import ConfigError, ConfigProblem, PluginError
+from torchkiln.errors import ConfigError, ConfigProblem
 from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
-from torchkiln.plugin_host.plugin_faults import bad_result
+from torchkiln.plugin_host.hook_calls import call_implementation, plain_implementations
+from torchkiln.plugin_host.plugin_faults import bad_result, raised_in
 from torchkiln.plugin_host.plugin_manager import PluginManager
 
 ConfigArg: TypeAlias = CompileConfig | Mapping[str, Any] | str | os.PathLike[str] | None
@@ -110,21 +111,17 @@ def _apply_plugins(
     config: CompileConfig, sources: dict[str, str], layers: list[sources_.Layer], pm: PluginManager
 ) -> tuple[CompileConfig, dict[str, str]]:
     """Let every ``resolve_compile_config`` implementation adjust; the first called wins."""
-    hook = pm.hook.resolve_compile_config
     plugin_layers: list[sources_.Layer] = []
     owners: dict[str, str] = {}
-    for impl in reversed(hook.get_hookimpls()):
-        try:
-            override = pm.call_impl("resolve_compile_config", impl, config=config, sources=sources)
+    for impl in plain_implementations(pm, "resolve_compile_config"):
+        try:  # one plugin's override at a time, each inside every wrapper of the hook
+            override = call_implementation(
+                pm, "resolve_compile_config", impl, config=config, sources=sources
+            )
         except ConfigError:
             raise
         except Exception as error:
-            raise PluginError(
-                f"plugin {impl.plugin_name!r} raised in resolve_compile_config(): "
-                f"{type(error).__name__}: {error}",
-                plugin=impl.plugin_name,
-                hook="resolve_compile_config",
-            ) from error
+            raise raised_in(pm, "resolve_compile_config", error, impl.plugin_name) from error
         if override is not None and not isinstance(override, Mapping):
             raise bad_result(
                 "resolve_compile_config", impl.plugin_name, override, "a mapping or None"

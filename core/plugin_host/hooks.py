@@ -11,6 +11,14 @@ strategies, caches kept per layer). Plugin authors import everything from
 :mod:`torchkiln.plugin` and implement a hook with ``@hookimpl`` on a function of the same name;
 implementations may accept any subset of the arguments shown. docs/hooks.md says how plugins
 are registered and in what order their implementations are called.
+
+Every hook may be wrapped: ``@hookimpl(wrapper=True)`` (or pluggy's older
+``@hookimpl(hookwrapper=True)``) on a generator function of the hook's name, which yields once
+and receives the result. torchkiln calls each hook through pluggy, one plain implementation at
+a time (the declaring plugin's for a name-served hook, each plugin's in turn for the hooks it
+combines), every call inside every wrapper: a wrapper sees each call's arguments and that
+implementation's result (the type documented below, not a list), and what it returns is the
+result torchkiln uses. docs/hooks.md, "Wrapping a hook", has an example.
 """
 
 from __future__ import annotations
@@ -58,8 +66,11 @@ def declare_backends() -> Sequence[BackendSpec]:
     built-ins, whatever the order of registration; ``tryfirst``/``trylast`` move a plugin
     within that order.
 
-    The plugin that declares a backend must also implement :func:`compile_region`: a plugin
-    that declares backends without it is refused when it is registered or loaded.
+    A backend carries its compile (:attr:`~torchkiln.plugin.BackendSpec.compile`), which
+    torchkiln calls through :func:`compile_region`. A declaration without one (plugin API v2)
+    is compiled by the declaring plugin's own :func:`compile_region`; a plugin that declares
+    such backends without implementing it is warned about (refused under
+    ``TORCHKILN_STRICT_PLUGINS=1``) when it is registered or loaded.
     """
 
 
@@ -234,8 +245,11 @@ def compile_region(
     inside ``compile_regions`` (see :func:`wrap_distributed`), after :func:`prepare_group`.
     Compilation itself is lazy: the returned callable compiles on a region's first call.
 
-    Dispatch: only the declaring plugin's implementation is called. For a name no plugin
-    declares but torch knows (``torch._dynamo.list_backends()``), torchkiln compiles with
-    ``torch.compile`` itself.
+    Dispatch: one implementation per call, inside every wrapper of this hook: the backend's own
+    compile (``BackendSpec.compile``, run as the declaring plugin's implementation), else the
+    declaring plugin's implementation of this hook. For a name no plugin declares but torch
+    knows (``torch._dynamo.list_backends()``), the implementation is ``torch.compile`` with the
+    configured options. So a wrapper of this hook sees every group's compile, whatever the
+    backend.
     An exception raised here is handled by the region error policy (``on_region_error``).
     """

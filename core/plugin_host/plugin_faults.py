@@ -4,8 +4,9 @@ A hook implementation that raises, or returns something of the wrong type, must 
 :class:`~torchkiln.PluginError` naming the plugin and the hook, never as a bare
 ``AttributeError`` deep inside torchkiln. Which implementation raised is read from the
 exception's traceback (the frame of an implementation's function), so this holds however the
-hook was dispatched; which one returned a bad value is the plugin that declared the name the
-call was for (the backend, the selector, the strategy).
+hook was dispatched and whatever wrappers the error passed through; which one returned a bad
+value is the plugin that declared the name the call was for (the backend, the selector, the
+strategy).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from types import CodeType
 from typing import Any
 
 from torchkiln.errors import PluginError, TorchkilnError
+from torchkiln.plugin_host.hook_calls import ADDED_CODES, is_wrapper
 
 
 def _code(function: Any) -> CodeType | None:
@@ -22,20 +24,37 @@ def _code(function: Any) -> CodeType | None:
 
 
 def plugin_at_fault(pm: Any, hook_name: str, error: BaseException) -> str | None:
-    """The plugin whose ``hook_name`` implementation ``error`` was raised in (the outermost
-    one on the traceback), else ``None``."""
-    codes = {}
+    """The plugin whose ``hook_name`` implementation ``error`` was raised in, else ``None``.
+
+    The outermost plain implementation on the traceback is at fault (a selector that asks
+    another one through ``select_with`` answers for what it asked); for an implementation
+    torchkiln added to the call (a backend object's compile) that is ``None`` here: the caller
+    knows the plugin that declared the backend. Only where no plain
+    implementation is on the traceback is a wrapper at fault, the innermost one: a wrapper an
+    implementation's error merely passed through (it is on the traceback, outside that
+    implementation) is never blamed for it.
+    """
+    plain: dict[CodeType, str | None] = dict.fromkeys(ADDED_CODES)
+    wrappers: dict[CodeType, str] = {}
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
         code = _code(impl.function)
         if code is not None:
-            codes[code] = impl.plugin_name
+            (wrappers if is_wrapper(impl) else plain)[code] = impl.plugin_name
+    frames = _frames(error)
+    outermost_plain = next((code for code in frames if code in plain), None)
+    if outermost_plain is not None:
+        return plain[outermost_plain]
+    return next((wrappers[code] for code in reversed(frames) if code in wrappers), None)
+
+
+def _frames(error: BaseException) -> list[CodeType]:
+    """The code of each frame on ``error``'s traceback, outermost first."""
+    codes = []
     traceback = error.__traceback__
     while traceback is not None:
-        name = codes.get(traceback.tb_frame.f_code)
-        if name is not None:
-            return name
+        codes.append(traceback.tb_frame.f_code)
         traceback = traceback.tb_next
-    return None
+    return codes
 
 
 def raised_in(pm: Any, hook_name: str, error: Exception, owner: str | None = None) -> PluginError:

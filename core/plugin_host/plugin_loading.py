@@ -1,7 +1,7 @@
 """Loading plugins: the ``TORCHKILN_*`` plugin controls, which installed plugins (the
-``torchkiln`` entry-point group) load and in which order, the checks a plugin passes when it is
-registered, and the hook-call trace of ``TORCHKILN_TRACE_PLUGINS=1``. The functions take
-pluggy's manager: :mod:`.plugin_manager` imports this module, not the other way round.
+``torchkiln`` entry-point group) load and in which order, and the hook-call trace of
+``TORCHKILN_TRACE_PLUGINS=1``. The checks a plugin passes when it is registered are
+:mod:`.registration_checks`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
-import pluggy
+from pluggy import HookImpl
 
 from torchkiln.configuration.config_sources import ENV_TRUE
-from torchkiln.configuration.config_values import did_you_mean
-from torchkiln.errors import PluginError
-from torchkiln.plugin_host.plugin_info import DECLARATIONS
+from torchkiln.plugin_host.hook_calls import is_wrapper
 
 # --- the environment controls and the trace ------------------------------------------------------
 
@@ -36,18 +34,36 @@ def short(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def trace_before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+def _served_and_wrappers(impls: Sequence[HookImpl]) -> tuple[list[str], list[str]]:
+    """The plugin names of ``impls``' plain implementations and of its wrappers, in call order."""
+    ordered = list(reversed(impls))
+    return (
+        [impl.plugin_name for impl in ordered if not is_wrapper(impl)],
+        [impl.plugin_name for impl in ordered if is_wrapper(impl)],
+    )
+
+
+def trace_before(hook_name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, Any]) -> None:
     args = ", ".join(f"{k}={short(v)}" for k, v in kwargs.items())
-    plugins = ", ".join(impl.plugin_name for impl in reversed(impls))
-    print(f"torchkiln: hook {hook_name}({args}) -> plugins [{plugins}]", file=sys.stderr)
+    served, wrappers = _served_and_wrappers(impls)
+    # torchkiln calls one implementation at a time; pm.hook.<name>() by hand may call several.
+    target = f"plugin {served[0]}" if len(served) == 1 else f"plugins [{', '.join(served)}]"
+    inside = f" inside wrappers [{', '.join(wrappers)}]" if wrappers else ""
+    print(f"torchkiln: hook {hook_name}({args}) -> {target}{inside}", file=sys.stderr)
 
 
 def trace_after(
-    outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]
+    outcome: Any, hook_name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, Any]
 ) -> None:
+    served, _ = _served_and_wrappers(impls)
+    where = f"{hook_name} [{served[0]}]" if len(served) == 1 else hook_name
     exception = outcome.exception
-    shown = f"raised {exception!r}" if exception is not None else short(outcome.get_result())
-    print(f"torchkiln: hook {hook_name} returned {shown}", file=sys.stderr)
+    shown = (
+        f"raised {exception!r}"
+        if exception is not None
+        else f"returned {short(outcome.get_result())}"
+    )
+    print(f"torchkiln: hook {where} {shown}", file=sys.stderr)
 
 
 def warn_unknown_names(
@@ -73,22 +89,6 @@ def warn_unknown_names(
                 RuntimeWarning,
                 stacklevel=3,  # the caller of PluginManager.ensure_loaded
             )
-
-
-def call_traced(hook_name: str, impl: Any, kwargs: Mapping[str, Any]) -> Any:
-    """Call one implementation (a pluggy ``HookImpl``) with the ``kwargs`` it takes, printing
-    the call and its result (or what it raised) as :func:`trace_before` / :func:`trace_after`
-    print a ``pm.hook`` call."""
-    args = ", ".join(f"{k}={short(v)}" for k, v in kwargs.items())
-    where = f"{hook_name} [{impl.plugin_name}]"
-    print(f"torchkiln: hook {hook_name}({args}) -> plugin {impl.plugin_name}", file=sys.stderr)
-    try:
-        result = impl.function(**{name: kwargs[name] for name in impl.argnames})
-    except Exception as error:
-        print(f"torchkiln: hook {where} raised {error!r}", file=sys.stderr)
-        raise
-    print(f"torchkiln: hook {where} returned {short(result)}", file=sys.stderr)
-    return result
 
 
 # --- installed plugins ---------------------------------------------------------------------------
@@ -139,72 +139,3 @@ def distribution_of(entry_point: metadata.EntryPoint) -> tuple[str | None, str |
     if dist is None:
         return None, None
     return dist.metadata["Name"], dist.version
-
-
-# --- checks at registration -----------------------------------------------------------------------
-
-
-def specified_hooks(pm: pluggy.PluginManager) -> list[str]:
-    """The hooks torchkiln specifies (not names a plugin implemented without a spec)."""
-    return sorted(
-        name
-        for name, caller in vars(pm.hook).items()
-        if not name.startswith("_") and getattr(caller, "spec", None) is not None
-    )
-
-
-def implemented_hooks(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
-    """The hooks ``plugin`` implements (its ``@hookimpl`` attributes), sorted."""
-    names = []
-    for attr in dir(plugin):
-        try:
-            if pm.parse_hookimpl_opts(plugin, attr) is not None:
-                names.append(attr)
-        except Exception:  # an attribute that fails to be read implements no hook
-            continue
-    return tuple(sorted(names))
-
-
-def check_plugin(pm: pluggy.PluginManager, name: str, plugin: object, *, strict: bool) -> None:
-    """Reject hook implementations for hooks torchkiln does not define (typos); warn about
-    (under ``strict``, reject) declarations without the hook that serves them.
-
-    :raises PluginError: naming the plugin and the hook.
-    """
-    known = specified_hooks(pm)
-    implemented = implemented_hooks(pm, plugin)
-    for hook_name in implemented:
-        if hook_name not in known:
-            raise PluginError(
-                f"plugin {name!r} implements unknown hook {hook_name!r}"
-                f"{did_you_mean(hook_name, known)}; torchkiln hooks: " + ", ".join(known),
-                plugin=name,
-                hook=hook_name,
-            )
-    for declaration, (_, _, serving) in DECLARATIONS.items():
-        if declaration in implemented and serving and serving not in implemented:
-            if declaration == "declare_backends" and _backends_carry_compile(plugin):
-                continue
-            message = (
-                f"plugin {name!r} implements {declaration} but not {serving}: the names it "
-                f"declares are refused when a configuration uses them; add a @hookimpl "
-                f"{serving}"
-            )
-            if strict:
-                raise PluginError(
-                    message + " (TORCHKILN_STRICT_PLUGINS=1)", plugin=name, hook=serving
-                )
-            # Called directly by PluginManager.register: the level counts on that depth.
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
-
-
-def _backends_carry_compile(plugin: object) -> bool:
-    """Whether every backend ``plugin`` declares carries its compile (``BackendSpec.compile``):
-    then it needs no ``compile_region``. A declaration that fails here is left to the
-    collection, which quarantines the plugin with the reason."""
-    declare = getattr(plugin, "declare_backends", None)
-    try:
-        specs = list(declare() or ()) if callable(declare) else []
-    except Exception:
-        return False
-    return bool(specs) and all(getattr(spec, "compile", None) is not None for spec in specs)

@@ -17,16 +17,22 @@ from importlib import metadata
 from typing import Any
 
 import pluggy
-from pluggy import HookImpl
 
 from torchkiln.errors import PluginError
 from torchkiln.plugin_host import hooks
+from torchkiln.plugin_host.backend_compile import backend_implementation
 from torchkiln.plugin_host.declarations import (
     BackendSpec,
     DistributedSpec,
     LayerCacheSpec,
     SelectorSpec,
 )
+from torchkiln.plugin_host.hook_calls import (
+    call_implementation,
+    plain_implementation,
+    plain_implementations,
+)
+from torchkiln.plugin_host.plugin_faults import plugin_at_fault
 from torchkiln.plugin_host.plugin_info import (
     DECLARATIONS,
     DeclarationFailed,
@@ -39,19 +45,21 @@ from torchkiln.plugin_host.plugin_info import (
     readable_name,
 )
 from torchkiln.plugin_host.plugin_loading import (
-    call_traced,
-    check_plugin,
     distribution_of,
     entry_points_to_load,
     env_flag,
     env_names,
-    implemented_hooks,
     installed_plugin_names,
     trace_after,
     trace_before,
     warn_unknown_names,
 )
-from torchkiln.plugin_host.torch_backends import compile_with_torch, torch_backend_names
+from torchkiln.plugin_host.registration_checks import (
+    check_plugin,
+    implemented_hooks,
+    refused_by_pluggy,
+)
+from torchkiln.plugin_host.torch_backends import torch_backend_names
 from torchkiln.plugins import BUILTIN_PLUGINS
 
 _BUILTIN_NAMES = frozenset(builtin_name(m) for m in BUILTIN_PLUGINS)
@@ -134,7 +142,10 @@ class PluginManager(pluggy.PluginManager):
             name = self._free_name(readable_name(plugin))
         check_plugin(self, name, plugin, strict=self.strict)
         self._declared_cache.clear()
-        return super().register(plugin, name)
+        try:
+            return super().register(plugin, name)
+        except pluggy.PluginValidationError as error:
+            raise refused_by_pluggy(name, error) from error
 
     def _free_name(self, base: str) -> str:
         name, number = base, 1
@@ -210,13 +221,6 @@ class PluginManager(pluggy.PluginManager):
                 infos.append(PluginInfo(name, kind, implemented_hooks(self, plugin)))
         return sorted(infos, key=lambda info: (_KIND_ORDER[info.kind], info.name))
 
-    def call_impl(self, hook_name: str, impl: Any, **kwargs: Any) -> Any:
-        """Call one implementation directly (hooks whose results torchkiln combines per
-        plugin), traced like ``pm.hook`` calls under ``TORCHKILN_TRACE_PLUGINS=1``."""
-        if self.tracing:
-            return call_traced(hook_name, impl, kwargs)
-        return impl.function(**{name: kwargs[name] for name in impl.argnames})
-
     # --- dispatch: only the declaring plugin serves a name -----------------------------------
 
     def select_regions(self, model: Any, config: Any, selector: str) -> Any:
@@ -248,16 +252,17 @@ class PluginManager(pluggy.PluginManager):
         )
 
     def compile_region(self, fn: Any, group: Any, config: Any, backend: str) -> Any:
-        """The declaring plugin's ``compile_region`` for ``backend``; for a name only torch
-        knows, ``torch.compile`` with the configured options."""
+        """``backend``'s compile of one group, through the ``compile_region`` hook: the
+        backend's own compile (``BackendSpec.compile``; ``torch.compile`` for a name only torch
+        knows), else the declaring plugin's ``compile_region``; inside every wrapper either way.
+        """
         declared = self._declaring("compile_region", self.backend(backend), backend)
-        if declared.spec.origin == "torch":
-            return compile_with_torch(fn, config, backend)
-        if declared.spec.compile is None:  # a plugin written before BackendSpec.compile
-            return self._serve(
-                "compile_region", declared, fn=fn, group=group, config=config, backend=backend
-            )
-        compiled = declared.spec.compile(fn, group, config)
+        kwargs = dict(fn=fn, group=group, config=config, backend=backend)
+        if declared.spec.origin != "torch" and declared.spec.compile is None:
+            return self._serve("compile_region", declared, **kwargs)  # a v1/v2 backend plugin
+        compiled = call_implementation(
+            self, "compile_region", backend_implementation(declared), **kwargs
+        )
         if compiled is None:
             raise PluginError(
                 f"plugin {declared.plugin!r} declares backend {backend!r} but its "
@@ -278,32 +283,28 @@ class PluginManager(pluggy.PluginManager):
         return declared
 
     def _serve(self, hook_name: str, declared: Declared[Any], **kwargs: Any) -> Any:
-        """Call ``hook_name`` of the plugin that declared ``declared`` only.
+        """Call ``hook_name`` of the plugin that declared ``declared`` only (its plain
+        implementation, inside every wrapper of the hook).
 
         :raises PluginError: that plugin no longer implements the hook, or returned ``None``.
         """
         what = f"plugin {declared.plugin!r} declares {declaration_of(declared.spec).kind} "
         what += repr(declared.spec.name)
-        if self._implementation(hook_name, declared.plugin) is None:  # unregistered since
+        impl = plain_implementation(self, hook_name, declared.plugin)
+        if impl is None:  # unregistered since, or it only wraps the hook
             raise PluginError(
                 f"{what} but does not implement {hook_name}",
                 plugin=declared.plugin,
                 hook=hook_name,
             )
-        # A pluggy subset caller, so pluggy's tracing and TORCHKILN_TRACE_PLUGINS see the call.
-        others = [p for n, p in self.list_name_plugin() if p is not None and n != declared.plugin]
-        results = self.subset_hook_caller(hook_name, remove_plugins=others)(**kwargs)
-        if not results or results[0] is None:
+        result = call_implementation(self, hook_name, impl, **kwargs)
+        if result is None:
             raise PluginError(
                 f"{what} but its {hook_name} returned None for it",
                 plugin=declared.plugin,
                 hook=hook_name,
             )
-        return results[0]
-
-    def _implementation(self, hook_name: str, plugin_name: str) -> HookImpl | None:
-        hook = getattr(self.hook, hook_name)
-        return next((i for i in hook.get_hookimpls() if i.plugin_name == plugin_name), None)
+        return result
 
     def unserved(self, declared: Declared[Any]) -> str | None:
         """Why ``declared`` cannot be used although it is declared: its plugin does not
@@ -312,7 +313,7 @@ class PluginManager(pluggy.PluginManager):
         if isinstance(spec, BackendSpec) and (spec.origin == "torch" or spec.compile is not None):
             return None  # torch compiles it, or the backend carries its compile
         kind, _, hook_name = declaration_of(spec)
-        if hook_name is None or self._implementation(hook_name, declared.plugin) is not None:
+        if hook_name is None or plain_implementation(self, hook_name, declared.plugin):
             return None
         return (
             f"plugin {declared.plugin!r} declares {kind} {declared.spec.name!r} but does not "
@@ -359,12 +360,13 @@ class PluginManager(pluggy.PluginManager):
         result: dict[str, Declared[Any]] = {}
         twice: list[str] = []
         # pluggy calls the last registered (or tryfirst) implementation first: that one wins.
-        for impl in reversed(getattr(self.hook, hook_name).get_hookimpls()):
+        for impl in plain_implementations(self, hook_name):
             try:
-                specs: Sequence[Any] = self.call_impl(hook_name, impl) or ()
-            except Exception as error:
+                specs: Sequence[Any] = call_implementation(self, hook_name, impl) or ()
+            except Exception as error:  # the wrapper it was raised in, if not the declaration
+                at_fault = plugin_at_fault(self, hook_name, error) or impl.plugin_name
                 detail = f"raised {type(error).__name__}: {error}"
-                raise DeclarationFailed(impl.plugin_name, hook_name, detail) from error
+                raise DeclarationFailed(at_fault, hook_name, detail) from error
             check_specs(hook_name, impl.plugin_name, specs)
             for spec in specs:
                 if spec.name not in result:

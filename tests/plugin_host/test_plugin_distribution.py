@@ -376,7 +376,7 @@ def test_trace_plugins_in_process_shows_pipeline_hooks(
     )
     assert "backend='tinyback'" in compile_line
     # Only the plugin that declared the backend is called.
-    assert compile_line.split(" -> plugins [")[1] == "tinyplug]"
+    assert compile_line.split(" -> ")[1] == "plugin tinyplug"
 
 
 # --- precedence, names, plugin controls --------------------------------------------------------------

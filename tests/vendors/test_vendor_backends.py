@@ -19,7 +19,6 @@ import torchkiln
 from torchkiln import ConfigError
 from torchkiln._internals import tvm_backend
 from torchkiln._internals.versions import torch_release
-from torchkiln.plugin import hookimpl
 from torchkiln.plugins import hpu, neuron, tensorrt, tvm, xla
 from torchkiln.testing import (
     assert_backend_matches_eager,
@@ -111,17 +110,26 @@ def test_importing_and_listing_imports_no_vendor_library():
 
 
 @pytest.mark.parametrize("plugin", VENDOR_PLUGINS, ids=lambda p: p.__name__.rsplit(".", 1)[-1])
-def test_compile_region_is_called_only_for_its_own_backends(plugin, monkeypatch):
+def test_a_vendor_backend_compiles_only_its_own_backends(plugin, monkeypatch):
+    """Each vendor backend carries its compile (``BackendSpec.compile``) instead of a
+    ``compile_region`` hook: configuring another backend never calls it."""
     called = []
 
-    @hookimpl
-    def compile_region(backend):
-        called.append(backend)
+    def compile_group(fn, group, config, **bound):
+        called.append(config.backend)
         raise AssertionError("called for a backend this plugin did not declare")
 
-    monkeypatch.setattr(plugin, "compile_region", compile_region)
+    monkeypatch.setattr(plugin, "compile_group", compile_group)
+    assert not hasattr(plugin, "compile_region")
+    pm = isolated_plugin_manager()
+    mine = [
+        d
+        for d in pm.backends().values()
+        if d.plugin == "torchkiln." + plugin.__name__.rsplit(".", 1)[-1]
+    ]
+    assert mine and all(d.spec.compile is not None for d in mine)
     model = small_model()
-    torchkiln.compile(model, backend="eager", plugins=isolated_plugin_manager())
+    torchkiln.compile(model, backend="eager", plugins=pm)
     model(small_inputs())
     assert called == []
 

@@ -70,14 +70,13 @@ def declare_backends() -> Sequence[BackendSpec]:
             modes=(),
             options=OPTIONS,
             devices=("cpu",),
+            compile=compile_group,
         )
     ]
 
 
-@hookimpl
-def compile_region(
-    fn: Callable[..., Any], group: Any, config: Any, backend: str
-) -> Callable[..., Any]:
+def compile_group(fn: Callable[..., Any], group: Any, config: Any) -> Callable[..., Any]:
+    """The ``openvino`` backend's compile of one region group (``BackendSpec.compile``)."""
     register_openvino_backend()
     # OpenVINO's direct path (make_fx inside Dynamo's trace) fails on torch 2.13 for any graph
     # with a view ("IndexError: list index out of range" while Dynamo builds shape guards);
