@@ -204,8 +204,8 @@ def recompile_refusal(error: BaseException) -> list[str] | None:
 
     Dynamo raises a plain ``RuntimeError`` (``torch._dynamo.convert_frame``), with no type or
     attribute of its own: only its wording tells it from any other ``RuntimeError``, and the
-    guard failures are only in its text (``- 0/0: tensor 'x' rank mismatch ...``). Verified:
-    torch 2.11, 2.13, 2.14, 2.15 (tests/internals/test_dynamo_contracts.py).
+    guard failures are only in its text (``- 0/0: tensor 'x' rank mismatch ...``).
+    Verified: torch 2.11, 2.13, 2.14, 2.15 (tests/internals/test_dynamo_contracts.py).
     """
     text = str(error)
     if not isinstance(error, RuntimeError) or not text.startswith(RECOMPILE_REFUSED):
