@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO 0, 1 and 3 (2 runs in test_launch): deepspeed.initialize, then in-place compile of engine.module;
+"""DeepSpeed ZeRO 0, 1, 2 and 3: deepspeed.initialize, then in-place compile of engine.module;
 checked against hand-written deepspeed.initialize in 2 processes on the CPU accelerator."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ LOSS_TOL = 1e-4
 PARAM_TOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=[0, 1, 3], ids=["zero0", "zero1", "zero3"])
+@pytest.fixture(scope="module", params=[0, 1, 2, 3], ids=["zero0", "zero1", "zero2", "zero3"])
 def ranks(request, run_worker):
     return run_worker("deepspeed", str(request.param))
 
@@ -28,10 +28,13 @@ def test_returns_the_engine_around_the_same_module(ranks):
 def test_initialize_companions_are_returned(ranks):
     extras = ranks[0]["extras"]
     assert set(extras) == {"optimizer", "training_dataloader", "lr_scheduler"}
-    # ZeRO 0 hands back the torch optimizer itself; ZeRO 1 and 3 wrap it in their own.
-    expected = {0: "AdamW", 1: "DeepSpeedZeroOptimizer", 3: "DeepSpeedZeroOptimizer_Stage3"}[
-        ranks[0]["stage"]
-    ]
+    # ZeRO 0 hands back the torch optimizer itself; ZeRO 1 to 3 wrap it in their own.
+    expected = {
+        0: "AdamW",
+        1: "DeepSpeedZeroOptimizer",
+        2: "DeepSpeedZeroOptimizer",
+        3: "DeepSpeedZeroOptimizer_Stage3",
+    }[ranks[0]["stage"]]
     assert extras["optimizer"] == expected == ranks[0]["engine_optimizer"]
 
 
