@@ -198,9 +198,11 @@ def process_start(pid: int) -> int | None:
 
 
 def _pid_exists(pid: int) -> bool:
+    if os.name == "nt":  # there os.kill(pid, 0) sends CTRL_C_EVENT: never look a pid up that way
+        return True
     try:
         os.kill(pid, 0)  # signal 0: nothing is sent, only the lookup is made
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such process; no pid can be that large
         return False
     except PermissionError:  # another user's process
         return True

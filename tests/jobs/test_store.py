@@ -110,7 +110,9 @@ def test_the_sweep_keeps_a_live_writers_directory_however_old(tmp_path: Path) ->
 def test_the_sweep_removes_a_dead_writers_directory_at_once(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
     dead = _staging_of(store, KEY, this_host(), _exited_pid(), 1)
-    assert store.sweep() == [dead.name] and not dead.exists()
+    no_such_pid = _staging_of(store, "cd" * 32, this_host(), 10**20, 1)  # os.kill overflows
+    assert sorted(store.sweep()) == sorted([dead.name, no_such_pid.name])
+    assert not dead.exists() and not no_such_pid.exists()
 
 
 @pytest.mark.skipif(not hasattr(os, "waitid"), reason="os.waitid (WNOWAIT) is POSIX-only")
