@@ -89,7 +89,8 @@ class FSDP2Config:
     ``(replicate_degree, world_size / replicate_degree)``; ``1``: shard across all ranks."""
     mixed_precision: FSDP2MixedPrecision = attrs.Factory(FSDP2MixedPrecision)
     activation_checkpointing: bool = False
-    """Wrap each block in activation checkpointing before compiling it."""
+    """Activation checkpointing of each block: ``torch.utils.checkpoint`` traced into the
+    block's compiled code (every backend, inductor included; [Distributed](distributed.md))."""
     mesh_device: str | None = None
     """Device type of the device mesh; ``None`` picks it from the process group's backend
     (``cpu`` for gloo)."""
@@ -138,8 +139,8 @@ class TieredConfig:
     use more cores than its training or serving threads and the job's other ranks on the
     machine take): a builder on the cores the steps use slows every step 3-4x and finishes late
     (docs/tiered.md, "When tiered pays"). ``always``: start it anyway (a foreground that idles
-    between calls, as a server does). ``never``: stay regional; a whole-model form from
-    ``artifacts=`` is still used."""
+    between calls, as a server does). ``never``: start no builder; a whole-model form
+    already in ``artifacts=`` or the store is still loaded and used, as with tiered off."""
     max_slowdown: float = 1.25
     """The most the builder may slow the foreground's mean step (a step: one root call's start
     to the next's). torchkiln measures it while building, pausing the builder for a couple of

@@ -43,10 +43,13 @@ def whole_directory(
 ) -> Path | None:
     """Where a whole-model form for ``model`` already is: the precompiled directory's form for
     this model's key, else the store's; ``None`` when neither holds one."""
-    key = whole_key(config, model, region_paths)
     sections = [whole_section(config.artifacts, writable=False)] if config.artifacts else []
     store = whole_store(config)
-    for section in [*sections, *([store] if store is not None else [])]:
+    sections += [store] if store is not None else []
+    if not sections:
+        return None  # nowhere to look: the key (it reads and hashes every source file) unmade
+    key = whole_key(config, model, region_paths)
+    for section in sections:
         found = section.find(key)
         if found is not None and _has_whole_entry(found):
             return found

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from torchkiln.artifacts.directory import ArtifactError
-from torchkiln.jobs.store import STALE_SECONDS, JobStore
+from torchkiln.jobs.store import (
+    ASIDE_STALE_SECONDS,
+    OTHER_HOST_STALE_SECONDS,
+    JobStore,
+    process_start,
+    this_host,
+)
 
 KEY = "ab" * 32
 
@@ -58,17 +64,120 @@ def test_an_entry_being_written_is_not_found(tmp_path: Path) -> None:
     assert store.find(KEY) == tmp_path / "entries" / KEY
 
 
-def test_the_sweep_removes_only_what_a_killed_writer_left_an_hour_ago(tmp_path: Path) -> None:
+def _age(path: Path, seconds: float) -> None:
+    """Set ``path``'s times to ``seconds`` ago."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def _staging_of(store: JobStore, key: str, host: str, pid: int, start: int) -> Path:
+    """A staging directory as writer ``pid`` (started at ``start``) on ``host`` names it."""
+    path = store.entries / f".{key[:16]}.{host}.{pid}.{start}.x1y2z3_a"
+    path.mkdir()
+    (path / "entry.bin").write_bytes(b"half")
+    return path
+
+
+def _exited_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=60)
+    return child.pid
+
+
+def test_the_sweep_keeps_a_live_writers_directory_however_old(tmp_path: Path) -> None:
     store = JobStore(tmp_path)
-    old, fresh = store.staging(KEY), store.staging("cd" * 32)
-    foreign = [tmp_path / "entries" / ".user-notes", tmp_path / "entries" / "README"]
+    mine = store.staging(KEY)
+    assert f".{this_host()}.{os.getpid()}.{process_start(os.getpid())}." in mine.name
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        theirs = _staging_of(
+            store, "cd" * 32, this_host(), child.pid, process_start(child.pid) or 0
+        )
+        for path in (mine, theirs):
+            _age(path, OTHER_HOST_STALE_SECONDS * 2)  # a paused build's days-old directory
+        assert store.sweep() == []
+        assert mine.exists() and theirs.exists()
+        child.kill()
+        child.wait(timeout=60)
+        assert store.sweep() == [theirs.name]  # the writer is gone: at once
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    assert mine.exists()
+
+
+def test_the_sweep_removes_a_dead_writers_directory_at_once(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    dead = _staging_of(store, KEY, this_host(), _exited_pid(), 1)
+    no_such_pid = _staging_of(store, "cd" * 32, this_host(), 10**20, 1)  # os.kill overflows
+    assert sorted(store.sweep()) == sorted([dead.name, no_such_pid.name])
+    assert not dead.exists() and not no_such_pid.exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "waitid"), reason="os.waitid (WNOWAIT) is POSIX-only")
+def test_the_sweep_removes_a_zombie_writers_directory(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = process_start(child.pid)
+    if started is None:  # no /proc: a zombie cannot be told from a running process here
+        child.wait(timeout=60)
+        pytest.skip("no /proc")
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    try:
+        zombie = _staging_of(store, KEY, this_host(), child.pid, started)
+        assert store.sweep() == [zombie.name]
+    finally:
+        child.wait(timeout=60)
+
+
+def test_the_sweep_removes_a_directory_whose_pid_now_names_another_process(tmp_path) -> None:
+    store = JobStore(tmp_path)  # this pid runs, but not since the recorded start time
+    started = process_start(os.getpid())
+    if started is None:
+        pytest.skip("no /proc: the start time of a process is not recorded here")
+    reused = _staging_of(store, KEY, this_host(), os.getpid(), started + 1)
+    assert store.sweep() == [reused.name]
+
+
+def test_the_sweep_waits_a_day_for_another_hosts_writer(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    pid = _exited_pid()  # gone here, but on another host this pid says nothing
+    recent = _staging_of(store, KEY, "other-host", pid, 1)
+    old = _staging_of(store, "cd" * 32, "other-host", pid, 1)
+    _age(recent, OTHER_HOST_STALE_SECONDS - 600)
+    _age(old, OTHER_HOST_STALE_SECONDS + 600)
+    assert store.sweep() == [old.name] and recent.exists()
+
+
+def test_the_sweep_handles_the_older_staging_names(tmp_path: Path) -> None:
+    """Before the start time was recorded: ``.<key16>.<host name>.<pid>.<random>``."""
+    store = JobStore(tmp_path)
+    host = this_host().split("-ns")[0]
+    names = {
+        "live": f".{KEY[:16]}.{host}.{os.getpid()}.abc123",
+        "dead": f".{'cd' * 8}.{host}.{_exited_pid()}.abc123",
+        "dead_recent": f".{'ef' * 8}.{host}.{_exited_pid()}.abc123",
+        "other_host": f".{'01' * 8}.other-host.{os.getpid()}.abc123",
+    }
+    for label, name in names.items():
+        (store.entries / name).mkdir()
+        _age(store.entries / name, 600 if label == "dead_recent" else ASIDE_STALE_SECONDS + 600)
+    assert store.sweep() == [names["dead"]]
+
+
+def test_the_sweep_touches_only_names_it_writes(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    aside = store.entries / f".{KEY}.aside-1-abcd1234"
+    foreign = [store.entries / ".user-notes", store.entries / "README", store.entries / ".a.b.1.c"]
+    aside.mkdir()
     foreign[0].mkdir()
     foreign[1].write_text("mine")
-    long_ago = time.time() - STALE_SECONDS - 60
-    for path in (old, *foreign):
-        os.utime(path, (long_ago, long_ago))
-    assert store.sweep() == [old.name]
-    assert not old.exists() and fresh.exists() and all(p.exists() for p in foreign)
+    foreign[2].mkdir()
+    for path in (aside, *foreign):
+        _age(path, OTHER_HOST_STALE_SECONDS * 2)
+    assert store.sweep() == [aside.name]
+    assert all(p.exists() for p in foreign)
 
 
 def test_a_discarded_entry_is_gone_and_can_be_published_again(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
     reference = tiny_llama()
     reference.load_state_dict(model.state_dict())
     options = json.loads(sys.argv[2])
-    model = torchkiln.compile(model, store=sys.argv[1], backend="aot_eager", **options)
+    model = torchkiln.compile(model, **{"store": sys.argv[1], "backend": "aot_eager", **options})
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         started = time.perf_counter()
@@ -64,7 +64,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(store: Path, tmp_path: Path, **options: object) -> dict[str, object]:
+def _run(store: Path, tmp_path: Path, /, **options: object) -> dict[str, object]:
     script = tmp_path / "run_with_store.py"
     script.write_text(SCRIPT)
     here = str(Path(__file__).resolve().parent)
@@ -100,6 +100,26 @@ def test_a_second_process_naming_the_store_starts_from_the_whole_model_form(tmp_
     assert f"loaded from {form} when compiled" in second["report"]
     assert "LlamaDecoderLayer: not called yet" in second["report"]
     assert [p.name for p in (store / WHOLE).iterdir()] == [form.name]  # nothing new written
+
+
+@pytest.mark.needs_feature("tiered compilation")
+def test_with_tiered_off_a_stored_form_still_serves_unless_the_store_is_named_by_parts(tmp_path):
+    """docs/tiered.md, "With tiered off, a stored form still serves": loaded at compile, no
+    builder; cache_dir and job.store instead of store= read the region entries only."""
+    store = tmp_path / "store"
+    first = _run(store, tmp_path, tiered={"when": "always", "max_slowdown": 0})
+    assert first["tiers_state"] == "switched"
+    (form,) = (store / WHOLE).iterdir()
+
+    off = _run(store, tmp_path, tiered={"enabled": False})
+    assert off["exact"] and off["tiers_state"] == "loaded" and off["loaded_from"] == str(form)
+    assert "tiers: serving whole-model (loaded)" in off["report"]
+    assert "builder:" not in off["report"]  # nothing was built in that process
+
+    by_parts = {"store": None, "cache_dir": str(store / KERNELS), "job": {"store": str(store)}}
+    regional = _run(store, tmp_path, tiered={"enabled": False}, **by_parts)
+    assert regional["exact"] and regional["tiers_state"] is None
+    assert regional["roles"] == ["store"] and regional["unique_graphs"] == 0, regional["report"]
 
 
 @pytest.mark.needs_feature("precompiled artifacts")

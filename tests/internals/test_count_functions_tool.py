@@ -1,0 +1,52 @@
+"""``tools/count_functions.py``: torchkiln's functions entered by a compile, a first and a later
+call, run in-process on a small Llama."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+TOOL = Path(__file__).parents[2] / "tools" / "count_functions.py"
+
+
+@pytest.fixture(scope="module")
+def tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("count_functions_tool", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up while it is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_phase_is_counted_printed_and_checked_against_its_limit(
+    tool: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], reset_dynamo: None
+) -> None:
+    record = tmp_path / "counts.json"
+    argv = ["--depth", "2", "--small", "--json", str(record), "--max-later", "0"]
+    assert tool.main(argv) == 1  # a call enters torchkiln's runtime at least: over a limit of 0
+    printed = capsys.readouterr()
+    phases = json.loads(record.read_text())["phases"]
+    assert list(phases) == ["compile", "first call", "later call"]
+    for count in phases.values():
+        assert type(count["functions"]) is int and type(count["files"]) is int
+        assert count["functions"] >= count["files"] >= 1
+    assert phases["compile"]["functions"] > phases["later call"]["functions"]
+    rows = [line.rsplit(None, 2) for line in printed.out.splitlines()[2:]]
+    expected = [[phase, str(c["functions"]), str(c["files"])] for phase, c in phases.items()]
+    assert rows == expected
+    later = phases["later call"]["functions"]
+    assert printed.err.strip() == f"later call: {later} functions entered, more than the limit 0"
+
+
+def test_only_a_phase_over_its_limit_is_named(tool: ModuleType) -> None:
+    counts = {phase: tool.PhaseCount(10, 2) for phase in tool.PHASES}
+    limits = {"compile": None, "first call": 10, "later call": 9}
+    assert tool.over_limits(counts, limits) == [
+        "later call: 10 functions entered, more than the limit 9"
+    ]
