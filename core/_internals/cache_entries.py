@@ -66,11 +66,43 @@ class GuardTable(Generic[F]):
         (``unexplained=None``: ``None``, the row left out of the explanation)."""
         return [_first_failure(guards, frame_locals, unexplained) for guards in self._guards]
 
+    def covered_calls(self) -> list[str]:
+        """Per row, the call family its guards admit: each argument tensor's dtype and size
+        (``*`` for a dimension Dynamo left dynamic), ``args[0] float32[1, 12]``; ``?`` where
+        torch keeps no text of a row's guards.
+
+        Reads the guard managers' ``code_parts``, the text of each guard (``check_tensor(L[...],
+        ..., size=[None, 3], ...)``): torch has no structured view of what a compiled entry
+        admits. Verified: torch 2.11, 2.13, 2.14, 2.15.
+        """
+        return [_call_family(getattr(guards, "code_parts", None)) for guards in self._guards]
+
     def __iter__(self) -> Iterator[tuple[Check, F]]:
         return iter(self._rows)
 
     def __len__(self) -> int:
         return len(self._rows)
+
+
+_TENSOR_GUARD = re.compile(
+    r"check_tensor\(L\['(?P<root>args|kwargs)'\]\[(?P<key>[^\]]+)\], Tensor, .*?, "
+    r"torch\.(?P<dtype>\w+), .*?size=\[(?P<size>[^\]]*)\]"
+)
+
+
+def _call_family(code_parts: Any) -> str:
+    """``args[0] float32[1, *, 64], kwargs['mask'] bool[1, 8]`` from a row's guard texts."""
+    if not code_parts:
+        return "?"
+    found = {}
+    for part in code_parts:
+        match = _TENSOR_GUARD.search(str(part))
+        if match is not None:
+            size = ", ".join(
+                "*" if dim.strip() == "None" else dim.strip() for dim in match["size"].split(",")
+            )
+            found[f"{match['root']}[{match['key']}]"] = f"{match['dtype']}[{size}]"
+    return ", ".join(f"{name} {spec}" for name, spec in found.items()) or "no tensor arguments"
 
 
 def _first_failure(

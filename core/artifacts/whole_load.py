@@ -53,6 +53,10 @@ class WholeModelForm:
     def match(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._table.find({"module": model, "args": args, "kwargs": kwargs})
 
+    def covered_calls(self) -> list[str]:
+        """Per entry, the call family its saved guards admit (``args[0] int64[1, 12]``)."""
+        return self._table.covered_calls()
+
     def why_not(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The first failing guard of each entry, for the report."""
         failures = self._table.first_failures({"module": model, "args": args, "kwargs": kwargs})

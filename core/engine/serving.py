@@ -21,7 +21,7 @@ import attrs
 import torch
 from torch import nn
 
-from torchkiln._internals import dynamo
+from torchkiln._internals import cache_entries, dynamo
 from torchkiln.engine.compile_state import REGION_ATTR, CompileState, RegionState
 from torchkiln.engine.region_runtime import RegionRuntime, eager_forward
 from torchkiln.errors import ConfigError, ConfigProblem, UncoveredCallError
@@ -125,6 +125,26 @@ class FrozenRun:
             first = region_state.first_eager
             self.policy.ran_eagerly(region_state, list(first.failed_guards) if first else [])
         return output
+
+
+def call_families(state: CompileState) -> tuple[str, ...]:
+    """What each compiled form admits, read from its guards (one family per compiled entry):
+    ``LlamaDecoderLayer (compiled): args[0] float32[1, 8, 256] | args[0] float32[*, 8, 256]``,
+    per group and for the whole-model form."""
+    lines = []
+    for group, code in state.codes.items():
+        families = cache_entries.dynamo_guard_table(code, lambda entry: entry).covered_calls()
+        if families:
+            lines.append(f"{group} (compiled): {' | '.join(families)}")
+        group_code = state.group_codes.get(group)
+        table = getattr(group_code, "_table", None)
+        if table is not None:
+            source = group_code.loaded.source if group_code.loaded is not None else "loaded"
+            lines.append(f"{group} (from {source}): {' | '.join(table.covered_calls())}")
+    form = getattr(state.tiered, "form", None)
+    if form is not None:
+        lines.append(f"whole model: {' | '.join(form.covered_calls())}")
+    return tuple(lines)
 
 
 def freeze_state(state: CompileState, on_miss: str) -> Freeze:

@@ -22,6 +22,7 @@ import attrs
 from torchkiln.engine import dynamo_records
 from torchkiln.engine.compile_state import CompileState, RegionState
 from torchkiln.engine.dynamo_records import CompileRecord, all_records
+from torchkiln.engine.serving import call_families
 from torchkiln.plugin_host.report_causes import BUILTIN_CAUSES, ReportCause, match_cause
 
 FIRST_CALLS = "first calls"
@@ -138,6 +139,10 @@ class CompileReport:
     frozen: str | None = None
     """Serving mode (``torchkiln.freeze``): its policy and the calls no compiled form covered
     since, by group; ``None`` when not frozen."""
+    covers: tuple[str, ...] = ()
+    """The call families each compiled form admits, read from its guards (each group's
+    compiled entries, the entries a source loaded, the whole-model form); ``str()`` shows them
+    when frozen or verbose."""
 
     @property
     def title(self) -> str:
@@ -460,4 +465,5 @@ def build_report(
         backend_plugin=state.providers.get("backend"),
         selector_plugin=state.providers.get("selector"),
         frozen=state.frozen.line() if state.frozen is not None else None,
+        covers=call_families(state),
     )

@@ -160,6 +160,8 @@ def render_report(report: Any) -> str:
         lines += part.lines() if part is not None else []
     lines += [f"  code of group {line}" for line in report.served_from]
     lines += [report.frozen] if report.frozen is not None else []
+    if report.frozen is not None or report.verbose:
+        lines += [f"  covers {line}" for line in report.covers]
     lines += [f"  note: {line}" for line in report.notes]
     lines += report.job.lines() if report.job is not None else []
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -206,3 +207,21 @@ def test_guard_kinds_hold_each_entrys_guard_type(guard_names) -> None:
     assert _KINDS and all(kind in kinds for kind, kinds in _KINDS)
     found = set().union(*(kinds for _, kinds in _KINDS))
     assert found & {"ID_MATCH", "CLASS_MATCH", "TYPE_MATCH"}, found
+
+
+def test_covered_calls_reads_each_entrys_tensor_guards() -> None:
+    import torch
+
+    from torchkiln._internals.cache_entries import dynamo_guard_table
+
+    def function(*args: Any, **kwargs: Any) -> Any:
+        return args[0] * 2 + kwargs["bias"]
+
+    compiled = torch.compile(function, backend="eager")
+    compiled(torch.ones(2, 3), bias=torch.ones(3))
+    compiled(torch.ones(4, 3), bias=torch.ones(3))  # a second entry, its first dim dynamic
+    families = dynamo_guard_table(function.__code__, lambda code: code).covered_calls()
+    assert sorted(families) == [
+        "args[0] float32[*, 3], kwargs['bias'] float32[3]",
+        "args[0] float32[2, 3], kwargs['bias'] float32[3]",
+    ]
