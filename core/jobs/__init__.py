@@ -20,9 +20,10 @@ SHARED_STRATEGIES = ("none", "ddp", "deepspeed")
 """Distributed strategies under which ranks share compiled groups. Under DeepSpeed ZeRO-3 the
 gathering hooks split each block, so the rank that compiles for sharing fails at the first
 split and every rank compiles normally (the report says so). FSDP2 is left out: torch cannot
-load the saved function of an FSDP2 block (its guards look up a module attribute the loaded
-frame lacks, ``KeyError: 'gradient_checkpointing'`` on torch 2.13), so every rank would compile
-twice; its ranks compile their own."""
+load the saved function of an FSDP2 block, so every rank would compile twice; its ranks compile
+their own. The cause (docs/jobs.md): a guard reaches a class attribute by its position in the
+block type's MRO, and ``FSDPModule.__new__`` unpickles the saved module as its original class,
+whose MRO differs (``KeyError: 'gradient_checkpointing'`` on torch 2.13)."""
 
 
 def sharing_problem(config: CompileConfig, plan: Any, plugins: Any) -> str | None:
