@@ -9,13 +9,11 @@ process is the witness (nothing of torchkiln's is counted).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from json_scripts import run_json_script
 
 SCRIPT = textwrap.dedent(
     """
@@ -41,19 +39,10 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(store: Path, tmp_path: Path, batches: list[int]) -> dict[str, object]:
-    script = tmp_path / "store_calls.py"
-    script.write_text(SCRIPT)
     tiered = str(Path(__file__).resolve().parents[1] / "tiered")
-    process = subprocess.run(
-        [sys.executable, str(script), str(store), json.dumps(batches), tiered],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "TORCHKILN_PROGRESS": "off"},
-        check=False,
+    return run_json_script(
+        tmp_path, "store_calls.py", SCRIPT, str(store), json.dumps(batches), tiered
     )
-    assert process.returncode == 0, process.stderr[-4000:]
-    return json.loads(process.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.needs_feature("precompiled artifacts")

@@ -9,14 +9,11 @@ count says which form served it.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from json_scripts import run_json_script
 
 SCRIPT = textwrap.dedent(
     """
@@ -68,19 +65,8 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(store: Path, tmp_path: Path, phase: str, backend: str) -> dict[str, object]:
-    script = tmp_path / "fit_and_miss.py"
-    script.write_text(SCRIPT)
     here = str(Path(__file__).resolve().parent)
-    process = subprocess.run(
-        [sys.executable, str(script), str(store), phase, backend, here],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "TORCHKILN_PROGRESS": "off"},
-        check=False,
-    )
-    assert process.returncode == 0, process.stderr[-4000:]
-    return json.loads(process.stdout.strip().splitlines()[-1])
+    return run_json_script(tmp_path, "fit_and_miss.py", SCRIPT, str(store), phase, backend, here)
 
 
 @pytest.mark.needs_feature("tiered compilation")

@@ -8,14 +8,12 @@ job would; the second's Dynamo counters are the witness that it compiled nothing
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from json_scripts import run_json_script
 
 import torchkiln
 from torchkiln._internals.versions import feature_problem
@@ -65,19 +63,10 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(store: Path, tmp_path: Path, /, **options: object) -> dict[str, object]:
-    script = tmp_path / "run_with_store.py"
-    script.write_text(SCRIPT)
     here = str(Path(__file__).resolve().parent)
-    process = subprocess.run(
-        [sys.executable, str(script), str(store), json.dumps(options), here],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "TORCHKILN_PROGRESS": "off"},
-        check=False,
+    return run_json_script(
+        tmp_path, "run_with_store.py", SCRIPT, str(store), json.dumps(options), here
     )
-    assert process.returncode == 0, process.stderr[-4000:]
-    return json.loads(process.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.needs_feature("tiered compilation")
