@@ -22,6 +22,7 @@ from torch import nn
 
 from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.engine.compile_state import REGION_ATTR, _nothing
+from torchkiln.engine.miss_log import MissLog
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.region_plan import RegionGroup
 
@@ -151,8 +152,8 @@ class GroupCode:
         self._table: Any = None
         self._built: RegionFunction | None = None
         self.hits = 0
-        self.misses = 0
-        self.miss_reason: str | None = None
+        self.missed = MissLog()
+        """The calls no loaded function fit, by the first guard each function failed."""
         self.frozen: Any = None
         """The model's :class:`~torchkiln.engine.serving.Freeze` once frozen: then a call no
         loaded function fits is the freeze's to refuse or run eagerly, never compiled."""
@@ -190,9 +191,10 @@ class GroupCode:
         functions = self.loaded.functions
         kinds = ", ".join(dict.fromkeys(kind for kind, _ in functions))
         built = f"; {self.misses} compiled by the backend" if self.misses else ""
+        missed = "".join(f"\n{line}" for line in self.missed.lines())
         return (
             f"{self.group.name}: serving from {self.loaded.source} ({len(functions)} "
-            f"functions: {kinds}): {self.hits} calls fit{built}"
+            f"functions: {kinds}): {self.hits} calls fit{built}{missed}"
         )
 
     def _first(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -205,15 +207,19 @@ class GroupCode:
                 return
         self.state = "compiled"
 
+    @property
+    def misses(self) -> int:
+        return self.missed.total
+
     def _miss(self, f_locals: dict[str, Any]) -> None:
-        self.misses += 1
-        if self.miss_reason is not None:
-            self.loaded.on_miss(None)  # type: ignore[union-attr]
-            return
         assert self.loaded is not None
-        failures = self._table.first_failures(f_locals)
-        self.miss_reason = "; ".join(
-            f"{kind}: {(failed or 'guards pass')[:300]}"
-            for (kind, _), failed in zip(self.loaded.functions, failures, strict=True)
-        )
-        self.loaded.on_miss(self.miss_reason)
+        reason = None
+        if self.missed.wants_reason():
+            failures = self._table.first_failures(f_locals)
+            reason = "; ".join(
+                f"{kind}: {(failed or 'guards pass')[:300]}"
+                for (kind, _), failed in zip(self.loaded.functions, failures, strict=True)
+            )
+        first = self.missed.total == 0
+        self.missed.add(reason)
+        self.loaded.on_miss(reason if first else None)

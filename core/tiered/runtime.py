@@ -23,6 +23,7 @@ from torchkiln.artifacts.whole_build import contiguous_state
 from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING
+from torchkiln.engine.miss_log import MissLog
 from torchkiln.tiered.build import BuildFailed, WholeBuild
 from torchkiln.tiered.calls import CallLog, call_spec, covered, describe_families, family_shapes
 from torchkiln.tiered.tier_report import REGIONAL, WHOLE, TierReport
@@ -47,7 +48,8 @@ class TieredForward:
         self.state = "observing"
         self.reason: str | None = "no call yet: the builder starts at the first call"
         self.calls = {REGIONAL: 0, WHOLE: 0}
-        self.misses = 0
+        self.missed = MissLog()
+        """The calls the whole-model form did not fit, by the first guard each entry failed."""
         self.first_call_at: float | None = None
         self.switched_at_call: int | None = None
         self.seconds_to_switch: float | None = None
@@ -137,12 +139,19 @@ class TieredForward:
         return all(d.get("forward") is f for d, f in self._regions)
 
     def _missed(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.misses += 1
-        if self.misses == 1 and self.form is not None:
+        reason = None
+        if self.missed.wants_reason() and self.form is not None:
             if not self._regions_intact():
-                self.reason = "a region's forward was replaced after the switch"
+                reason = "a region's forward was replaced after the switch"
             else:
-                self.reason = f"a call did not fit: {self.form.why_not(model, args, kwargs)}"
+                reason = f"a call did not fit: {self.form.why_not(model, args, kwargs)}"
+        if self.missed.total == 0:
+            self.reason = reason
+        self.missed.add(reason)
+
+    @property
+    def misses(self) -> int:
+        return self.missed.total
 
     # -- observing and building -----------------------------------------------------------------
 
@@ -298,6 +307,7 @@ class TieredForward:
             loaded_from=self.loaded_from,
             dropped_guards=dict(build.result.get("dropped_guards", {})),
             misses=self.misses,
+            miss_lines=tuple(self.missed.lines(indent="    ")),
             builds=build.builds,
             rebuild_reason=build.rebuild_reason,
             builder_processes=build.processes,

@@ -30,6 +30,8 @@ class TierReport:
     dropped_guards: dict[str, int] = attrs.Factory(dict)
     misses: int = 0
     """Calls after the switch that no whole-model entry fitted (served regionally)."""
+    miss_lines: tuple[str, ...] = ()
+    """``missed N: reason`` per first failing guard (:class:`~torchkiln.engine.miss_log.MissLog`)."""
     builds: int = 0
     """Builders started: 1, or 2 when the calls after the first showed more than it."""
     rebuild_reason: str | None = None
@@ -85,6 +87,7 @@ class TierReport:
         if self.misses:
             calls = "call" if self.misses == 1 else "calls"
             out.append(f"  {self.misses} {calls} missed the whole-model form (served regionally)")
+            out += self.miss_lines
         if self.reason:
             out.append(f"  reason: {self.reason}")
         return out

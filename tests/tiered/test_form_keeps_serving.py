@@ -86,4 +86,5 @@ def test_the_whole_model_form_serves_every_call_it_fits_after_a_miss(tmp_path, b
     assert "size mismatch at index 0. expected 1, actual 3" in str(second["reason"])
     assert "calls regional 1, whole-model 5" in str(second["report"])
     assert "1 call missed the whole-model form" in str(second["report"])
+    assert "missed 1: a call did not fit: inference: tensor" in str(second["report"])
     assert second["forwards_kept"] is True
