@@ -78,3 +78,32 @@ def test_an_adapter_on_lm_head_is_named_with_where_it_runs(tmp_path: Path) -> No
     [note] = torchkiln.report(model).notes
     assert message.startswith(note) and "base_model.model.lm_head (eager)" in note
     assert f"note: {note}" in str(torchkiln.report(model))
+
+
+def test_under_rest_leaves_an_lm_head_adapter_is_named_compiled_in_its_parts(
+    tmp_path: Path,
+) -> None:
+    """Issue 41: under ``regions.rest=leaves`` the warning said ``lm_head (eager)`` although its
+    base layer and adapter weights each ran compiled (the profiler's witness below)."""
+    from profiler_witness import profiled_block_calls
+
+    adapter = save_adapter(tmp_path, 1, ["q_proj", "lm_head"])
+    model = peft.PeftModel.from_pretrained(base(), adapter).eval()
+    with pytest.warns(AdapterPlacementWarning) as caught:
+        torchkiln.compile(
+            model, backend="eager", regions={"rest": "leaves"}, dispatch="dynamo", progress="off"
+        )
+    head = model.base_model.model.lm_head
+    parts = [head.base_layer, head.lora_A["default"], head.lora_B["default"]]
+    ids = example_inputs(base(), batch=1, seq=8)
+    with torch.no_grad():
+        model(ids)  # the first calls compile
+        seen = profiled_block_calls(parts, lambda: model(ids))
+    assert [(s.calls, s.compiled) for s in seen] == [(1, 1)] * 3
+    expected = (
+        "base_model.model.lm_head (its parts compiled as 3 leaf regions: base_layer, "
+        "lora_A.default, lora_B.default; the LoRA forward that joins them runs eagerly)"
+    )
+    assert expected in str(caught[0].message) and "(eager)" not in str(caught[0].message)
+    [note] = torchkiln.report(model).notes
+    assert note.endswith(expected)
