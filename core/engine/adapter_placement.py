@@ -7,7 +7,8 @@ repeated blocks (``lm_head``, the embeddings) is compiled only where the plan ha
 for it, and otherwise runs eagerly: a user serving many adapters should know which. Under
 ``regions.rest=leaves`` the layer itself is no region but its weighted parts are (the base
 layer, each adapter's ``lora_A``/``lora_B``): those run compiled, the LoRA forward that joins
-them runs eagerly, and the warning says exactly that.
+them runs eagerly (and so do weights no region holds, PEFT's ``lora_embedding_A``/``_B``
+parameter dicts), and the warning says exactly that.
 """
 
 from __future__ import annotations
@@ -39,17 +40,22 @@ def _inside(path: str, region: str) -> bool:
     return region == "" or path == region or path.startswith(region + ".")
 
 
-def _where_it_runs(path: str, regions: Sequence[str]) -> str:
-    """How the LoRA layer at ``path`` runs: inside a region, as regions of its parts, or eager."""
+def _where_it_runs(model: nn.Module, path: str, regions: Sequence[str]) -> str:
+    """How the LoRA layer at ``path`` runs: inside a region, in regions of its parts, or eager."""
     if any(_inside(path, r) for r in regions):
         return "compiled in a region of its own"
-    parts = [r.removeprefix(path + ".") for r in regions if r.startswith(path + ".")]
-    if parts:
-        return (
-            f"its parts compiled as {len(parts)} leaf regions: {', '.join(parts)}; the LoRA "
-            "forward that joins them runs eagerly"
-        )
-    return "eager"
+    prefix = path + "."
+    parts = [r.removeprefix(prefix) for r in regions if r.startswith(prefix)]
+    if not parts:
+        return "eager"
+    eager = ["the LoRA forward that joins them"] + [
+        name
+        for name, module in model.get_submodule(path).named_modules()
+        if name
+        and next(module.parameters(recurse=False), None) is not None
+        and not any(_inside(prefix + name, r) for r in regions)
+    ]
+    return f"compiled in leaf regions: {', '.join(parts)}; eager: {', '.join(eager)}"
 
 
 def warn_adapters_outside_blocks(model: nn.Module, plan: RegionPlan) -> list[str]:
@@ -64,7 +70,7 @@ def warn_adapters_outside_blocks(model: nn.Module, plan: RegionPlan) -> list[str
     outside = [p for p in adapter_layers(model) if not any(_inside(p, b) for b in blocks)]
     if not outside:
         return []
-    where = [f"{p} ({_where_it_runs(p, regions)})" for p in outside]
+    where = [f"{p} ({_where_it_runs(model, p, regions)})" for p in outside]
     line = f"LoRA adapter layers outside the repeated blocks: {', '.join(where)}"
     warnings.warn(
         f"{line}. Hot-swapping adapters still compiles nothing new; the parts named eager run "
