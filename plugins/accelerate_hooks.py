@@ -6,7 +6,9 @@ before and after it. Under ``cpu_offload`` every submodule with weights carries 
 ``AlignDevicesHook`` loads the weights in a ``torch.compiler.disable`` function: traced, each
 block would break into a graph per layer. Here a block's own hook (any kind) runs around its
 compiled call exactly as the wrapper runs it, and so do its submodules' ``AlignDevicesHook``
-(weights loaded before the call, offloaded after) when they all run on one device. Any other
+(weights loaded before the call and offloaded after where the hook offloads; resident weights,
+a ``device_map`` onto one device, stay put) when they all run on one device. The report says
+which, per group. Any other
 hook stays in the trace, and the report and a warning name it.
 docs/migrating-from-accelerate.md says what differs from Accelerate.
 """
@@ -42,6 +44,14 @@ class BlockHooks:
     """Submodules whose ``AlignDevicesHook`` runs before and after the call, in module order."""
     kept: tuple[str, ...]
     """Hooks left in the trace, as ``"<kind> on <path>"``."""
+    own_does: str = ""
+    """What the block's own hook does around the call (``AlignDevicesHook: inputs moved to
+    cpu``), for the report."""
+    lifted_offloads: tuple[bool, ...] = ()
+    """Per lifted submodule: whether its hook loads the weights before the call and offloads
+    them after (``offload``); a resident one's weights stay where they are."""
+    device: torch.device | None = None
+    """The one execution device of the lifted hooks (``None``: none names one)."""
 
 
 def _align_hook_class() -> type | None:
@@ -97,7 +107,25 @@ def block_hooks(block: nn.Module, align_hook: type | None, lift: bool) -> BlockH
         own=own,
         lifted=tuple(module for _, module, _ in candidates),
         kept=tuple(f"{type(hook).__name__} on {path}" for path, _, hook in kept),
+        own_does=_own_does(own_hook, align_hook) if own else "",
+        lifted_offloads=tuple(bool(getattr(hook, "offload", False)) for _, _, hook in candidates),
+        device=next(iter(devices), None),
     )
+
+
+def _own_does(hook: Any, align_hook: type | None) -> str:
+    """What a block's own hook does around its call, as its ``pre_forward``/``post_forward`` do
+    it: an ``AlignDevicesHook`` moves the inputs to its execution device, and loads and offloads
+    the weights only when it offloads; another kind is named."""
+    if align_hook is None or type(hook) is not align_hook:
+        return type(hook).__name__
+    device = _device(hook)
+    does = [f"inputs moved to {device}"] if device is not None else []
+    if getattr(hook, "io_same_device", False):
+        does.append("outputs moved back")
+    if getattr(hook, "offload", False):
+        does.append("its weights loaded before the call, offloaded after")
+    return f"AlignDevicesHook: {', '.join(does) or 'nothing moves'}"
 
 
 def run_around(hooks_by_block: dict[int, BlockHooks]) -> Any:
@@ -131,18 +159,40 @@ def run_around(hooks_by_block: dict[int, BlockHooks]) -> Any:
     return wrap
 
 
+def _own_note(found: Sequence[BlockHooks], blocks: int) -> str:
+    """``the block's own hook (2 of 2 blocks, AlignDevicesHook: inputs moved to cpu)``."""
+    owners = [hooks.own_does for hooks in found if hooks.own]
+    if not owners:
+        return ""
+    kinds = dict.fromkeys(owners)
+    if len(kinds) == 1:
+        return f"the block's own hook ({len(owners)} of {blocks} blocks, {owners[0]})"
+    each = "; ".join(f"{owners.count(kind)} blocks, {kind}" for kind in kinds)
+    return f"the block's own hook ({len(owners)} of {blocks} blocks: {each})"
+
+
+def _lifted_note(hooks: BlockHooks) -> str:
+    """What one block's lifted ``AlignDevicesHook`` do: load and offload its weights (those
+    that offload), or move nothing (weights resident on their device)."""
+    count, offloaded = len(hooks.lifted), sum(hooks.lifted_offloads)
+    where = f"on {hooks.device}" if hooks.device is not None else "where they are"
+    if offloaded == count:
+        does = "weights loaded before the call, offloaded after"
+    elif offloaded == 0:
+        does = f"weights stay {where}: nothing loaded or offloaded"
+    else:
+        does = (
+            f"{offloaded} offloaded: weights loaded before the call, offloaded after; "
+            f"{count - offloaded} resident {where}: nothing moves"
+        )
+    return f"AlignDevicesHook of {count} submodules a block ({does})"
+
+
 def _notes(found: Sequence[BlockHooks], blocks: int) -> list[str]:
     """The report's lines for a group: what runs around its calls, what stays in the trace."""
-    around = []
-    owners = sum(hooks.own for hooks in found)
-    if owners:
-        around.append(f"the block's own hook ({owners} of {blocks} blocks)")
-    lifted = max(len(hooks.lifted) for hooks in found)
-    if lifted:
-        around.append(
-            f"AlignDevicesHook of {lifted} submodules a block (weights loaded before the call, "
-            "offloaded after)"
-        )
+    around = [_own_note(found, blocks)]
+    around += dict.fromkeys(_lifted_note(hooks) for hooks in found if hooks.lifted)
+    around = [part for part in around if part]
     notes = [f"Accelerate hooks run around each compiled call: {'; '.join(around)}"] * bool(around)
     kept = sorted({line for hooks in found for line in hooks.kept})
     if kept:

@@ -14,6 +14,18 @@ def has_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
 
 
+def has_own_forward(module: nn.Module) -> bool:
+    """Whether calling ``module`` runs a forward of its class. ``nn.ParameterDict``,
+    ``nn.ParameterList`` and the module containers have none: they are never called, only read
+    by their parent's forward, so a region of one would never run (PEFT's
+    ``lora_embedding_A``/``lora_embedding_B`` are such dicts)."""
+    return type(module).forward is not nn.Module.forward
+
+
+NO_FORWARD = "no forward of its own: never called, its parameters are read by the forward of "
+"""The reason a module with parameters but no forward stays eager (its parent is appended)."""
+
+
 def self_and_ancestors(path: str) -> list[str]:
     """``a.b.c`` -> ``a``, ``a.b``, ``a.b.c``."""
     parts = path.split(".")
@@ -87,6 +99,8 @@ def eager_parts(
             elif has_parameters(child) or any(True for _ in child.children()):
                 if is_excluded(path, config.regions.exclude):
                     parts.append(EagerPart(path, "excluded (regions.exclude)"))
+                elif not has_own_forward(child) and not any(True for _ in child.children()):
+                    parts.append(EagerPart(path, NO_FORWARD + (prefix.rstrip(".") or "<root>")))
                 else:
                     parts.append(EagerPart(path, (_own_shape(child, groups) or unit) + outside))
 

@@ -32,6 +32,7 @@ from torchkiln.plugin import (
 from torchkiln.plugins.block_levels import LevelChoice, by_class, by_path, choose_level
 from torchkiln.plugins.plan_notes import (
     eager_parts,
+    has_own_forward,
     has_parameters,
     poor_plan_note,
     self_and_ancestors,
@@ -121,7 +122,8 @@ def _plan_from(
     modules: list[tuple[str, nn.Module]],
     why: str,
 ) -> RegionPlan:
-    groups = group_by_structure(drop_excluded(modules, config.regions.exclude), why)
+    callable_modules = [(path, module) for path, module in modules if has_own_forward(module)]
+    groups = group_by_structure(drop_excluded(callable_modules, config.regions.exclude), why)
     reason = (
         f"{selector}: {why}: {sum(len(g.regions) for g in groups)} regions"
         if groups
@@ -152,7 +154,8 @@ def _finish(
 def _leaf_groups(
     model: nn.Module, groups: list[RegionGroup], config: CompileConfig
 ) -> list[RegionGroup]:
-    """``regions.rest=leaves``: each parameterised leaf outside the blocks, grouped by class."""
+    """``regions.rest=leaves``: each parameterised leaf outside the blocks that has a forward
+    (a parameter dict is read by its parent's forward, never called), grouped by class."""
     taken = {r.path for g in groups for r in g.regions}
     leaves = [
         (path, module)
@@ -160,6 +163,7 @@ def _leaf_groups(
         if path
         and not any(True for _ in module.children())
         and has_parameters(module)
+        and has_own_forward(module)
         and not any(prefix in taken for prefix in self_and_ancestors(path))
     ]
     found = group_by_structure(

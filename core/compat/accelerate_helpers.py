@@ -210,7 +210,9 @@ def _compile_in_place(
     options = torchkiln_options(compile_kwargs)
     if torchkiln.is_compiled(target):
         if _COMPILED_WITH.get(target) != options:
-            double_compile.report(f"{name}(backend={options['backend']!r})", stacklevel=3)
+            double_compile.report(
+                f"{name}(backend={options['backend']!r})", stacklevel=3, left_as_is=True
+            )
         return False, state_of(target)
     torchkiln.compile(target, **options)
     _COMPILED_WITH[target] = options

@@ -4,13 +4,17 @@ PEFT's hot-swap (``hotswap_adapter`` after ``prepare_model_for_compiled_hotswap`
 adapter's weights into the tensors the compiled code already reads, so a regionally compiled
 model serves another adapter without compiling again. An adapter on a module outside the
 repeated blocks (``lm_head``, the embeddings) is compiled only where the plan has a region
-for it, and otherwise runs eagerly: a user serving many adapters should know which.
+for it, and otherwise runs eagerly: a user serving many adapters should know which. Under
+``regions.rest=leaves`` the layer itself is no region but its weighted parts are (the base
+layer, each adapter's ``lora_A``/``lora_B``): those run compiled, the LoRA forward that joins
+them runs eagerly (and so do weights no region holds, PEFT's ``lora_embedding_A``/``_B``
+parameter dicts), and the warning says exactly that.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from torch import nn
 
@@ -36,9 +40,28 @@ def _inside(path: str, region: str) -> bool:
     return region == "" or path == region or path.startswith(region + ".")
 
 
+def _where_it_runs(model: nn.Module, path: str, regions: Sequence[str]) -> str:
+    """How the LoRA layer at ``path`` runs: inside a region, in regions of its parts, or eager."""
+    if any(_inside(path, r) for r in regions):
+        return "compiled in a region of its own"
+    prefix = path + "."
+    parts = [r.removeprefix(prefix) for r in regions if r.startswith(prefix)]
+    if not parts:
+        return "eager"
+    eager = ["the LoRA forward that joins them"] + [
+        name
+        for name, module in model.get_submodule(path).named_modules()
+        if name
+        and next(module.parameters(recurse=False), None) is not None
+        and not any(_inside(prefix + name, r) for r in regions)
+    ]
+    return f"compiled in leaf regions: {', '.join(parts)}; eager: {', '.join(eager)}"
+
+
 def warn_adapters_outside_blocks(model: nn.Module, plan: RegionPlan) -> list[str]:
     """Warn (:class:`AdapterPlacementWarning`) about LoRA layers outside every repeated block,
-    each with where it runs: in a region of its own (compiled) or eagerly. Returns the line
+    each with where it runs: in a region of its own (compiled), as leaf regions of its parts
+    (``regions.rest=leaves``), or eagerly. Returns the line
     the report keeps (none: every adapter layer is inside a block)."""
     blocks = [r.path for g in plan.groups if len(g.regions) > 1 for r in g.regions]
     if not blocks:  # compiled whole, or nothing repeated: no block to be outside of
@@ -47,13 +70,10 @@ def warn_adapters_outside_blocks(model: nn.Module, plan: RegionPlan) -> list[str
     outside = [p for p in adapter_layers(model) if not any(_inside(p, b) for b in blocks)]
     if not outside:
         return []
-    where = [
-        f"{p} ({'compiled in a region of its own' if any(_inside(p, r) for r in regions) else 'eager'})"
-        for p in outside
-    ]
+    where = [f"{p} ({_where_it_runs(model, p, regions)})" for p in outside]
     line = f"LoRA adapter layers outside the repeated blocks: {', '.join(where)}"
     warnings.warn(
-        f"{line}. Hot-swapping adapters still compiles nothing new; the eager ones run "
+        f"{line}. Hot-swapping adapters still compiles nothing new; the parts named eager run "
         "uncompiled (docs/migrating-from-accelerate.md#lora-adapters).",
         AdapterPlacementWarning,
         stacklevel=4,

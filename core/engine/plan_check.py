@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from torchkiln.engine.resolve import ResolvedConfig
-from torchkiln.engine.structure import forward_code_problems
+from torchkiln.engine.structure import forward_code_problems, uncallable_regions
 from torchkiln.errors import PluginError
 from torchkiln.plugin_host.plugin_faults import bad_result, call_hook
 from torchkiln.plugin_host.plugin_manager import PluginManager
@@ -114,9 +114,11 @@ def _group_problems(groups: Any, model: nn.Module, kind: str) -> Iterable[str]:
         )
         if not regions:
             yield f"{kind} {group.name!r} has no regions"
-        elif kind == "group" and len(regions) == len(group.regions):
-            # The regions of a group share one compiled function: one forward for all of them.
-            yield from forward_code_problems(group)
+        elif len(regions) == len(group.regions):
+            yield from uncallable_regions(group)
+            if kind == "group":
+                # The regions of a group share one compiled function: one forward for all.
+                yield from forward_code_problems(group)
         for region in regions:
             where = region.path or "<root>"
             if region.group != group.name:

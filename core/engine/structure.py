@@ -329,9 +329,22 @@ def forward_code_problems(group: RegionGroup) -> list[str]:
     ]
 
 
+def uncallable_regions(group: RegionGroup) -> list[str]:
+    """Regions of ``group`` whose class has no ``forward`` (``nn.ParameterDict``, a
+    ``ModuleList``), one line each: nothing ever calls them, so they would never compile nor
+    run, and the report would say ``pending`` for ever."""
+    return [
+        f"{region.display_path!r} ({_qualname(type(region.module))}) has no forward of its own: "
+        "nothing calls it, so as a region it would never compile nor run"
+        for region in group.regions
+        if type(region.module).forward is nn.Module.forward
+    ]
+
+
 def check_group(group: RegionGroup, *, plugin: str = "") -> None:
     """Refuse a group whose regions do not all run one ``forward`` function
-    (:func:`forward_code_problems`), has no regions, or whose regions name another group.
+    (:func:`forward_code_problems`), has no regions, holds a module with no ``forward``
+    (:func:`uncallable_regions`), or whose regions name another group.
 
     :param plugin: the plugin that made the group, named in the error.
     :raises PluginError: naming the plugin, the group and the two regions that differ.
@@ -345,6 +358,9 @@ def check_group(group: RegionGroup, *, plugin: str = "") -> None:
                 f"{who}: region {region.display_path!r} is in group {group.name!r} but says "
                 f"group {region.group!r}; Region.group must name the group that holds it"
             )
+    uncallable = uncallable_regions(group)
+    if uncallable:
+        raise PluginError(f"{who} selected a region that is never called: {uncallable[0]}")
     problems = forward_code_problems(group)
     if problems:
         raise PluginError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,8 @@ class PrecompiledDirectory(CodeSource):
         self.config = config
         self.plugins = plugins
         self.loaded: dict[str, Loaded] = {}
+        self.load_seconds: dict[str, float] = {}
+        """Group -> seconds its entries took to load (at compile time, before any call)."""
         self._entries: list[Entry] | None = None
 
     def _reject(self, what: str, reason: str) -> None:
@@ -109,6 +112,7 @@ class PrecompiledDirectory(CodeSource):
         )
         reason = None if fitting else _why_none(fields, [meta for _, meta in entries])
         if reason is None:
+            started = time.perf_counter()
             try:
                 loaded = self._load(group.name, fitting, shared)
             except ArtifactError as error:  # refused by the integrity check: nothing was loaded
@@ -117,6 +121,7 @@ class PrecompiledDirectory(CodeSource):
                 reason = f"loading failed: {type(error).__name__}: {error}"[:500]
             else:
                 self.loaded[group.name] = loaded
+                self.load_seconds[group.name] = time.perf_counter() - started
                 kinds = [kind for kind, _ in loaded.functions]
                 logger.info(
                     "torchkiln: group %r loaded from %s (%d precompiled functions: %s)",

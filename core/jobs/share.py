@@ -28,6 +28,8 @@ import attrs
 from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.artifacts.directory import ArtifactError, error_reason, read_meta
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.compile_state import region_state_of
+from torchkiln.engine.dynamo_records import HeldRecords, all_records
 from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode, Loaded
 from torchkiln.jobs.entry import build_entry, load_entry, pack_entry, unpack_entry
 from torchkiln.jobs.exchange import JobExchange
@@ -60,6 +62,12 @@ class GroupShare:
     key: str = ""
     compile_seconds: float = 0.0
     """Spent compiling the entry on this rank (0 unless ``compiled``)."""
+    recorded_compile_seconds: float = 0.0
+    """The part of :attr:`compile_seconds` that Dynamo's own frame records hold (its metrics
+    for ``aot_compile`` carry no frame time on some torch releases): the report adds only the
+    rest, so nothing is counted twice."""
+    region: str = ""
+    """The region whose call was the group's first: it compiled or loaded the entry."""
     wait_seconds: float = 0.0
     """Spent in the gather and the broadcasts (waiting for the source, transfer included)."""
     load_seconds: float = 0.0
@@ -190,6 +198,9 @@ class JobShare(CodeSource):
 
     def load(self, call: GroupCall) -> Loaded | None:
         self.codes[call.group.name] = call.code
+        region_state = region_state_of(call.module)
+        if region_state is not None:
+            self.groups[call.group.name].region = region_state.region.path
         return _GroupSharing(self, self.groups[call.group.name], call).share()
 
 
@@ -283,6 +294,7 @@ class _GroupSharing:
     def _build(self, fields: dict[str, Any]) -> tuple[Path | None, str | None]:
         record, call = self.record, self.call
         staging = self._staging(record.key)
+        recorded_before = HeldRecords.now()
         try:
             record.compile_seconds = build_entry(
                 staging,
@@ -295,6 +307,7 @@ class _GroupSharing:
             )
         except Exception as error:  # sent to the others; every rank then compiles normally
             return None, error_reason(error)
+        record.recorded_compile_seconds = sum(r.seconds for r in all_records(recorded_before))
         record.role, record.source = "compiled", self.job.exchange.rank
         return self._keep(staging), None
 

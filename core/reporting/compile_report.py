@@ -70,7 +70,9 @@ class RegionReport:
     graphs: int
     """Graphs Dynamo compiled during this region's first call (0 when it reused its group's)."""
     compile_seconds: float
-    """Dynamo's own compile time for those graphs."""
+    """What this run spent compiling for this region: Dynamo's own compile time for its graphs,
+    plus, for the region whose first call compiled its group's shared entry (``job``/``store``),
+    that compile's time where Dynamo's records miss it (its ``aot_compile``)."""
     first_call_seconds: float | None
     graph_breaks: dict[str, int]
     recompiles: int
@@ -90,6 +92,12 @@ class RegionReport:
     eager_calls: int = 0
     """Calls whose region code ran eagerly, not compiled (first call included): counted by the
     region's own code when it runs without Dynamo's compiled code, never re-derived."""
+    loaded_from: str | None = None
+    """Where its group's code was loaded from instead of compiled in this run (``store``,
+    ``rank 0``, ``artifacts DIR``), on the region whose first call loaded it; else ``None``."""
+    load_seconds: float | None = None
+    """What loading its group's code took on that region (also after compiling a shared entry,
+    which every rank loads); ``None`` where nothing was loaded."""
 
     @property
     def graph_break_count(self) -> int:
@@ -158,10 +166,15 @@ class CompileReport:
     def total_compile_seconds(self) -> float:
         return sum(r.compile_seconds for r in self.regions)
 
+    @property
+    def total_load_seconds(self) -> float:
+        return sum(r.load_seconds or 0.0 for r in self.regions)
+
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=True, filter=lambda a, _: a.name != "causes") | {
             "total_graphs": self.total_graphs,
             "total_compile_seconds": self.total_compile_seconds,
+            "total_load_seconds": self.total_load_seconds,
         }
 
     def __str__(self) -> str:
@@ -189,8 +202,66 @@ class _Later:
     eagerly (every call found a cached graph)."""
 
 
+@attrs.frozen
+class _GroupSource:
+    """How a group served by a source's code got it, beyond what Dynamo's records say."""
+
+    region: str
+    """The region whose first call compiled or loaded the group's code."""
+    compiled_seconds: float = 0.0
+    """Compile time Dynamo's frame records do not hold (a shared entry's ``aot_compile``)."""
+    loaded_from: str | None = None
+    """Where the code came from when this run did not compile it."""
+    load_seconds: float | None = None
+
+
+def _group_sources(state: CompileState) -> dict[str, _GroupSource]:
+    """Group -> how its code came to this run, for each group a source served."""
+    shares = getattr(state.job, "groups", None)
+    found: dict[str, _GroupSource] = {}
+    for group, code in state.group_codes.items():
+        if code.loaded is None:  # not called yet, or the backend compiled it
+            continue
+        share = shares.get(group) if isinstance(shares, dict) else None
+        if share is not None and share.role != "local":
+            found[group] = _from_job(share, code.loaded.source, _first_region(state, group))
+        else:
+            found[group] = _from_source(code, _first_region(state, group))
+    return found
+
+
+def _first_region(state: CompileState, group: str) -> str:
+    return next((s.region.path for s in state.regions if s.region.group == group), "")
+
+
+def _from_job(share: Any, source: str, first_region: str) -> _GroupSource:
+    region = share.region or first_region
+    if share.role == "compiled":  # compiled here, then loaded like every other rank does
+        unrecorded = max(share.compile_seconds - share.recorded_compile_seconds, 0.0)
+        return _GroupSource(region, unrecorded, None, share.load_seconds)
+    return _GroupSource(region, 0.0, source, share.load_seconds)
+
+
+def _from_source(code: Any, first_region: str) -> _GroupSource:
+    """A source that loaded before any call (``artifacts=``): its own load time, if it kept one."""
+    source = code.loaded.source
+    seconds = next(
+        (
+            s.load_seconds.get(code.group.name)
+            for s in code.sources
+            if getattr(s, "name", None) == source
+            and isinstance(getattr(s, "load_seconds", None), dict)
+        ),
+        None,
+    )
+    return _GroupSource(first_region, 0.0, source, seconds)
+
+
 def _region_report(
-    state: RegionState, later: _Later, causes: Sequence[ReportCause]
+    state: RegionState,
+    later: _Later,
+    causes: Sequence[ReportCause],
+    source: _GroupSource | None = None,
 ) -> RegionReport:
     records: list[CompileRecord] = state.records
     reasons = tuple(r.recompile_reason for r in records if r.recompile_reason)
@@ -200,24 +271,29 @@ def _region_report(
         status, fallback = "eager", _eager_reason(state, later)
     later_breaks = _breaks(later.records)
     lines = _reasons(state, later, later_breaks, status, fallback, causes)
+    if source is not None and source.region != state.region.path:
+        source = None  # another region of the group compiled or loaded its code
+    compiled_seconds = source.compiled_seconds if source is not None else 0.0
     return RegionReport(
         path=state.region.path,
         group=state.region.group,
         status=status,
         graphs=state.graphs,
-        compile_seconds=round(sum(r.seconds for r in records), 6),
+        compile_seconds=round(sum(r.seconds for r in records) + compiled_seconds, 6),
         first_call_seconds=state.first_call_seconds,
         graph_breaks=dict(state.graph_breaks),
         recompiles=len(reasons),
         recompile_reasons=tuple(one_line(r) for r in reasons),
         cache_hits=sum(r.cache_hits for r in records),
-        reused=status == "compiled" and not records,
+        reused=status == "compiled" and not records and source is None,
         fallback_reason=fallback,
         recompile_limit_hit=later.limit_hit is not None,
         later_graphs=sum(1 for r in later.records if not r.fail_reason),
         later_graph_breaks=later_breaks,
         reasons=lines,
         eager_calls=state.eager_calls,
+        loaded_from=source.loaded_from if source is not None else None,
+        load_seconds=source.load_seconds if source is not None else None,
     )
 
 
@@ -444,11 +520,15 @@ def build_report(
     all_causes = (*causes, *BUILTIN_CAUSES)
     by_group = _later_records(state)
     later = _attribute_later(state, by_group)
+    sources = _group_sources(state)
     return CompileReport(
         backend=state.config.backend,
         selector=state.plan.selector,
         reason=state.plan.reason,
-        regions=tuple(_region_report(s, later[id(s)], all_causes) for s in state.regions),
+        regions=tuple(
+            _region_report(s, later[id(s)], all_causes, sources.get(s.region.group))
+            for s in state.regions
+        ),
         eager=tuple((e.path, e.reason) for e in state.plan.eager),
         later_recompiles={
             group: tuple(one_line(r.recompile_reason or r.fail_reason) or "compiled" for r in rs)

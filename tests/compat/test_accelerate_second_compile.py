@@ -1,7 +1,8 @@
 """A second ``compile_regions`` on a model torchkiln compiled (Accelerate users prepare twice,
 or wrap the model in ``DataParallel`` after compiling it) does the same on the import path and
 under ``install()``: with the options it was compiled with, the model comes back as it is,
-silently; otherwise as a double compile, with one message on both paths."""
+silently; otherwise as a double compile, with one message on both paths, whose advice fits
+whether ``install()`` is in effect."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from torch import nn
 
 import torchkiln
 from torchkiln.compat import accelerate as kiln
-from torchkiln.engine.double_compile import DoubleCompileError, DoubleCompileWarning
+from torchkiln.engine.double_compile import (
+    FIX_LEFT,
+    FIX_LEFT_INSTALLED,
+    DoubleCompileError,
+    DoubleCompileWarning,
+)
 
 accelerate_utils = pytest.importorskip("accelerate.utils")
 
@@ -59,6 +65,9 @@ def second_compile_message(path: str, first: Callable[[nn.Module], nn.Module]) -
     return str(warning.message)
 
 
+ADVICE_TAIL = " Set TORCHKILN_ON_DOUBLE_COMPILE=raise to make this an error, or =off to allow it."
+
+
 @pytest.mark.parametrize(
     "first",
     [
@@ -68,12 +77,18 @@ def second_compile_message(path: str, first: Callable[[nn.Module], nn.Module]) -
     ids=["other-options", "torchkiln.compile"],
 )
 def test_other_options_are_one_double_compile_message_on_both_paths(first: Any) -> None:
+    """One report on both paths; its advice fits each (issue 41: under install() it told the
+    user to call install())."""
     messages = {path: second_compile_message(path, first) for path in PATHS}
-    assert messages["import"] == messages["installed"]
-    assert messages["import"].startswith(
-        "compile_regions(backend='aot_eager') is compiling a model torchkiln already compiled"
+    said = (
+        "compile_regions(backend='aot_eager') was asked to compile a model torchkiln already "
+        "compiled, with other options (a double compile; the model is left as it is). "
     )
-    assert "torchkiln.decompile(model) first" in messages["import"]
+    assert messages["import"].startswith(said) and messages["installed"].startswith(said)
+    assert messages["import"] == said + FIX_LEFT + ADVICE_TAIL
+    assert messages["installed"] == said + FIX_LEFT_INSTALLED + ADVICE_TAIL
+    assert "call torchkiln.compat.accelerate.install()" not in messages["installed"]
+    assert all("torchkiln.decompile(model) first" in m for m in messages.values())
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -110,3 +110,27 @@ def test_bad_policy_names_the_variable_and_the_choices(monkeypatch: pytest.Monke
     assert "$TORCHKILN_ON_DOUBLE_COMPILE (from env:TORCHKILN_ON_DOUBLE_COMPILE): 'error'" in str(
         raised.value
     )
+
+
+def test_the_advice_follows_whether_install_is_in_effect() -> None:
+    """Issue 41: the warning told the user to call ``torchkiln.compat.accelerate.install()``
+    even while it was in effect. The state is read from ``is_installed()`` as the user sees it."""
+    pytest.importorskip("accelerate")
+    from torchkiln.compat import accelerate as kiln
+
+    def message() -> str:
+        torch.compiler.reset()  # the check runs while Dynamo traces: trace afresh each time
+        model = torchkiln.compile(llama_model(), backend="eager")
+        model(token_ids())
+        with pytest.warns(DoubleCompileWarning) as caught:
+            torch.compile(model, backend="eager")(token_ids())
+        return next(str(w.message) for w in caught if w.category is DoubleCompileWarning)
+
+    assert not kiln.is_installed()
+    assert "or call torchkiln.compat.accelerate.install() so that" in message()
+    with kiln.install():
+        assert kiln.is_installed()
+        installed = message()
+    assert "torchkiln.compat.accelerate.install() is in effect" in installed
+    assert "call torchkiln.compat.accelerate.install()" not in installed
+    assert "TorchDynamoPlugin(use_regional_compilation=True)" in installed

@@ -127,6 +127,17 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
             }
             for g in (job_report.groups if job_report is not None else ())
         ],
+        "regions": [
+            {
+                "path": r.path,
+                "graphs": r.graphs,
+                "compile_seconds": r.compile_seconds,
+                "loaded_from": r.loaded_from,
+                "load_seconds": r.load_seconds,
+            }
+            for r in report.regions
+        ],
+        "load_seconds": [g.load_seconds for g in (job_report.groups if job_report else ())],
     }
 
 

@@ -54,6 +54,17 @@ def test_one_rank_compiles_and_the_other_loads_with_equal_losses(tmp_path: Path)
     assert shared[1]["groups"][0]["bytes"] == shared[0]["groups"][0]["bytes"] > 0
     # Dynamo compiled the group on rank 0 only; without sharing, on both
     assert shared[0]["dynamo_graphs"] >= 1 and shared[1]["dynamo_graphs"] == 0
+    # The report's regions say the same (issue 41): rank 0 compiled it (its compile seconds are
+    # the job's), rank 1 loaded what rank 0 sent, in the job's load time, compiling nothing.
+    compiled, received = (r["regions"][0] for r in shared)
+    assert compiled["compile_seconds"] >= shared[0]["groups"][0]["compile_seconds"] - 1e-6 > 0
+    assert compiled["loaded_from"] is None
+    assert (received["loaded_from"], received["compile_seconds"], received["graphs"]) == (
+        "rank 0",
+        0.0,
+        0,
+    )
+    assert received["load_seconds"] == shared[1]["load_seconds"][0] > 0
     assert all(r["dynamo_graphs"] >= 1 for r in alone)
     assert [r["sharing"] for r in alone] == [False, False]
     assert "job.share is off" in alone[0]["job_lines"][0]
@@ -72,6 +83,11 @@ def test_a_restarted_job_loads_every_group_from_the_store_and_compiles_nothing(
     assert roles(warm) == [["store"], ["store"]]
     assert [r["dynamo_graphs"] for r in warm] == [0, 0]
     assert [g["compile_seconds"] for r in warm for g in r["groups"]] == [0.0, 0.0]
+    # and the report's table says loaded from the store, not "compile s 0.00" (issue 41)
+    assert [(r["regions"][0]["loaded_from"], r["regions"][0]["compile_seconds"]) for r in warm] == [
+        ("store", 0.0),
+        ("store", 0.0),
+    ]
     entries = list((tmp_path / "store" / "entries").iterdir())
     assert len(entries) == 1 and not entries[0].name.startswith(".")  # one entry, published
     # the compile's CPU time is gone from the restarted job's first step

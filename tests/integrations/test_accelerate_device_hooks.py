@@ -95,9 +95,37 @@ def test_a_device_map_with_a_block_on_disk(tmp_path: Path) -> None:
     assert [r.path for r in report.regions] == ["model.layers.0", "model.layers.1"]
     assert counting.compiled == report.total_graphs == 1 and len(counting.runs) == 2
     assert any(path == "model.layers.2" for path, _ in report.eager)
-    assert report.notes[0].startswith(
+    # Issue 41: the two blocks on the CPU are resident; the note said their weights were
+    # "loaded before the call, offloaded after".
+    assert report.notes[0] == (
         "LlamaDecoderLayer: Accelerate hooks run around each compiled call: the block's own "
-        "hook (2 of 2 blocks); AlignDevicesHook of "
+        "hook (2 of 2 blocks, AlignDevicesHook: inputs moved to cpu); AlignDevicesHook of 11 "
+        "submodules a block (weights stay on cpu: nothing loaded or offloaded)"
+    )
+
+
+def test_a_device_map_onto_one_device_says_its_weights_stay() -> None:
+    """Issue 41: blocks a ``device_map`` keeps resident were said to have their weights
+    "loaded before the call, offloaded after". The witness: every weight of the blocks is the
+    same tensor storage, on the CPU, before and after the call."""
+    model = small_llama()
+    ids = example_inputs(model, batch=1, seq=8)
+    expected = eager_logits(model, ids)
+    device_map = {name: "cpu" for name in ("model.embed_tokens", "model.layers.0",
+                  "model.layers.1", "model.layers.2", "model.norm", "model.rotary_emb",
+                  "lm_head")}  # fmt: skip
+    big_modeling.dispatch_model(model, device_map=device_map, force_hooks=True)
+    weights = list(model.model.layers.parameters())
+    before = [(w.device.type, w.data_ptr()) for w in weights]
+    torchkiln.compile(model, backend="eager", progress="off")
+    with torch.no_grad():
+        got = model(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert [(w.device.type, w.data_ptr()) for w in weights] == before  # never moved
+    assert torchkiln.report(model).notes == (
+        "LlamaDecoderLayer: Accelerate hooks run around each compiled call: the block's own "
+        "hook (3 of 3 blocks, AlignDevicesHook: inputs moved to cpu); AlignDevicesHook of 11 "
+        "submodules a block (weights stay on cpu: nothing loaded or offloaded)",
     )
 
 
@@ -153,7 +181,7 @@ def test_the_whole_model_offloaded_keeps_its_layers_hooks_in_the_trace() -> None
     report = torchkiln.report(model)
     assert report.notes[0] == (
         "LlamaForCausalLM: Accelerate hooks run around each compiled call: the block's own "
-        "hook (1 of 1 blocks)"
+        "hook (1 of 1 blocks, AlignDevicesHook: outputs moved back)"
     )
     assert report.notes[1].startswith(
         "LlamaForCausalLM: Accelerate hooks traced with the block: AlignDevicesHook on lm_head"

@@ -166,3 +166,38 @@ def test_forward_code_problems_lists_each_odd_member() -> None:
         f"({__name__}.Doubling) and 'blocks.1' ({__name__}.Negating)"
     ]
     assert forward_code_problems(RegionGroup("g", (regions[0], regions[2]))) == []
+
+
+class Scaled(nn.Module):
+    """A parameter dict read by the forward that holds it: the dict itself is never called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.scales = nn.ParameterDict({"a": nn.Parameter(torch.ones(4))})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scales["a"]
+
+
+def test_a_region_that_is_never_called_is_refused() -> None:
+    """A region with no forward (``nn.ParameterDict``) would stay ``pending`` for ever."""
+    model = Scaled()
+    group = RegionGroup("g", (Region("scales", model.scales, "g"),))
+    problem = (
+        "'scales' (torch.nn.modules.container.ParameterDict) has no forward of its own: nothing "
+        "calls it, so as a region it would never compile nor run"
+    )
+    with pytest.raises(PluginError, match=re.escape(problem)):
+        check_plan(RegionPlan("mine", (group,)), model, plugin="p")
+    with pytest.raises(PluginError, match=re.escape(f"never called: {problem}")):
+        check_group(group, plugin="p")
+
+
+def test_the_classes_selector_leaves_a_parameter_dict_eager_with_why() -> None:
+    found = torchkiln.plan(
+        Scaled(), backend="eager", regions={"strategy": "classes", "classes": ["ParameterDict"]}
+    )
+    assert found.groups == ()
+    assert ("scales", "no forward of its own: never called, its parameters are read by the "
+            "forward of <root>") in [(e.path, e.reason) for e in found.eager]  # fmt: skip
