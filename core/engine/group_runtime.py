@@ -207,6 +207,10 @@ class GroupCode:
                 return
         self.state = "compiled"
 
+    def covered_calls(self) -> list[str]:
+        """The call family each loaded function's saved guards admit (none before loading)."""
+        return self._table.covered_calls() if self._table is not None else []
+
     @property
     def misses(self) -> int:
         return self.missed.total

@@ -137,10 +137,9 @@ def call_families(state: CompileState) -> tuple[str, ...]:
         if families:
             lines.append(f"{group} (compiled): {' | '.join(families)}")
         group_code = state.group_codes.get(group)
-        table = getattr(group_code, "_table", None)
-        if table is not None:
-            source = group_code.loaded.source if group_code.loaded is not None else "loaded"
-            lines.append(f"{group} (from {source}): {' | '.join(table.covered_calls())}")
+        if group_code is not None and group_code.loaded is not None:
+            loaded = " | ".join(group_code.covered_calls())
+            lines.append(f"{group} (from {group_code.loaded.source}): {loaded}")
     form = getattr(state.tiered, "form", None)
     if form is not None:
         lines.append(f"whole model: {' | '.join(form.covered_calls())}")

@@ -333,10 +333,10 @@ class _GroupSharing:
         started = time.perf_counter()
         stored = job.stored_entries(self.call)
         try:
-            functions, closure = next(
-                ((e.functions, e.closure) for e in stored if e.directory == directory), (None, None)
-            )
-            if functions is None:
+            match = next((entry for entry in stored if entry.directory == directory), None)
+            if match is not None:
+                functions, closure = match.functions, match.closure
+            else:
                 functions, closure = load_entry(directory, self.call.shared, job.config.cache_dir)
         except Exception as error:
             record.reason = (
