@@ -13,8 +13,7 @@ who returned what. With one implementation per call, the call is made with plugg
 the hook's docstring gives (not a list).
 
 pluggy has no public call with a chosen list of implementations; :func:`call_implementation`
-uses ``PluginManager._hookexec``, the one entry every pluggy hook call goes through (stable
-since pluggy 1.0, checked by ``tests/plugin_host/test_hook_wrappers.py``).
+uses pluggy's own hook execution through the adapter (``torchkiln._internals.pluggy_calls``).
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ from typing import Any
 
 import pluggy
 from pluggy import HookImpl
+
+from torchkiln._internals.pluggy_calls import execute_hook
 
 PLAIN_OPTIONS: pluggy.HookimplOpts = {
     "wrapper": False,
@@ -66,7 +67,7 @@ def call_implementation(
     wrappers = [i for i in getattr(pm.hook, hook_name).get_hookimpls() if is_wrapper(i)]
     # pluggy's order: plain implementations first, then wrappers; the last is called first.
     # firstresult: with one implementation, a wrapper gets its result itself, not a list of one.
-    return pm._hookexec(hook_name, [impl, *wrappers], kwargs, True)
+    return execute_hook(pm, hook_name, [impl, *wrappers], kwargs, firstresult=True)
 
 
 ADDED_CODES: set[CodeType] = set()
