@@ -22,6 +22,7 @@ import copy
 import functools
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -79,7 +80,13 @@ class RegionRuntime:
     with the module, so a copy runs its own weights and fills its own report); the code is
     shared with the region's group."""
 
-    def __init__(self, region_state: RegionState, code: RegionFunction, first_call: FirstCall):
+    def __init__(
+        self,
+        region_state: RegionState,
+        code: RegionFunction,
+        first_call: FirstCall,
+        check: Callable[[Any], None] | None = None,
+    ):
         self.region_state = region_state
         self.code = code
         """The group's code, ``fn(module, *args, **kwargs)``."""
@@ -87,10 +94,18 @@ class RegionRuntime:
         self.run: RegionFunction | None = None
         """What serves the region's calls once a first call finished (``code`` or
         :func:`eager_forward`); ``None`` while the next call is a first call."""
+        self.check = check
+        """The group function's double-compile check, where plugins' ``wrap_call`` wrappers
+        run in front of it (``region_compiler._wrap_call``); ``None``: none needed."""
+        self.comptime = first_call.comptime
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         run = self.run
         if run is not None:
+            if self.check is not None:
+                # Does nothing unless another compile traces this call: then it is traced
+                # before any wrapper that might break that compile's graph.
+                self.comptime(self.check)
             return run(self.region_state.module, *args, **kwargs)
         return self.first_call(self, args, kwargs)
 
