@@ -48,6 +48,7 @@ from torchkiln.plugins.layer_cache_views import (
     overridden,
     resolve,
     view_class,
+    with_subclasses,
 )
 
 compiler_config = torch.compiler.config
@@ -171,7 +172,7 @@ class BlockAdapter:
         if not overridden(type(cache), resolved):
             self.splits[type(cache)] = (
                 resolved.spec.layers,
-                self._view_class(cache, resolved, False),
+                self._view_class(type(cache), resolved, False),
             )
         return view
 
@@ -226,15 +227,33 @@ class BlockAdapter:
     def _view(self, index: LayerIndex, cache: Any, outside: bool) -> LayerView:
         resolved = self._spec_for(cache)
         assert resolved is not None  # checked by the caller
-        view = self._view_class(cache, resolved, outside)
+        view = self._view_class(type(cache), resolved, outside)
         return view(cache, getattr(cache, resolved.spec.layers)[index.value], index)
 
-    def _view_class(self, cache: Any, resolved: ResolvedSpec, outside: bool) -> type:
-        view = self.view_classes.get((type(cache), outside))
+    def _view_class(self, cache_class: type, resolved: ResolvedSpec, outside: bool) -> type:
+        view = self.view_classes.get((cache_class, outside))
         if view is None:
-            view = view_class(type(cache), resolved, outside)  # type: ignore[arg-type]
-            self.view_classes[(type(cache), outside)] = view
+            view = view_class(cache_class, resolved, outside)  # type: ignore[arg-type]
+            self.view_classes[(cache_class, outside)] = view
         return view
+
+    def split_defined_classes(self) -> None:
+        """Fill :attr:`splits` for every cache class defined now (each declaration's class and
+        its subclasses), at compile time, so that a block's first call finds its cache's class
+        decided too; a class defined later is decided at its first call (:meth:`_decided_view`).
+        A class goes to the first declaration it is a subclass of, as :meth:`_spec_for` does."""
+        seen: set[type] = set()
+        for resolved in self.specs:
+            for cache_class in with_subclasses(resolved.cache_type):
+                if cache_class in seen:
+                    continue
+                seen.add(cache_class)
+                encoder_decoder = self.encoder_decoder_class
+                if encoder_decoder is not None and issubclass(cache_class, encoder_decoder):
+                    continue
+                if not overridden(cache_class, resolved):
+                    view = self._view_class(cache_class, resolved, False)
+                    self.splits[cache_class] = (resolved.spec.layers, view)
 
     def _note(self, key: str, reason: str, consequence: str = RUN_OUTSIDE) -> None:
         if key in self.notes:
@@ -337,6 +356,7 @@ def block_adapter(
         if encoder_decoder is not None:
             adapter.encoder_decoder_class = encoder_decoder
             adapter.encoder_decoder_view = encoder_decoder_view_class(encoder_decoder)
+    adapter.split_defined_classes()
     return adapter
 
 
