@@ -101,9 +101,10 @@ class RegionRuntime:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         run = self.run
         if run is not None:
-            if self.check is not None:
+            if self.check is not None and run is self.code:
                 # Does nothing unless another compile traces this call: then it is traced
-                # before any wrapper that might break that compile's graph.
+                # before any wrapper that might break that compile's graph (a region run
+                # eagerly after a failed compile has no group code to check, as before).
                 self.comptime(self.check)
             return run(self.region_state.module, *args, **kwargs)
         return self.first_call(self, args, kwargs)
