@@ -155,9 +155,8 @@ class FirstCall:
         module, state, region = region_state.module, region_state.owner, region_state.region
         if self.progress is not None:
             self.progress.start(region, region_state.group_index, self.group_count)
-        window = (
-            Window.open()
-        )  # and the compile observer again, if torch._dynamo.reset() dropped it
+        # Opening it installs the compile observer again (torch._dynamo.reset() drops it).
+        window = Window.open()
         eager_before = (region_state.eager_calls, region_state.first_eager)
         started = time.perf_counter()
         runtime.run = runtime.code  # recursion and re-entry see the final state
