@@ -324,7 +324,7 @@ def __getattr__(name: str) -> type:
     if stem.endswith("Outside"):
         outside_by_class[stem.removesuffix("Outside")] = True
     for resolved in list(_RESOLVED) if name.endswith("LayerView") else ():
-        for cache_class in _with_subclasses(resolved.cache_type):
+        for cache_class in with_subclasses(resolved.cache_type):
             outside = outside_by_class.get(cache_class.__name__)
             if outside is None:
                 continue
@@ -334,11 +334,11 @@ def __getattr__(name: str) -> type:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _with_subclasses(cls: type) -> list[type]:
+def with_subclasses(cls: type) -> list[type]:
     found = [cls]
     subclass: type
     for subclass in cls.__subclasses__():
-        found += _with_subclasses(subclass)
+        found += with_subclasses(subclass)
     return found
 
 

@@ -28,12 +28,7 @@ import torch
 from torch import nn
 
 from torchkiln._internals.hub_kernels import unrouted_forward
-from torchkiln._internals.transformers import (
-    active_collector,
-    collected_outputs,
-    collecting_globally,
-    collector_compiling,
-)
+from torchkiln._internals.transformers import active_collector, call_collecting_per_block
 from torchkiln.plugin import (
     CompileConfig,
     GroupPreparation,
@@ -53,6 +48,7 @@ from torchkiln.plugins.layer_cache_views import (
     overridden,
     resolve,
     view_class,
+    with_subclasses,
 )
 
 compiler_config = torch.compiler.config
@@ -132,9 +128,31 @@ class BlockAdapter:
     :func:`view_class` alone: an outer ``torch.compile`` that traces this call (a double compile)
     reads a constant from it, where tracing into the class factory (torch 2.15 ignores the cache
     wrapper) breaks the graph on ``property()`` before the region is reached."""
+    splits: dict[type, tuple[str, type]] = attrs.Factory(dict)
+    """Cache class -> (its per-layer list's name, its view class), for the classes found plainly
+    split (a declaration matches, no per-layer method overridden, not an
+    ``EncoderDecoderCache``): what :meth:`layer_view` decides once per class."""
 
     def layer_view(self, block: nn.Module, cache: Any) -> Any:
-        """The object the compiled block receives instead of ``cache``."""
+        """The object the compiled block receives instead of ``cache``.
+
+        Runs in front of every block call: a cache of a class :attr:`splits` knows, whose entry
+        for the block exists and which does not offload, gets its view from one lookup; any
+        other goes the whole way (:meth:`_decided_view`), as the first one did."""
+        split = self.splits.get(type(cache))
+        if split is not None:
+            index = self.indices.get(block)
+            entries = getattr(cache, split[0], None)
+            if (
+                index is not None
+                and isinstance(entries, list)
+                and index.value < len(entries)
+                and getattr(cache, "offloading", False) is not True
+            ):
+                return split[1](cache, entries[index.value], index)
+        return self._decided_view(block, cache)
+
+    def _decided_view(self, block: nn.Module, cache: Any) -> Any:
         index = self.indices.get(block)
         if index is None:
             return cache
@@ -150,7 +168,13 @@ class BlockAdapter:
         reason = self._half_reason(index, cache)  # offloads, or overrides a per-layer method
         if reason is not None:
             self._note(type(cache).__name__, reason)
-        return self._view(index, cache, outside=offloads(cache))
+        view = self._view(index, cache, outside=offloads(cache))
+        if not overridden(type(cache), resolved):
+            self.splits[type(cache)] = (
+                resolved.spec.layers,
+                self._view_class(type(cache), resolved, False),
+            )
+        return view
 
     def _spec_for(self, cache: Any) -> ResolvedSpec | None:
         return next((r for r in self.specs if isinstance(cache, r.cache_type)), None)
@@ -203,11 +227,33 @@ class BlockAdapter:
     def _view(self, index: LayerIndex, cache: Any, outside: bool) -> LayerView:
         resolved = self._spec_for(cache)
         assert resolved is not None  # checked by the caller
-        view: Any = self.view_classes.get((type(cache), outside))
-        if view is None:
-            view = view_class(type(cache), resolved, outside)  # type: ignore[arg-type]
-            self.view_classes[(type(cache), outside)] = view
+        view = self._view_class(type(cache), resolved, outside)
         return view(cache, getattr(cache, resolved.spec.layers)[index.value], index)
+
+    def _view_class(self, cache_class: type, resolved: ResolvedSpec, outside: bool) -> type:
+        view = self.view_classes.get((cache_class, outside))
+        if view is None:
+            view = view_class(cache_class, resolved, outside)  # type: ignore[arg-type]
+            self.view_classes[(cache_class, outside)] = view
+        return view
+
+    def split_defined_classes(self) -> None:
+        """Fill :attr:`splits` for every cache class defined now (each declaration's class and
+        its subclasses), at compile time, so that a block's first call finds its cache's class
+        decided too; a class defined later is decided at its first call (:meth:`_decided_view`).
+        A class goes to the first declaration it is a subclass of, as :meth:`_spec_for` does."""
+        seen: set[type] = set()
+        for resolved in self.specs:
+            for cache_class in with_subclasses(resolved.cache_type):
+                if cache_class in seen:
+                    continue
+                seen.add(cache_class)
+                encoder_decoder = self.encoder_decoder_class
+                if encoder_decoder is not None and issubclass(cache_class, encoder_decoder):
+                    continue
+                if not overridden(cache_class, resolved):
+                    view = self._view_class(cache_class, resolved, False)
+                    self.splits[cache_class] = (resolved.spec.layers, view)
 
     def _note(self, key: str, reason: str, consequence: str = RUN_OUTSIDE) -> None:
         if key in self.notes:
@@ -238,53 +284,26 @@ class BlockAdapter:
                     cache = kwargs.get(key)
                     if cache is not None:
                         view = kwargs[key] = layer_view(module, cache)
-            if encoder_decoder_view is None or not isinstance(view, encoder_decoder_view):
-                return run(module, args, kwargs)
-            try:
-                return run(module, args, kwargs)
-            finally:
-                view.is_updated.write_back()  # the layer's flag, set in the trace
+            if encoder_decoder_view is not None and isinstance(view, encoder_decoder_view):
+                try:
+                    return run(module, *args, **kwargs)
+                finally:
+                    view.is_updated.write_back()  # the layer's flag, set in the trace
+            return run(module, *args, **kwargs)
 
-        def run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if collector is None or collector_compiling(collector):  # none, or an outer compile's
-                return compiled(module, *args, **kwargs)
-            # The collector's traceable mode, for this block's call only, then restored.
-            collected = collected_outputs(collector)
-            own = block_outputs(collected)
-            with collecting_globally(collector, own):
-                output = compiled(module, *args, **kwargs)
-            if own is not collected and collected is not None and own is not None:
-                merge_block_outputs(collected, own)
-            return output
-
+        # transformers' output collector in its traceable mode for this block's call only
+        # (docs/generation.md): nothing to do for a model that has none.
+        run = (
+            compiled
+            if collector is None
+            else functools.partial(call_collecting_per_block, collector, compiled)
+        )
         call.__name__ = call.__qualname__ = getattr(compiled, "__name__", "call")
         return call
 
 
 def offloads(cache: Any) -> bool:
     return getattr(cache, "offloading", False) is True
-
-
-def block_outputs(collected: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What capture hooks inside one block append to: fresh lists, merged back afterwards.
-
-    Capture hooks inside a block (the attention module's, for ``output_attentions``) append
-    to the collector's lists; traced, Dynamo guards on their length, which grows by one per
-    layer, so each layer would compile its own graph. Each block gets empty lists instead.
-    ``hidden_states`` stays shared: its hook looks at the list's length to number layers.
-    """
-    if not collected:
-        return collected
-    return {
-        key: [] if key != "hidden_states" and isinstance(value, list) else value
-        for key, value in collected.items()
-    }
-
-
-def merge_block_outputs(collected: dict[str, Any], own: dict[str, Any]) -> None:
-    for key, value in own.items():
-        if value is not collected[key]:
-            collected[key].extend(value)
 
 
 TRANSFORMERS_CACHE = LayerCacheSpec(
@@ -337,6 +356,7 @@ def block_adapter(
         if encoder_decoder is not None:
             adapter.encoder_decoder_class = encoder_decoder
             adapter.encoder_decoder_view = encoder_decoder_view_class(encoder_decoder)
+    adapter.split_defined_classes()
     return adapter
 
 

@@ -6,9 +6,8 @@ Nothing here imports transformers unless said so.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -89,30 +88,43 @@ def register_can_record(registry: dict[Any, Any], model: Any) -> None:
         registry[model] = outputs
 
 
-def collector_compiling(collector: Any) -> bool:
-    """Whether the collector (:func:`active_collector`) is in its compile-friendly mode (an
-    outer ``torch.compile``, or a block's call inside :func:`collecting_globally`). Reads its
-    ``compiling`` flag. Verified: torch 2.11, 2.13, 2.14, 2.15 (transformers 5.25)."""
-    return bool(collector.compiling)
+def call_collecting_per_block(
+    collector: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+) -> Any:
+    """``fn(*args, **kwargs)``, one block's call, with the collector (:func:`active_collector`)
+    in its compile-friendly mode for that call only, then restored; as is when the collector is
+    in that mode already (an outer ``torch.compile``).
 
+    ``ContextVar.get`` cannot be traced, the collector's ``global_var`` (what transformers itself
+    uses under ``torch.compile``) can: the outputs the model's call collects (its
+    ``context_var``) are handed over through it. Capture hooks inside a block (the attention
+    module's, for ``output_attentions``) append to the collector's lists; traced, Dynamo guards
+    on their length, which grows by one per layer, so each layer would compile its own graph.
+    So the block collects into fresh lists, appended to the call's afterwards;
+    ``hidden_states`` stays shared, as its hook numbers layers by the list's length.
 
-def collected_outputs(collector: Any) -> Any:
-    """The outputs the model's call collects (``None`` outside one): the collector's
-    ``context_var``, which transformers sets per call. Verified: torch 2.11, 2.13, 2.14, 2.15
-    (transformers 5.25)."""
-    return collector.context_var.get()
-
-
-@contextlib.contextmanager
-def collecting_globally(collector: Any, outputs: Any) -> Iterator[None]:
-    """The collector in its compile-friendly mode, collecting into ``outputs``, restored on
-    exit: ``ContextVar.get`` cannot be traced, the collector's ``global_var`` (what
-    transformers itself uses under ``torch.compile``) can. Sets ``global_var`` and
-    ``compiling``. Verified: torch 2.11, 2.13, 2.14, 2.15 (transformers 5.25)."""
-    collector.global_var = outputs
+    One function, not several small ones: it runs in front of every block's call (principle 6).
+    Reads ``compiling`` and ``context_var``, sets ``global_var`` and ``compiling``.
+    Verified: torch 2.13 (transformers 5.25).
+    """
+    if collector.compiling:
+        return fn(*args, **kwargs)
+    collected = collector.context_var.get()
+    own = collected
+    if collected:
+        own = {
+            key: [] if key != "hidden_states" and isinstance(value, list) else value
+            for key, value in collected.items()
+        }
+    collector.global_var = own
     collector.compiling = True
     try:
-        yield
+        output = fn(*args, **kwargs)
     finally:
         collector.global_var = None
         collector.compiling = False
+    if own is not collected:
+        for key, value in own.items():
+            if value is not collected[key]:
+                collected[key].extend(value)
+    return output

@@ -123,8 +123,12 @@ def group_function_check(group: str) -> Callable[[Any], None]:
     reports when the function is not Dynamo's top frame (another compile inlined it)."""
 
     def check(ctx: Any) -> None:
-        if has_parent_frame(ctx):
-            report(f"{OUTER_COMPILE} tracing into torchkiln's compiled region group {group!r}")
+        # has_parent_frame(ctx), written out: this runs in every trace of the group's code.
+        try:
+            ctx.parent().graph()
+        except AttributeError:
+            return
+        report(f"{OUTER_COMPILE} tracing into torchkiln's compiled region group {group!r}")
 
     return check
 

@@ -52,24 +52,30 @@ CACHES = ("inductor_fx_local", "inductor_fx_remote", "aotautograd_local", "aotau
 """The compile caches whose hit counts Dynamo's compilation metrics carry."""
 
 
-def _record(metrics: Any) -> CompileRecord:
-    return CompileRecord(
-        compile_id=str(getattr(metrics, "compile_id", "") or ""),
-        co_name=str(getattr(metrics, "co_name", "") or ""),
-        seconds=float(getattr(metrics, "entire_frame_compile_time_s", 0.0) or 0.0),
-        recompile_reason=getattr(metrics, "recompile_reason", None),
-        fail_reason=getattr(metrics, "fail_reason", None),
-        cache_hits=sum(int(getattr(metrics, f"{c}_cache_hit_count", 0) or 0) for c in CACHES),
-        restart_reasons=tuple(sorted(getattr(metrics, "restart_reasons", None) or ())),
-    )
-
-
 def all_records(since: HeldRecords | None = None) -> list[CompileRecord]:
     """Every compilation Dynamo still remembers (it keeps the most recent ones only); with
-    ``since``, only those recorded after that mark."""
-    return [
-        _record(m) for m in dynamo.compilation_metrics() if since is None or id(m) not in since.ids
-    ]
+    ``since``, only those recorded after that mark.
+
+    Written out in one function (loops, not comprehensions or helpers, which would each be a
+    frame): it runs at the end of every region's first call."""
+    records = []
+    for metrics in dynamo.compilation_metrics():
+        if since is not None and id(metrics) in since.ids:
+            continue
+        cache_hits = 0
+        for cache in CACHES:
+            cache_hits += int(getattr(metrics, f"{cache}_cache_hit_count", 0) or 0)
+        record = CompileRecord(
+            compile_id=str(getattr(metrics, "compile_id", "") or ""),
+            co_name=str(getattr(metrics, "co_name", "") or ""),
+            seconds=float(getattr(metrics, "entire_frame_compile_time_s", 0.0) or 0.0),
+            recompile_reason=getattr(metrics, "recompile_reason", None),
+            fail_reason=getattr(metrics, "fail_reason", None),
+            cache_hits=cache_hits,
+            restart_reasons=tuple(sorted(getattr(metrics, "restart_reasons", None) or ())),
+        )
+        records.append(record)
+    return records
 
 
 @attrs.frozen
@@ -92,7 +98,8 @@ class HeldRecords:
 
 @attrs.define
 class Window:
-    """Counters and compile records between :meth:`open` and :meth:`close`."""
+    """Counters and compile records between :meth:`open` and :meth:`close_into`, around a
+    region's first call (each step written out here, not in helpers: it is on that path)."""
 
     _records_before: HeldRecords
     _graphs_before: int
@@ -100,15 +107,22 @@ class Window:
 
     @classmethod
     def open(cls) -> Window:
+        """The window, from now; the compile observer installed again first (as
+        :func:`install`: ``torch._dynamo.reset()`` may have dropped it)."""
+        with _lock:
+            cache_entries.on_compile_start(_on_compile_start)
         counters = dynamo.counters()
+        held = tuple(dynamo.compilation_metrics())
         return cls(
-            HeldRecords.now(),
+            HeldRecords(held, frozenset(map(id, held))),
             int(counters["stats"]["unique_graphs"]),
             collections.Counter(counters["graph_break"]),
         )
 
-    def close(self, wrapper_code: str) -> tuple[list[CompileRecord], int, dict[str, int]]:
-        """New compile records, graphs compiled, and graph-break reasons with counts.
+    def close_into(self, region: Any, wrapper_code: str) -> None:
+        """Add the new compile records, graphs compiled, and graph-break reasons with counts to
+        ``region`` (a :class:`~torchkiln.engine.compile_state.RegionState`: its ``records``,
+        ``graphs`` and ``graph_breaks``).
 
         ``wrapper_code`` names a frame that only calls the real forward (a region group's
         function). A graph break inside the forward also breaks that frame, at the call, before
@@ -119,13 +133,14 @@ class Window:
         counters = dynamo.counters()
         graphs = int(counters["stats"]["unique_graphs"]) - self._graphs_before
         breaks = collections.Counter(counters["graph_break"]) - self._breaks_before
-        echoes = collections.Counter(
-            reason
-            for record in new
-            if record.co_name == wrapper_code
-            for reason in record.restart_reasons
-        )
-        return new, max(graphs, 0), dict(breaks - echoes)
+        for record in new:
+            if record.co_name == wrapper_code:
+                breaks.subtract(record.restart_reasons)
+        region.records.extend(new)
+        region.graphs += max(graphs, 0)
+        for reason, count in breaks.items():
+            if count > 0:
+                region.graph_breaks[reason] = region.graph_breaks.get(reason, 0) + count
 
 
 # --- which region each compile ran for -----------------------------------------------------
@@ -156,8 +171,10 @@ def group_code_of(co_name: str) -> str | None:
 def _on_compile_start(compile_id: str) -> None:
     try:
         found = cache_entries.frame_being_compiled()
-        group = group_code_of(found[0].co_name) if found is not None else None
-        if found is None or group is None:
+        if found is None:
+            return
+        group = cache_entries.resumed_function_name(found[0].co_name)  # as group_code_of
+        if not group.startswith(GROUP_CODE_PREFIX):
             return
         module = found[1].get("module")  # the region (a group function's first argument)
         event = CompileEvent(compile_id, group, weakref.ref(module) if module is not None else None)

@@ -45,6 +45,12 @@ class TraceSettings:
         self.factories = factories
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # In front of every call of the group's code: one settings context (the usual case) is
+        # entered directly, without an ExitStack and a frame of its own (principle 6).
+        factories = self.factories
+        if len(factories) == 1:
+            with factories[0]():
+                return self.compiled(*args, **kwargs)
         with self.entered():
             return self.compiled(*args, **kwargs)
 

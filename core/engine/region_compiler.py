@@ -277,8 +277,9 @@ class Compiler:
         )
         if isinstance(compiled_shared, GroupCode):
             state.group_codes[group.name] = compiled_shared
+        check = None
         if error is None:
-            compiled_shared = _wrap_call(compiled_shared, preparations, group.name)
+            compiled_shared, check = _wrap_call(compiled_shared, preparations, group.name)
         compiled_shared = _named_forward(compiled_shared)  # once per group, not per region
         first_calls: dict[str, FirstCall] = {}
         for region in group.regions:
@@ -294,15 +295,16 @@ class Compiler:
                     f"compile_region failed: {type(error).__name__}: {first_line(error)}"
                 )
                 continue
-            compiled, wrapper_code = compiled_shared, shared.__code__.co_name
+            compiled, wrapper_code, own_check = compiled_shared, shared.__code__.co_name, check
             if region_state.previous_forward is not MISSING:
                 # A per-instance forward (an autocast wrapper, say) is compiled on its own.
                 own = instance_forward_function(
                     region_state.previous_forward, preparations, group.name
                 )
                 compiled, own_error = self._compile(own, group, preparations)
+                own_check = None
                 if own_error is None:
-                    compiled = _wrap_call(compiled, preparations, group.name)
+                    compiled, own_check = _wrap_call(compiled, preparations, group.name)
                 compiled = _named_forward(compiled)
                 wrapper_code = own.__code__.co_name
             first_call = first_calls.get(wrapper_code)
@@ -315,7 +317,9 @@ class Compiler:
                     self.config.on_region_error,
                     self._backend_plugin,
                 )
-            module.__dict__["forward"] = RegionRuntime(region_state, compiled, first_call)
+            module.__dict__["forward"] = RegionRuntime(
+                region_state, compiled, first_call, own_check
+            )
 
     @functools.cached_property
     def _backend_plugin(self) -> str | None:
@@ -401,21 +405,16 @@ def _wrapped(
 
 def _wrap_call(
     compiled: RegionFunction, preparations: list[GroupPreparation], group: str
-) -> RegionFunction:
-    """``compiled`` inside every ``wrap_call`` wrapper, the first preparation's outermost.
+) -> tuple[RegionFunction, Callable[[Any], None] | None]:
+    """``compiled`` inside every ``wrap_call`` wrapper, the first preparation's outermost, and
+    the double-compile check its region's runtime starts with (``None``: no wrapper).
 
     A wrapper runs eagerly, before the group's compiled function, so an outer compile (a double
     compile) traces it first; where it breaks the outer graph there (torch 2.15 does not resume
     into the group function after a break in a nested frame), the group function's own check
-    is never traced. So the outermost wrapper starts with the same check."""
+    is never traced. So the region's runtime, the frame in front of the outermost wrapper,
+    starts with the same check (:class:`RegionRuntime`), with no frame of its own."""
     wrapped = _wrapped(compiled, preparations, "wrap_call")
     if wrapped is compiled:
-        return compiled
-    comptime = dynamo.comptime_function()
-    check = group_function_check(group)
-
-    def checked_call(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
-        comptime(check)  # does nothing unless another compile traces this call
-        return wrapped(module, *args, **kwargs)
-
-    return checked_call
+        return compiled, None
+    return wrapped, group_function_check(group)

@@ -22,16 +22,16 @@ import copy
 import functools
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from torchkiln._internals import dynamo, frame_strategy
-from torchkiln.engine import dynamo_records
 from torchkiln.engine.compile_state import MISSING, REGION_ATTR, RegionState
 from torchkiln.engine.double_compile import first_call_check
 from torchkiln.engine.dynamo_records import Window
-from torchkiln.engine.progress import ProgressObserver
+from torchkiln.engine.progress import NullProgress, ProgressObserver
 from torchkiln.errors import RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import RegionFunction
 from torchkiln.plugin_host.region_plan import RegionGroup
@@ -79,7 +79,13 @@ class RegionRuntime:
     with the module, so a copy runs its own weights and fills its own report); the code is
     shared with the region's group."""
 
-    def __init__(self, region_state: RegionState, code: RegionFunction, first_call: FirstCall):
+    def __init__(
+        self,
+        region_state: RegionState,
+        code: RegionFunction,
+        first_call: FirstCall,
+        check: Callable[[Any], None] | None = None,
+    ):
         self.region_state = region_state
         self.code = code
         """The group's code, ``fn(module, *args, **kwargs)``."""
@@ -87,10 +93,19 @@ class RegionRuntime:
         self.run: RegionFunction | None = None
         """What serves the region's calls once a first call finished (``code`` or
         :func:`eager_forward`); ``None`` while the next call is a first call."""
+        self.check = check
+        """The group function's double-compile check, where plugins' ``wrap_call`` wrappers
+        run in front of it (``region_compiler._wrap_call``); ``None``: none needed."""
+        self.comptime = first_call.comptime
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         run = self.run
         if run is not None:
+            if self.check is not None and run is self.code:
+                # Does nothing unless another compile traces this call: then it is traced
+                # before any wrapper that might break that compile's graph (a region run
+                # eagerly after a failed compile has no group code to check, as before).
+                self.comptime(self.check)
             return run(self.region_state.module, *args, **kwargs)
         return self.first_call(self, args, kwargs)
 
@@ -122,7 +137,11 @@ class FirstCall:
         self.group = group
         self.group_count = group_count
         self.wrapper_code = wrapper_code
-        self.progress = progress
+        self.progress = None if isinstance(progress, NullProgress) else progress
+        """``None``: no progress display (nothing to call on the first-call path)."""
+        self.patch_ints = len(group.regions) > 1 and not traceable_int_patch()
+        """Whether the first call sets Dynamo's ``allow_unspec_int_on_nn_module`` itself
+        (:func:`first_call_dynamo_settings`), decided here once."""
         self.policy = policy
         self.plugin = plugin
         self.comptime = dynamo.comptime_function()
@@ -134,8 +153,9 @@ class FirstCall:
         self.comptime(self.check)  # only another compile ever traces this step: a double compile
         region_state = runtime.region_state
         module, state, region = region_state.module, region_state.owner, region_state.region
-        dynamo_records.install()  # again, in case torch._dynamo.reset() dropped it
-        self.progress.start(region, region_state.group_index, self.group_count)
+        if self.progress is not None:
+            self.progress.start(region, region_state.group_index, self.group_count)
+        # Opening it installs the compile observer again (torch._dynamo.reset() drops it).
         window = Window.open()
         eager_before = (region_state.eager_calls, region_state.first_eager)
         started = time.perf_counter()
@@ -151,7 +171,10 @@ class FirstCall:
                 runtime.run = eager_forward
                 output = eager_forward(module, *args, **kwargs)
             else:
-                with first_call_dynamo_settings(len(self.group.regions)):
+                if self.patch_ints:
+                    with first_call_dynamo_settings(len(self.group.regions)):
+                        output = runtime.code(module, *args, **kwargs)
+                else:
                     output = runtime.code(module, *args, **kwargs)
                 state.set_status(region_state, "compiled")
         except Exception as error:
@@ -163,8 +186,9 @@ class FirstCall:
             if runtime.run is None:
                 # Not finished: the next call is a first call again; this one does not count.
                 region_state.eager_calls, region_state.first_eager = eager_before
-            _close_window(region_state, window, self.wrapper_code, started)
-            if region_state.status != "pending":
+            region_state.first_call_seconds = time.perf_counter() - started
+            window.close_into(region_state, self.wrapper_code)
+            if self.progress is not None and region_state.status != "pending":
                 ok = region_state.status == "compiled"
                 self.progress.done(region, region_state.first_call_seconds or 0.0, ok)
             if state.pending == 0 and not state.first_calls_done:
@@ -216,17 +240,6 @@ class FirstCall:
             stacklevel=2,
         )
         return output
-
-
-def _close_window(
-    region_state: RegionState, window: Window, wrapper_code: str, started: float
-) -> None:
-    region_state.first_call_seconds = time.perf_counter() - started
-    records, graphs, breaks = window.close(wrapper_code)
-    region_state.records.extend(records)
-    region_state.graphs += graphs
-    for reason, count in breaks.items():
-        region_state.graph_breaks[reason] = region_state.graph_breaks.get(reason, 0) + count
 
 
 def first_line(error: BaseException) -> str:

@@ -62,15 +62,49 @@ def test_register_can_record(model) -> None:  # type: ignore[no-untyped-def]
     assert registry == {model: hf.can_record_outputs(model)}
 
 
-def test_the_collector_collects_globally_and_is_restored() -> None:
+def test_a_block_call_collects_globally_and_the_collector_is_restored() -> None:
     collector = hf.active_collector()
-    assert hf.collected_outputs(collector) is None
-    assert not hf.collector_compiling(collector)
-    outputs: dict[str, list[object]] = {"attentions": []}
-    with hf.collecting_globally(collector, outputs):
-        assert hf.collector_compiling(collector)
-        assert collector.global_var is outputs
-    assert not hf.collector_compiling(collector) and collector.global_var is None
+    seen: list[tuple[object, bool]] = []
+
+    def block() -> str:
+        seen.append((collector.global_var, collector.compiling))
+        return "out"
+
+    assert collector.context_var.get() is None and not collector.compiling
+    assert hf.call_collecting_per_block(collector, block) == "out"
+    assert seen == [(None, True)]  # no model call collecting: nothing to hand over
+    assert not collector.compiling and collector.global_var is None
+
+
+def test_a_block_collects_into_fresh_lists_appended_to_the_calls() -> None:
+    collector = hf.active_collector()
+    hidden: list[str] = ["embeddings"]
+    attentions: list[str] = ["layer 0"]
+    token = collector.context_var.set({"hidden_states": hidden, "attentions": attentions})
+
+    def block(tag: str) -> str:
+        outputs = collector.global_var
+        assert outputs["hidden_states"] is hidden  # shared: its hook numbers layers by length
+        assert outputs["attentions"] == [] and outputs["attentions"] is not attentions
+        outputs["attentions"].append(tag)
+        return tag
+
+    try:
+        assert hf.call_collecting_per_block(collector, block, "layer 1") == "layer 1"
+    finally:
+        collector.context_var.reset(token)
+    assert attentions == ["layer 0", "layer 1"] and hidden == ["embeddings"]
+    assert not collector.compiling and collector.global_var is None
+
+
+def test_a_block_call_under_an_outer_compile_is_left_alone() -> None:
+    collector = hf.active_collector()
+    collector.global_var, collector.compiling = {"x": []}, True  # what transformers sets traced
+    try:
+        assert hf.call_collecting_per_block(collector, lambda: collector.global_var) == {"x": []}
+        assert collector.compiling
+    finally:
+        collector.global_var, collector.compiling = None, False
 
 
 def test_a_model_call_collects_through_the_context_var(model) -> None:  # type: ignore[no-untyped-def]

@@ -274,3 +274,28 @@ def test_compiling_a_model_outside_transformers_imports_no_transformers() -> Non
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_a_cache_class_is_decided_once_and_each_cache_is_checked_per_call() -> None:
+    """The adapter decides a cache class at compile time (its later calls are one lookup), but
+    what belongs to one cache object (offloading, a missing entry) is checked on every call."""
+    from transformers import DynamicCache
+
+    from torchkiln.plugins.layer_cache_views import LayerView, find_layer_indices
+    from torchkiln.plugins.transformers_models import TRANSFORMERS_CACHE, block_adapter
+
+    model = torchkiln.examples.llama(depth=2)
+    blocks = list(model.model.layers)
+    found = find_layer_indices(blocks, ["model.layers.0", "model.layers.1"], ("layer_idx",))
+    assert found is not None
+    adapter = block_adapter("LlamaDecoderLayer", blocks, found[0], (TRANSFORMERS_CACHE,), 2)
+    assert adapter is not None and DynamicCache in adapter.splits
+    cache = DynamicCache(config=model.config)
+    view = adapter.layer_view(blocks[1], cache)
+    assert isinstance(view, LayerView) and "Outside" not in type(view).__name__
+    assert view._torchkiln_own is cache.layers[1]
+    cache.offloading = True  # the same class, offloading now: run outside the graph, said once
+    with pytest.warns(PartialCompileWarning, match="offloads layers"):
+        offloaded = adapter.layer_view(blocks[1], cache)
+    assert type(offloaded).__name__ == "DynamicCacheOutsideLayerView"
+    assert adapter.layer_view(blocks[0], "not a cache") == "not a cache"
