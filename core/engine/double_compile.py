@@ -123,7 +123,8 @@ def group_function_check(group: str) -> Callable[[Any], None]:
     reports when the function is not Dynamo's top frame (another compile inlined it)."""
 
     def check(ctx: Any) -> None:
-        # has_parent_frame(ctx), written out: this runs in every trace of the group's code.
+        # Whether this frame was inlined into another one (public ComptimeContext methods
+        # only: Dynamo's top frame has no parent, whose graph cannot be read).
         try:
             ctx.parent().graph()
         except AttributeError:
@@ -143,14 +144,3 @@ def first_call_check(group: str) -> Callable[[Any], None]:
         )
 
     return check
-
-
-def has_parent_frame(ctx: Any) -> bool:
-    """Whether the frame ``comptime`` runs in was inlined into another one. Public
-    ``ComptimeContext`` methods only: Dynamo's top frame has no parent, whose graph cannot be
-    read."""
-    try:
-        ctx.parent().graph()
-    except AttributeError:
-        return False
-    return True
