@@ -3,25 +3,17 @@ call, run in-process on a small Llama."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-TOOL = Path(__file__).parents[2] / "tools" / "count_functions.py"
+from tool_modules import load_tool
 
 
 @pytest.fixture(scope="module")
 def tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("count_functions_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up while it is made
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("count_functions")
 
 
 def test_each_phase_is_counted_printed_and_checked_against_its_limit(

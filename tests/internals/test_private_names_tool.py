@@ -3,23 +3,17 @@ reports, and what passes."""
 
 from __future__ import annotations
 
-import importlib.util
 import textwrap
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-TOOL = Path(__file__).parents[2] / "tools" / "private_names.py"
+from tool_modules import load_tool
 
 
 @pytest.fixture(scope="module")
 def tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("private_names_tool", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("private_names")
 
 
 def _tree(root: Path, files: dict[str, str]) -> None:
