@@ -64,12 +64,16 @@ class Freeze:
     ) -> Any:
         """A call of ``region_state``'s region that no compiled form fits: raise, or run it
         eagerly (warned once per group)."""
-        group = region_state.region.group
-        self.uncovered_calls[group] = self.uncovered_calls.get(group, 0) + 1
+        self.count(region_state)
         if self.on_miss == "raise":
             raise UncoveredCallError(where(region_state), guards)
         self.ran_eagerly(region_state, guards)
         return eager_forward(region_state.module, *args, **kwargs)
+
+    def count(self, region_state: RegionState) -> None:
+        """One more call of the region's group that no compiled form covered."""
+        group = region_state.region.group
+        self.uncovered_calls[group] = self.uncovered_calls.get(group, 0) + 1
 
     def ran_eagerly(self, region_state: RegionState, guards: list[str]) -> None:
         group = region_state.region.group
@@ -115,13 +119,10 @@ class FrozenRun:
                 guards = dynamo.recompile_refusal(error)
                 if guards is None:
                     raise
-                self.policy.uncovered_calls[region_state.region.group] = (
-                    self.policy.uncovered_calls.get(region_state.region.group, 0) + 1
-                )
+                self.policy.count(region_state)
                 raise UncoveredCallError(where(region_state), guards) from None
         if region_state.eager_calls != eager_before:  # Dynamo ran it eagerly: uncovered
-            group = region_state.region.group
-            self.policy.uncovered_calls[group] = self.policy.uncovered_calls.get(group, 0) + 1
+            self.policy.count(region_state)
             first = region_state.first_eager
             self.policy.ran_eagerly(region_state, list(first.failed_guards) if first else [])
         return output

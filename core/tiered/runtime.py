@@ -280,10 +280,7 @@ class TieredForward:
         if any, keeps serving the calls it fits."""
         self.frozen = True
         self.log.closed = True
-        self.build.keep_output = self.form is not None
-        for builder in (self.build.builder, self.build.prestarted):
-            if builder is not None:
-                builder.stop()
+        self.stop()
         if self.form is None and self.state != "stopped":
             self.state, self.reason = "stopped", "frozen before a whole-model form was there"
 
