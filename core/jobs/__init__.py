@@ -16,14 +16,24 @@ from torchkiln.errors import JobError
 from torchkiln.jobs.exchange import job_world
 from torchkiln.jobs.share import JobReport, JobShare
 
-SHARED_STRATEGIES = ("none", "ddp", "deepspeed")
+SHARED_STRATEGIES = ("none", "ddp", "deepspeed", "fsdp2")
 """Distributed strategies under which ranks share compiled groups. Under DeepSpeed ZeRO-3 the
 gathering hooks split each block, so the rank that compiles for sharing fails at the first
-split and every rank compiles normally (the report says so). FSDP2 is left out: torch cannot
-load the saved function of an FSDP2 block, so every rank would compile twice; its ranks compile
-their own. The cause (docs/jobs.md): a guard reaches a class attribute by its position in the
-block type's MRO, and ``FSDPModule.__new__`` unpickles the saved module as its original class,
-whose MRO differs (``KeyError: 'gradient_checkpointing'`` on torch 2.13)."""
+split and every rank compiles normally (the report says so)."""
+
+THROUGH_CACHES = ("fsdp2",)
+"""Strategies whose groups are shared through torch's caches, not as saved functions: the
+rank that compiles the entry runs what it compiled, the others put the entry's kernels in
+their inductor cache and compile normally, hitting it (Dynamo's trace, no inductor compile).
+Under FSDP2 (and HSDP, ``distributed.fsdp2.replicate_degree``) torch cannot load the saved
+function of a block (docs/jobs.md, "Two ways to share"): a guard reaches a class attribute by
+its position in the block type's MRO, and ``FSDPModule.__new__`` unpickles the saved module as
+its original class, whose MRO differs (``KeyError: 'gradient_checkpointing'`` on torch 2.13)."""
+
+
+def share_way(config: CompileConfig) -> str:
+    """How this job's groups are shared: ``caches`` (:data:`THROUGH_CACHES`) or ``function``."""
+    return "caches" if config.distributed.strategy in THROUGH_CACHES else "function"
 
 
 def sharing_problem(config: CompileConfig, plan: Any, plugins: Any) -> str | None:
@@ -65,10 +75,10 @@ def job_share_for(
         return None, None
     problem = sharing_problem(config, plan, plugins)
     if problem is None:
-        return JobShare(config, progress), None
+        return JobShare(config, progress, share_way(config)), None
     if config.job.share == "on":
         raise JobError(f"job.share is on, but this job cannot share compiled groups: {problem}")
     return None, JobReport(rank, world, False, problem, config.job.store)
 
 
-__all__ = ["JobReport", "JobShare", "job_share_for", "sharing_problem"]
+__all__ = ["JobReport", "JobShare", "job_share_for", "share_way", "sharing_problem"]

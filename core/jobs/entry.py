@@ -57,6 +57,21 @@ def plain_module(module: nn.Module) -> Iterator[None]:
         module.__dict__.update(installed)
 
 
+def compile_function(
+    savable: Any, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``savable`` compiled for this call with ``aot_compile``, with the inductor cache in
+    force: what :func:`build_entry` saves, and what a rank whose caches hold an entry's kernels
+    (:func:`install_caches`) compiles again cheaply, hitting torch's AOTAutograd cache (its key
+    is the same for two ``aot_compile`` calls of one graph, another than a plain compile's)."""
+    with warnings.catch_warnings():
+        # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards;
+        # torch's warning about it says nothing the user can act on.
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
+        with plain_module(module), trace_settings_of(savable):
+            return savable.aot_compile(((module, *args), kwargs))
+
+
 def build_entry(
     directory: Path,
     fields: dict[str, Any],
@@ -65,20 +80,18 @@ def build_entry(
     module: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-) -> float:
+) -> tuple[float, Any]:
     """Compile ``savable`` (the group function ``shared`` under ``torch.compile(fullgraph=True)``)
     for this call with ``aot_compile`` and write the entry into ``directory``, which is removed
-    when that fails; returns the compile seconds."""
+    when that fails; returns the compile seconds and the compiled function as ``aot_compile``
+    returned it (in this process its guards are the live ones: sharing through torch's caches
+    serves the compiling rank from it, :mod:`torchkiln.jobs.share`)."""
     probes: dict[str, Any] = {}
     started = time.perf_counter()
     try:
         recording = recorded_probes(probes, fields["backend"], fields["device"])
-        with apply_cache_dir(directory / KERNELS_DIR), recording, warnings.catch_warnings():
-            # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards;
-            # torch's warning about it says nothing the user can act on.
-            warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
-            with plain_module(module), trace_settings_of(savable):
-                aot = savable.aot_compile(((module, *args), kwargs))
+        with apply_cache_dir(directory / KERNELS_DIR), recording:
+            aot = compile_function(savable, module, args, kwargs)
             aot.save_compiled_function(str(directory / ENTRY), external_data=closure_data(shared))
         seconds = time.perf_counter() - started
         meta = {
@@ -94,7 +107,7 @@ def build_entry(
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    return seconds
+    return seconds, aot
 
 
 def _checked_files(directory: Path) -> tuple[dict[str, Any], list[KernelFile], dict[str, bytes]]:
@@ -123,6 +136,18 @@ def unpack_entry(message: bytes, directory: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     write_meta(directory, content["meta"])
+
+
+def install_caches(directory: Path, cache_dir: str | None) -> int:
+    """The entry's kernels (torch's inductor and AOTAutograd cache files its compile wrote, and
+    the compiled kernel libraries) merged into the inductor cache ``cache_dir``, each checked
+    first; its saved function is not loaded. A normal compile of the group then finds them:
+    sharing through torch's caches. Returns how many files were written.
+
+    :raises ArtifactError: a file that does not match the metadata (nothing was copied).
+    """
+    _, kernels, _ = _checked_files(directory)
+    return copy_kernels(directory, kernels, cache_dir)
 
 
 def load_entry(directory: Path, shared: Callable[..., Any], cache_dir: str | None) -> Any:

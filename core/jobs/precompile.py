@@ -174,7 +174,7 @@ class EntryRecorder:
             seconds, path = 0.0, self.store.find(key)
             if path is None:  # an earlier precompile may have written it: kept as it is
                 staging = self.store.staging(key)
-                seconds = build_entry(staging, fields, compiled, fn, module, args, kwargs)
+                seconds, _ = build_entry(staging, fields, compiled, fn, module, args, kwargs)
                 path = self.store.publish(staging, key)
         except Exception as error:  # one entry failing is recorded, the rest go on
             self.skipped.append({"group": group, "kind": self.kind, "reason": error_reason(error)})

@@ -26,15 +26,22 @@ from typing import Any
 import attrs
 
 from torchkiln._internals.aot_artifacts import loaded_guard_table
-from torchkiln.artifacts.directory import ArtifactError, error_reason, read_meta
+from torchkiln.artifacts.directory import ArtifactError, closure_data, error_reason, read_meta
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import region_state_of
 from torchkiln.engine.dynamo_records import HeldRecords, all_records
 from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode, Loaded
-from torchkiln.jobs.entry import build_entry, load_entry, pack_entry, unpack_entry
+from torchkiln.jobs.entry import (
+    build_entry,
+    install_caches,
+    load_entry,
+    pack_entry,
+    unpack_entry,
+)
 from torchkiln.jobs.exchange import JobExchange
 from torchkiln.jobs.keys import (
     CALL_FIELDS,
+    call_kind,
     describe_difference,
     group_fields,
     share_fields,
@@ -46,6 +53,13 @@ from torchkiln.plugin_host.region_plan import RegionGroup
 logger = logging.getLogger("torchkiln")
 
 
+WAYS = {
+    "function": "shared as a saved function",
+    "caches": "shared through torch's caches",
+}
+"""The ways a group is shared, as the report's ``job:`` line says them (docs/jobs.md)."""
+
+
 @attrs.define
 class GroupShare:
     """What happened to one group's first call on this rank."""
@@ -55,6 +69,11 @@ class GroupShare:
     """``compiled``: this rank compiled the entry (and sent it where others needed it);
     ``received``: another rank compiled it and sent it; ``store``: read from ``job.store``;
     ``local``: compiled normally on this rank (:attr:`reason` says why)."""
+    via: str = "function"
+    """How the group was shared (:data:`WAYS`): ``function``, every rank loads the entry's saved
+    function; ``caches``, the entry's kernels fill this rank's torch caches (inductor's FX-graph
+    and AOTAutograd entries, the compiled kernels) and the rank compiles the group normally,
+    hitting them (the compiling rank runs what it compiled)."""
     source: int | None = None
     """The rank whose entry this rank loaded (itself for ``compiled`` and ``store``)."""
     reason: str | None = None
@@ -105,7 +124,8 @@ class GroupShare:
             if self.other_calls and self.role != "local"
             else ""
         )
-        return f"{self.group}: {self.role}{source}{sent}{times}{why}{other}"
+        way = f", {WAYS[self.via]}" if self.role != "local" else ""
+        return f"{self.group}: {self.role}{source}{sent}{way}{times}{why}{other}"
 
 
 @attrs.define
@@ -147,8 +167,10 @@ class JobShare(CodeSource):
 
     name = "job"
 
-    def __init__(self, config: CompileConfig, progress: bool):
+    def __init__(self, config: CompileConfig, progress: bool, via: str = "function"):
         self.config = config
+        self.via = via
+        """How this model's groups are shared (:attr:`GroupShare.via`)."""
         self.exchange = JobExchange(config.job.timeout, progress)
         self.store = JobStore(config.job.store) if config.job.store else None
         self.groups: dict[str, GroupShare] = {}
@@ -160,8 +182,9 @@ class JobShare(CodeSource):
         same environment, class, sources and layout), loaded once, whatever call it was
         compiled for: keys name the entries' directories, the saved guards decide reuse."""
         name = call.group.name
-        if name not in self._stored:
-            self._stored[name] = self._load_stored(call) if self.store is not None else []
+        if name not in self._stored:  # through the caches, only an equal key serves a call
+            loads = self.store is not None and self.via == "function"
+            self._stored[name] = self._load_stored(call) if loads else []
         return self._stored[name]
 
     def _load_stored(self, call: GroupCall) -> list[StoredEntry]:
@@ -193,7 +216,7 @@ class JobShare(CodeSource):
         )
 
     def attach(self, group: RegionGroup, shared: Callable[..., Any]) -> bool:
-        self.groups.setdefault(group.name, GroupShare(group.name))
+        self.groups.setdefault(group.name, GroupShare(group.name, via=self.via))
         return True
 
     def load(self, call: GroupCall) -> Loaded | None:
@@ -211,6 +234,8 @@ class _GroupSharing:
         self.job = job
         self.record = record
         self.call = call
+        self.compiled: Any = None
+        """What this rank's ``aot_compile`` returned (when it built the entry)."""
 
     def share(self) -> Loaded | None:
         job, record, call = self.job, self.record, self.call
@@ -296,7 +321,7 @@ class _GroupSharing:
         staging = self._staging(record.key)
         recorded_before = HeldRecords.now()
         try:
-            record.compile_seconds = build_entry(
+            record.compile_seconds, self.compiled = build_entry(
                 staging,
                 fields,
                 call.build_savable(),
@@ -330,6 +355,8 @@ class _GroupSharing:
         if directory is None:
             record.role = "local"
             return None
+        if job.via == "caches":
+            return self._through_caches(directory)
         started = time.perf_counter()
         stored = job.stored_entries(self.call)
         try:
@@ -354,8 +381,48 @@ class _GroupSharing:
         source = "store" if record.role == "store" else f"rank {record.source}"
         others = [fn for entry in stored if entry.directory != directory for fn in entry.functions]
         return Loaded(
-            source, [*functions, *others], closure, functools.partial(_other_call, record.group)
+            source,
+            [*functions, *others],
+            closure,
+            functools.partial(_other_call, record.group),
+            compiled_here=record.role == "compiled",
         )
+
+    def _through_caches(self, directory: Path) -> Loaded | None:
+        """Sharing through torch's caches: the rank that compiled the entry serves the group
+        from what its ``aot_compile`` returned (its guards are this process's own: nothing is
+        loaded, nothing compiled twice); every other rank merges the entry's kernels into its
+        inductor cache and compiles the group normally (``None``): Dynamo traces it, AOTAutograd
+        and inductor lower it again, and the compiled kernels (forward and backward) come from
+        the cache, not from the C++ compiler. The entry's saved function is never loaded: under
+        FSDP2 torch cannot load it (docs/jobs.md, "Two ways to share")."""
+        record, job, call = self.record, self.job, self.call
+        started = time.perf_counter()
+        try:
+            if record.role == "compiled" and self.compiled is not None:
+                names = call.shared.__code__.co_freevars
+                closure = closure_data(call.shared)
+                return Loaded(
+                    f"rank {record.source}",
+                    [(call_kind(call.module), self.compiled)],
+                    {name: closure[f"closure:{name}"] for name in names},
+                    functools.partial(_other_call, record.group),
+                )
+            install_caches(directory, job.config.cache_dir)
+            return None
+        except Exception as error:
+            record.reason = (
+                f"what rank {record.source} compiled could not be put in this rank's caches "
+                f"({error_reason(error)}); compiled on this rank"
+            )
+            record.role = "local"
+            if isinstance(error, ArtifactError) and job.store is not None and record.stored:
+                job.store.discard(record.key)
+            return None
+        finally:
+            record.load_seconds += time.perf_counter() - started
+            if job.store is None:  # kernels copied: nothing needs it
+                shutil.rmtree(directory, ignore_errors=True)
 
 
 @attrs.frozen

@@ -12,8 +12,9 @@ import torchkiln
 from torchkiln._internals import dynamo
 from torchkiln.configuration.config import CompileConfig, DistributedConfig, JobConfig
 from torchkiln.examples import llama
-from torchkiln.jobs import job_share_for, sharing_problem
+from torchkiln.jobs import job_share_for, share_way, sharing_problem
 from torchkiln.jobs.keys import describe_difference, differing_fields, share_fields, share_key
+from torchkiln.jobs.share import GroupShare
 
 SHAPE = {"depth": 2, "hidden_size": 32, "heads": 4, "kv_heads": 2, "intermediate_size": 64,
          "vocab_size": 128}  # fmt: skip
@@ -46,7 +47,9 @@ def test_a_second_compile_loads_the_group_from_the_store(tmp_path: Path) -> None
     assert torch.allclose(first, expected, atol=1e-6) and torch.allclose(again, expected, atol=1e-6)
     lines = torchkiln.report(model).job.lines()
     assert lines[0] == f"job: rank 0 of 1, compiled once per job, store {tmp_path / 'store'}"
-    assert lines[1].startswith("  LlamaDecoderLayer: store (compile 0.0 s")
+    assert lines[1].startswith(
+        "  LlamaDecoderLayer: store, shared as a saved function (compile 0.0 s"
+    )
 
 
 def test_one_process_without_a_store_is_not_a_job() -> None:
@@ -66,8 +69,9 @@ def test_one_process_without_a_store_is_not_a_job() -> None:
             marks=pytest.mark.needs_feature("precompiled artifacts"),
         ),
         pytest.param(
-            CompileConfig(distributed=DistributedConfig(strategy="fsdp2")),
-            "distributed strategy 'fsdp2': compiled groups are shared under none, ddp, deepspeed only",
+            CompileConfig(distributed=DistributedConfig(strategy="tp")),
+            "distributed strategy 'tp': compiled groups are shared under none, ddp, deepspeed, "
+            "fsdp2 only",
             marks=pytest.mark.needs_feature("precompiled artifacts"),
         ),
     ],
@@ -76,6 +80,23 @@ def test_why_a_job_does_not_share(config: CompileConfig, problem: str) -> None:
     plan = torchkiln.plan(llama(**SHAPE))
     found = sharing_problem(config, plan, torchkiln.get_plugin_manager())
     assert found is not None and found.startswith(problem)
+
+
+@pytest.mark.needs_feature("precompiled artifacts")
+def test_fsdp2_shares_through_torchs_caches_and_the_line_says_so() -> None:
+    """Under FSDP2 (HSDP included) torch cannot load a block's saved function, so its groups
+    are shared through torch's caches; the report's line says which way each group went."""
+    plan = torchkiln.plan(llama(**SHAPE))
+    pm = torchkiln.get_plugin_manager()
+    fsdp2 = CompileConfig(distributed=DistributedConfig(strategy="fsdp2"))
+    assert sharing_problem(fsdp2, plan, pm) is None
+    assert (share_way(fsdp2), share_way(CompileConfig())) == ("caches", "function")
+    received = GroupShare("LlamaDecoderLayer", role="received", via="caches", source=0, key="k")
+    assert received.line().startswith(
+        "LlamaDecoderLayer: received from rank 0, shared through torch's caches (compile 0.0 s"
+    )
+    local = GroupShare("LlamaDecoderLayer", via="caches", key="k", reason="why")
+    assert local.line().startswith("LlamaDecoderLayer: local (compile")
 
 
 def test_share_on_refuses_a_job_that_cannot_share(tmp_path: Path) -> None:
