@@ -72,6 +72,7 @@ def worker(role: str, store: str, depth: int, backend: str, rounds: int) -> dict
     report = torchkiln.tiered.tiers(compiled) if role != "full" else None
     if report is not None:
         out["serving"], out["tiers_state"] = report.serving, report.state
+        out["tiers_source"] = report.source
     return out
 
 
@@ -84,7 +85,7 @@ def _until_whole(model: Any, inputs: Any) -> dict[str, Any]:
     if torchkiln.tiered.tiers(model) is None:  # no tiers for this model (docs/store.md)
         return {"calls_until_whole_model": None, "seconds_until_whole_model": None}
     while (report := torchkiln.tiered.tiers(model)).serving != "whole-model":
-        if report.state == "stopped" or time.perf_counter() - started > BUILD_TIMEOUT:
+        if report.state == "failed" or time.perf_counter() - started > BUILD_TIMEOUT:
             break
         model(inputs)
         calls += 1

@@ -239,9 +239,9 @@ def until_whole_model(
         if after.calls["whole-model"] > before.calls["whole-model"]:
             served_whole = ended
             break
-        if after.state == "stopped":
+        if after.state == "failed":
             break
-        if before.state == "building":
+        if before.state == "pending" and before.builds:  # building
             during.append(result if figured else ended - began)
     tiers = torchkiln.tiered.tiers(model)
     return {
@@ -263,7 +263,7 @@ def switched(step: Callable[[], Any], model: Any) -> Callable[[], Any]:
 
     for _ in range(3):
         step()
-        if torchkiln.tiered.tiers(model).state != "observing":
+        if torchkiln.tiered.tiers(model).builds:  # no longer only observing
             break
     torchkiln.tiered.wait(model, TIERED_TIMEOUT_SECONDS)
     step()

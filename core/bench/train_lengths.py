@@ -202,10 +202,12 @@ def measure(settings: dict[str, Any]) -> dict[str, Any]:
         ids = torch.randint(0, vocab, (settings["batch"], length), generator=generator)
         seconds.append(train_step(compiled, optimizer, ids))
         tiers = torchkiln.tiered.tiers(compiled) if tiered else None
-        tiers_at.append(tiers.state if tiers is not None else None)
+        # "building": the form pending once a builder started (State has no word for it)
+        building = tiers is not None and tiers.state == "pending" and tiers.builds > 0
+        tiers_at.append(("building" if building else tiers.state) if tiers is not None else None)
     tiers = torchkiln.tiered.tiers(compiled) if tiered else None
     alternating = None
-    if tiers is not None and tiers.state == "switched" and settings.get("alternate"):
+    if tiers is not None and tiers.source == "the builder" and settings.get("alternate"):
         alternating = alternate_with_full(settings, model, compiled, optimizer, generator, vocab)
     return {
         "alternating": alternating,

@@ -27,7 +27,7 @@ from torchkiln._internals.nn_module import child_modules
 from torchkiln.engine.compile_state import STATE_ATTR, CompileState, RegionState, state_of
 
 _MISSING: Any = object()
-LIVE_STATUSES = ("pending", "compiled")
+LIVE_STATUSES = ("pending", "serving", "compiled")
 """Region statuses whose ``forward`` is a compiled path (``eager``/``failed`` fell back)."""
 
 

@@ -25,6 +25,7 @@ from torchkiln._internals import dynamo
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine import dynamo_records
 from torchkiln.engine.dynamo_records import CompileRecord, HeldRecords
+from torchkiln.engine.states import State
 from torchkiln.plugin_host.region_plan import Region, RegionPlan
 
 STATE_ATTR = "_torchkiln_compiled"
@@ -52,8 +53,9 @@ class RegionState:
     """The compiled module itself: decompile restores it by identity, wherever it is now."""
     previous_forward: Any = MISSING
     """The instance-level ``forward`` the module had before, if any (restored by decompile)."""
-    status: str = "pending"
-    """``pending`` (no first call finished yet), ``compiled``, ``eager`` (fell back),
+    status: State = State.PENDING
+    """:class:`~torchkiln.engine.states.State`: ``pending`` (no first call finished yet),
+    ``serving`` (its group's code came from a source), ``compiled``, ``eager`` (fell back),
     ``failed`` (its compile raised under ``on_region_error='raise'``; the next call retries)."""
     fallback_reason: str | None = None
     first_call_seconds: float | None = None
@@ -172,12 +174,12 @@ class CompileState:
     """The module this state lives on: decompiling through another object that holds all of
     its regions (PEFT's merged model) also clears it there."""
 
-    def set_status(self, region_state: RegionState, status: str) -> None:
-        """Set a region's status, keeping :attr:`pending` right (a compiled region has no
-        fallback reason)."""
-        self.pending += (status == "pending") - (region_state.status == "pending")
+    def set_status(self, region_state: RegionState, status: State) -> None:
+        """Set a region's status, keeping :attr:`pending` right (a region that runs compiled
+        code has no fallback reason)."""
+        self.pending += (status is State.PENDING) - (region_state.status is State.PENDING)
         region_state.status = status
-        if status == "compiled":
+        if status in (State.COMPILED, State.SERVING):
             region_state.fallback_reason = None
 
     def __reduce_ex__(self, protocol: Any) -> Any:

@@ -23,6 +23,7 @@ from torch import nn
 from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.engine.compile_state import REGION_ATTR, _nothing
 from torchkiln.engine.miss_log import MissLog
+from torchkiln.engine.states import State, describe
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.region_plan import RegionGroup
 
@@ -102,6 +103,9 @@ class Loaded:
     """The group function's closure, by name: torch's guards read it as frame locals."""
     on_miss: Callable[[str | None], None] = lambda reason: None
     """Called on each call no function fits (``reason`` on the first only); may raise."""
+    compiled_here: bool = False
+    """Whether this process compiled them, at this call (the rank that compiled a job's entry
+    loads it as the others do): the group is then ``compiled``, not ``serving``."""
 
 
 @attrs.define
@@ -136,9 +140,9 @@ class CodeSource:
 class GroupCode:
     """A group's function ``fn(module, *args, **kwargs)`` served by its sources' code.
 
-    ``state``: ``pending`` until the first call, then ``serving`` (a source's functions, the
-    backend's code for the calls they do not fit) or ``compiled`` (no source had code: the
-    backend's code serves every call)."""
+    ``state`` (:class:`~torchkiln.engine.states.State`): ``pending`` until the first call, then
+    ``serving`` (a source's functions, the backend's code for the calls they do not fit) or
+    ``compiled`` (no source had code: the backend's code serves every call)."""
 
     def __init__(
         self,
@@ -153,7 +157,7 @@ class GroupCode:
         self.sources = sources
         self._build = build
         self._build_savable = build_savable
-        self.state = "pending"
+        self.state = State.PENDING
         self.loaded: Loaded | None = None
         self._table: Any = None
         self._built: RegionFunction | None = None
@@ -165,7 +169,7 @@ class GroupCode:
         loaded function fits is the freeze's to refuse or run eagerly, never compiled."""
 
     def __call__(self, module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
-        if self.state == "pending":
+        if self.state is State.PENDING:
             self._first(module, args, kwargs)
         if self._table is not None:
             f_locals = {**self.loaded.closure, "module": module, "args": args, "kwargs": kwargs}  # type: ignore[union-attr]
@@ -191,15 +195,14 @@ class GroupCode:
 
     def line(self) -> str:
         """The report's line for this group's code."""
-        if self.state != "serving":
+        if self.loaded is None:
             return f"{self.group.name}: {self.state}"
-        assert self.loaded is not None
         functions = self.loaded.functions
         kinds = ", ".join(dict.fromkeys(kind for kind, _ in functions))
         built = f"; {self.misses} compiled by the backend" if self.misses else ""
         missed = "".join(f"\n{line}" for line in self.missed.lines())
         return (
-            f"{self.group.name}: serving from {self.loaded.source} ({len(functions)} "
+            f"{self.group.name}: {describe(self.state, self.loaded.source)} ({len(functions)} "
             f"functions: {kinds}): {self.hits} calls fit{built}{missed}"
         )
 
@@ -208,10 +211,11 @@ class GroupCode:
         for source in self.sources:
             loaded = source.load(call)
             if loaded is not None:
-                self.loaded, self.state = loaded, "serving"
+                self.loaded = loaded
+                self.state = State.COMPILED if loaded.compiled_here else State.SERVING
                 self._table = loaded_guard_table(fn for _, fn in loaded.functions)
                 return
-        self.state = "compiled"
+        self.state = State.COMPILED
 
     def covered_calls(self) -> list[str]:
         """The call family each loaded function's saved guards admit (none before loading)."""

@@ -45,6 +45,7 @@ from torchkiln.engine.region_runtime import (
     first_line,
     traceable_int_patch,
 )
+from torchkiln.engine.states import State
 from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.hook_calls import call_implementation, plain_implementations
@@ -290,7 +291,7 @@ class Compiler:
             state.regions.append(region_state)
             object.__setattr__(module, REGION_ATTR, region_state)
             if error is not None:
-                state.set_status(region_state, "eager")
+                state.set_status(region_state, State.EAGER)
                 region_state.fallback_reason = (
                     f"compile_region failed: {type(error).__name__}: {first_line(error)}"
                 )
@@ -316,6 +317,7 @@ class Compiler:
                     self.progress,
                     self.config.on_region_error,
                     self._backend_plugin,
+                    state.group_codes.get(group.name) if compiled is compiled_shared else None,
                 )
             module.__dict__["forward"] = RegionRuntime(
                 region_state, compiled, first_call, own_check

@@ -10,8 +10,9 @@ calls do (a first call, a later one, a miss, a fallback to eager). Every call go
    Dynamo's records, reports progress, and calls the group's code.
 3. A compile failure is handled by ``on_region_error``: raised (the next call is a first call
    again), or the region runs eagerly from then on (:func:`eager_forward`).
-4. The call finished, the region's status is ``compiled`` or ``eager`` and :attr:`run` says
-   what serves its later calls. An interrupted call, or one that failed on the user's own
+4. The call finished, the region's status (:class:`~torchkiln.engine.states.State`) is
+   ``serving`` (its group's code came from a source), ``compiled`` or ``eager``, and :attr:`run`
+   says what serves its later calls. An interrupted call, or one that failed on the user's own
    error, leaves the region pending: the next call is a first call again.
 """
 
@@ -32,6 +33,7 @@ from torchkiln.engine.compile_state import MISSING, REGION_ATTR, RegionState
 from torchkiln.engine.double_compile import first_call_check
 from torchkiln.engine.dynamo_records import Window
 from torchkiln.engine.progress import NullProgress, ProgressObserver
+from torchkiln.engine.states import State
 from torchkiln.errors import RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import RegionFunction
 from torchkiln.plugin_host.region_plan import RegionGroup
@@ -133,8 +135,12 @@ class FirstCall:
         progress: ProgressObserver,
         policy: str,
         plugin: str | None,
+        group_code: Any = None,
     ):
         self.group = group
+        self.group_code = group_code
+        """The group's :class:`~torchkiln.engine.group_runtime.GroupCode` where sources may
+        serve it (its state after the call is the region's), else ``None``."""
         self.group_count = group_count
         self.wrapper_code = wrapper_code
         self.progress = None if isinstance(progress, NullProgress) else progress
@@ -163,7 +169,7 @@ class FirstCall:
         try:
             failed = state.failed_groups.get(region.group) if self.policy == "eager" else None
             if failed is not None and failed is not region_state:
-                state.set_status(region_state, "eager")
+                state.set_status(region_state, State.EAGER)
                 region_state.fallback_reason = (
                     f"not retried: group {failed.region.group!r} failed to compile at "
                     f"{failed.region.display_path}: {failed.fallback_reason}"
@@ -176,7 +182,10 @@ class FirstCall:
                         output = runtime.code(module, *args, **kwargs)
                 else:
                     output = runtime.code(module, *args, **kwargs)
-                state.set_status(region_state, "compiled")
+                # Its group's state is the region's: serving where a source's code serves it.
+                code = self.group_code
+                served = code is not None and code.state is State.SERVING
+                state.set_status(region_state, State.SERVING if served else State.COMPILED)
         except Exception as error:
             output = self._failed(runtime, error, args, kwargs)
         except BaseException:
@@ -188,8 +197,8 @@ class FirstCall:
                 region_state.eager_calls, region_state.first_eager = eager_before
             region_state.first_call_seconds = time.perf_counter() - started
             window.close_into(region_state, self.wrapper_code)
-            if self.progress is not None and region_state.status != "pending":
-                ok = region_state.status == "compiled"
+            if self.progress is not None and region_state.status is not State.PENDING:
+                ok = region_state.status in (State.COMPILED, State.SERVING)
                 self.progress.done(region, region_state.first_call_seconds or 0.0, ok)
             if state.pending == 0 and not state.first_calls_done:
                 state.first_calls_done = True
@@ -228,10 +237,10 @@ class FirstCall:
             raise eager_error from None  # eager fails too: the input is wrong, not the compile
         region_state.fallback_reason = describe_failure(error)
         if self.policy == "raise":
-            region_state.owner.set_status(region_state, "failed")
+            region_state.owner.set_status(region_state, State.FAILED)
             runtime.run = None  # the next call tries again (and says how it went)
             raise RegionCompileError(region.path, region.group, error, self.plugin) from error
-        region_state.owner.set_status(region_state, "eager")
+        region_state.owner.set_status(region_state, State.EAGER)
         region_state.owner.failed_groups.setdefault(region.group, region_state)
         warnings.warn(
             f"torchkiln: region {region.display_path} ({region.group}) runs eagerly: "

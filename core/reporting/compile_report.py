@@ -66,7 +66,9 @@ class RegionReport:
     path: str
     group: str
     status: str
-    """``compiled``, ``eager`` (fell back), ``failed``, or ``pending`` (not called yet)."""
+    """A :class:`~torchkiln.engine.states.State` word: ``serving`` (its group's code came from
+    a source: the store, a peer rank, an artifact directory), ``compiled``, ``eager`` (fell
+    back, or ran eagerly on later calls), ``failed``, or ``pending`` (not called yet)."""
     graphs: int
     """Graphs Dynamo compiled during this region's first call (0 when it reused its group's)."""
     compile_seconds: float
@@ -266,7 +268,7 @@ def _region_report(
     records: list[CompileRecord] = state.records
     reasons = tuple(r.recompile_reason for r in records if r.recompile_reason)
     status, fallback = state.status, state.fallback_reason
-    if status == "compiled" and state.eager_calls:
+    if status in ("compiled", "serving") and state.eager_calls:
         # The witness: the group's function ran without compiled code for this region.
         status, fallback = "eager", _eager_reason(state, later)
     later_breaks = _breaks(later.records)
@@ -510,7 +512,7 @@ def _attribute_limit_hits(
                 continue
             if region_state.eager_calls:
                 later[id(region_state)].affected_by = at.region.display_path
-            elif phase == LATER_CALLS and region_state.status == "compiled":
+            elif phase == LATER_CALLS and region_state.status in ("compiled", "serving"):
                 later[id(region_state)].still_compiled_after = at.region.display_path
 
 

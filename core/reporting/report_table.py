@@ -42,15 +42,11 @@ def _loaded_only(region: Any) -> bool:
     return bool(region.loaded_from and not region.graphs and not region.compile_seconds)
 
 
-def _status(region: Any) -> str:
-    return "loaded" if region.loaded_from and region.status == "compiled" else region.status
-
-
 def _row(region: Any) -> tuple[str, ...]:
     return (
         region.path or "<root>",
         region.group,
-        _status(region),
+        region.status,
         str(region.graphs),
         "-" if _loaded_only(region) else _seconds(region.compile_seconds),
         _seconds(region.load_seconds),

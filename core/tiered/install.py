@@ -10,6 +10,7 @@ from torch import nn
 from torchkiln.artifacts.directory import ArtifactError, read_meta
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING, STATE_ATTR, CompileState, add_undo
+from torchkiln.engine.states import State
 from torchkiln.errors import TorchkilnError
 from torchkiln.jobs.whole_store import whole_key, whole_section, whole_store
 from torchkiln.plugin_host.region_plan import RegionPlan
@@ -76,7 +77,7 @@ def install_tiers(
     if existing is not None:
         _load_existing(tiered, model, existing)
     if not config.tiered.enabled and tiered.form is None:
-        tiered.state = "stopped"
+        tiered.state = State.FAILED
     elif tiered.form is None:
         tiered.build.prestart(model)
     previous = model.__dict__.get("forward", MISSING)

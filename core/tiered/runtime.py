@@ -24,6 +24,7 @@ from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING
 from torchkiln.engine.miss_log import MissLog
+from torchkiln.engine.states import State
 from torchkiln.tiered.build import BuildFailed, WholeBuild
 from torchkiln.tiered.calls import CallLog, call_spec, covered, describe_families, family_shapes
 from torchkiln.tiered.tier_report import REGIONAL, WHOLE, TierReport
@@ -34,9 +35,11 @@ logger = logging.getLogger("torchkiln")
 class TieredForward:
     """The root's instance ``forward``: dispatches each call to a tier, drives the build.
 
-    ``state``: ``observing`` (no call yet), ``building``, ``switched`` (serving the form this
-    run's builder made), ``loaded`` (serving a form found at compile time: an artifact
-    directory's or the store's), ``stopped`` (regional for good: :attr:`reason` says why)."""
+    ``state``, the whole-model form's (:class:`~torchkiln.engine.states.State`): ``pending``
+    (observing the first calls, then building; regional meanwhile), ``serving`` (from
+    :attr:`source`: the builder, or the directory a form was found in at compile time, an
+    artifact directory's or the store's), ``failed`` (none will come: regional for good,
+    :attr:`reason` says why)."""
 
     def __init__(self, model: nn.Module, config: CompileConfig, region_paths: list[str]):
         self._model = weakref.ref(model)
@@ -45,7 +48,9 @@ class TieredForward:
         self.log = CallLog()
         self.build = WholeBuild(config, region_paths, functools.partial(say, config))
         self.form: WholeModelForm | None = None
-        self.state = "observing"
+        self.state = State.PENDING
+        self.source: str | None = None
+        """Where the serving form came from: ``the builder``, or a directory."""
         self.reason: str | None = "no call yet: the builder starts at the first call"
         self.calls = {REGIONAL: 0, WHOLE: 0}
         self.missed = MissLog()
@@ -92,11 +97,11 @@ class TieredForward:
         if self.form is not None and copied_model is not None:
             copied.form = self.form
             copied._regions = copied._region_forwards(copied_model)
-            copied.state = self.state
+            copied.state, copied.source = self.state, self.source
             copied.reason = None
             copied.log.closed = True
         else:
-            copied.state, copied.reason = "stopped", "copied while observing or building"
+            copied.state, copied.reason = State.FAILED, "copied while observing or building"
         return copied
 
     # -- per call: docs/tiered.md, "The root's call" ---------------------------------------------
@@ -130,9 +135,9 @@ class TieredForward:
         if self.build.pending:  # 2. a build that finished is taken now, between two calls
             self._take_build(model)
         self.build.pace()  # 3. the builder runs or pauses for this step
-        if not self.log.closed and self.state != "stopped":
+        if not self.log.closed and self.state is not State.FAILED:
             self._observe(model, args, kwargs)  # 4. the first calls ask for the build
-        elif self.build.builds == 1 and self.build.job is None and self.state != "stopped":
+        elif self.build.builds == 1 and self.build.job is None and self.state is not State.FAILED:
             self._watch(model, args, kwargs)  # 5. a call the build does not cover
 
     def _regions_intact(self) -> bool:
@@ -197,8 +202,9 @@ class TieredForward:
         )
 
     def _ask(self, model: nn.Module, rebuild_reason: str | None = None) -> None:
-        """Start a build of what the log saw (with ``rebuild_reason``: the restart):
-        ``building`` while no form serves, or ``stopped`` when no build can start here."""
+        """Start a build of what the log saw (with ``rebuild_reason``: the restart): still
+        ``pending`` while no form serves (``reason``: what it waits for), or ``failed`` when no
+        build can start here."""
         call, form_loaded = sum(self.calls.values()) + 1, self.form is not None
         try:
             waiting_for = self.build.start(model, self.log, call, form_loaded, rebuild_reason)
@@ -206,7 +212,7 @@ class TieredForward:
             self._stop_with(str(failure))
             return
         if waiting_for is not None and self.form is None:
-            self.state, self.reason = "building", waiting_for
+            self.state, self.reason = State.PENDING, waiting_for
 
     def _take_build(self, model: nn.Module) -> None:
         try:
@@ -228,7 +234,7 @@ class TieredForward:
             )
 
     def _stop_with(self, reason: str) -> None:
-        self.state = "stopped"
+        self.state = State.FAILED
         self.reason = reason
         self._say(f"staying regional: {reason}", logging.WARNING)
 
@@ -248,7 +254,7 @@ class TieredForward:
         self.form = load_whole(directory, meta, model)
         self.build.keep_output = True
         self._regions = self._region_forwards(model)
-        self.state = "loaded" if loaded else "switched"
+        self.state, self.source = State.SERVING, str(directory) if loaded else "the builder"
         self.reason = None
         if loaded:  # from an artifact directory or the store before any call: nothing to build
             self.log.closed = True
@@ -281,8 +287,8 @@ class TieredForward:
         self.frozen = True
         self.log.closed = True
         self.stop()
-        if self.form is None and self.state != "stopped":
-            self.state, self.reason = "stopped", "frozen before a whole-model form was there"
+        if self.form is None and self.state is not State.FAILED:
+            self.state, self.reason = State.FAILED, "frozen before a whole-model form was there"
 
     def stop(self) -> None:
         """Stop the builder and remove a directory torchkiln made for it (decompile, exit)."""
@@ -294,6 +300,7 @@ class TieredForward:
         return TierReport(
             serving=WHOLE if self.form is not None else REGIONAL,
             state=self.state,
+            source=self.source,
             calls=dict(self.calls),
             reason=self.reason,
             switched_at_call=self.switched_at_call,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from torchkiln.engine.states import describe
+
 REGIONAL = "regional"
 WHOLE = "whole-model"
 
@@ -15,8 +17,9 @@ class TierReport:
     serving: str
     """The tier the next call goes to (``regional`` or ``whole-model``)."""
     state: str
-    """``observing`` (before the first call), ``building``, ``switched``, ``loaded`` (from an
-    artifact directory), ``stopped`` (no whole-model form: see ``reason``)."""
+    """The whole-model form's :class:`~torchkiln.engine.states.State`: ``pending`` (observing
+    the first calls, then building: :attr:`builds` says whether a build started), ``serving``
+    (from :attr:`source`), ``failed`` (none will come: see :attr:`reason`)."""
     calls: dict[str, int]
     """Calls served by each tier so far."""
     reason: str | None = None
@@ -54,18 +57,21 @@ class TierReport:
     """Steps measured while building: ``running`` (builder running) and ``paused``."""
     slowdown_bound: float = 0.0
     """``tiered.max_slowdown`` (0: no bound)."""
+    source: str | None = None
+    """Where the serving form came from: ``the builder``, or the directory it was found in at
+    compile time (:attr:`loaded_from`)."""
     job_rank: int | None = None
     """In a job whose ranks share: this rank (rank 0 builds for all)."""
     loaded_from: str | None = None
-    """The directory the form was loaded from when the model was compiled (``loaded``): an
-    artifact directory's, or the store's form for this model."""
+    """The directory the form was loaded from when the model was compiled (``None``: not
+    loaded then): an artifact directory's, or the store's form for this model."""
 
     def lines(self) -> list[str]:
         out = [
-            f"tiers: serving {self.serving} ({self.state}); calls regional "
+            f"tiers: whole-model form {describe(self.state, self.source)}; calls regional "
             f"{self.calls[REGIONAL]}, whole-model {self.calls[WHOLE]}"
         ]
-        if self.state == "loaded":
+        if self.loaded_from is not None:
             out.append(f"  loaded from {self.loaded_from} when compiled")
         elif self.switched_at_call is not None and self.seconds_to_switch is not None:
             out.append(

@@ -41,8 +41,8 @@ with torch.no_grad():
 tiers = torchkiln.tiered.tiers(model)
 print(
     "\n".join(tiers.lines())
-)  # tiers: serving whole-model (loaded); ... loaded from STORE/whole/...
-assert tiers.state == "loaded" and tiers.calls == {"regional": 0, "whole-model": 1}
+)  # tiers: whole-model form serving from STORE/whole/...; ... loaded from STORE/whole/...
+assert tiers.state == "serving" and tiers.calls == {"regional": 0, "whole-model": 1}
 assert tiers.loaded_from.startswith(store)
 torchkiln.decompile(model)
 shutil.rmtree(store)

@@ -16,11 +16,11 @@ model = torchkiln.compile(model, backend="aot_eager", tiered={"enabled": True, "
 with torch.no_grad():
     for _ in range(2):  # regional: the first call compiles one block and starts a builder
         torch.testing.assert_close(model(inputs).logits, expected)
-    print(torchkiln.tiered.tiers(model).state)  # building
+    print(torchkiln.tiered.tiers(model).state)  # pending (a builder started: builds == 1)
     torchkiln.tiered.wait(model)  # a training loop would simply go on; this example waits
     torch.testing.assert_close(model(inputs).logits, expected)  # served by the whole-model form
 
 tiers = torchkiln.tiered.tiers(model)
-print("\n".join(tiers.lines()))  # tiers: serving whole-model (switched); calls regional 2, ...
+print("\n".join(tiers.lines()))  # tiers: whole-model form serving from the builder; calls ...
 assert tiers.serving == "whole-model" and tiers.calls == {"regional": 2, "whole-model": 1}
 torchkiln.decompile(model)  # stops a builder still running; the root's forward is plain again

@@ -325,7 +325,7 @@ def test_the_precompiled_cell_loads_in_a_new_process_without_tracing(
     assert cell["cold"]["max_abs_diff"] < 1e-5 and cell["steady_median_seconds"] > 0
     # The whole-model form served every call: the region groups were never needed.
     report = cell["cold"]["torchkiln_report"]
-    assert report["tiers"]["serving"] == "whole-model" and report["tiers"]["state"] == "loaded"
+    assert report["tiers"]["serving"] == "whole-model" and report["tiers"]["state"] == "serving"
     assert report["tiers"]["calls"]["regional"] == 0 and report["statuses"] == ["pending"]
 
 
@@ -450,18 +450,18 @@ def test_until_whole_model_records_each_calls_figure_while_the_builder_runs(
 
     def report(state: str, whole: int) -> Any:
         return types.SimpleNamespace(
-            state=state, serving="whole-model" if whole else "regional", reason=None,
+            state=state, builds=1, serving="whole-model" if whole else "regional", reason=None,
             calls={"regional": 3, "whole-model": whole}, build_seconds=5.0,
             builder_peak_rss_mb=400.0, load_seconds=0.1,
         )  # fmt: skip
 
-    reports = iter([report("building", 0), report("building", 0), report("building", 0),
-                    report("switched", 1), report("switched", 1)])  # fmt: skip
+    reports = iter([report("pending", 0), report("pending", 0), report("pending", 0),
+                    report("serving", 1), report("serving", 1)])  # fmt: skip
     monkeypatch.setattr(torchkiln.tiered, "tiers", lambda model: next(reports))
     ticks = iter(range(100))
     figures = until_whole_model(lambda: 0.25, None, 0.0, lambda: float(next(ticks)), figured=True)
     assert figures["steady_before_switch_seconds"] == 0.25
-    assert figures["seconds_to_whole_model"] is not None and figures["state"] == "switched"
+    assert figures["seconds_to_whole_model"] is not None and figures["state"] == "serving"
 
 
 def test_a_strategy_this_torch_lacks_is_refused_by_name_and_release(

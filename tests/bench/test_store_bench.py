@@ -44,7 +44,8 @@ def test_the_cell_runs_three_processes_and_writes_its_json(tmp_path: Path) -> No
     document = json.loads(out.read_text())
     assert [r["role"] for r in document["results"]] == ["full", "store-first", "store-again"]
     first, again = document["results"][1:]
-    assert first["tiers_state"] == "switched" and again["tiers_state"] == "loaded"
+    assert (first["tiers_state"], first["tiers_source"]) == ("serving", "the builder")
+    assert again["tiers_state"] == "serving" and again["tiers_source"] != "the builder"
     assert again["calls_until_whole_model"] == 0  # served whole-model from its first call
     assert set(document["ratios"]) == {"start", "steady"}
     assert "target: second run's start <= 0.1x full's" in process.stdout

@@ -26,7 +26,7 @@ def test_the_summary_and_table_of_a_run_that_switched() -> None:
         "builder's cost to the steps: 1.02x (median of 1 steps with it running / 1 with "
         "it paused); bound 1.25x"
     )
-    tiers = {"state": "switched", "reason": None, "switched_at_call": 4, "calls": {},
+    tiers = {"state": "serving", "reason": None, "switched_at_call": 4, "calls": {},
              "builder_processes": 2, "seconds_to_switch": 25.3, "misses": 2,
              "lines": ["tiers: serving whole-model", f"  {cost}"]}  # fmt: skip
     runs = {
@@ -36,7 +36,7 @@ def test_the_summary_and_table_of_a_run_that_switched() -> None:
             "tiered",
             [25.0, 0.14, 0.15, 0.11, 0.10, 0.10],
             tiers,
-            ["building", "building", "building", "switched", "switched", "switched"],
+            ["building", "building", "building", "serving", "serving", "serving"],
         ),
     }
     # after the switch, in the tiered process: 3 rounds of a tiered step, then a full step

@@ -54,14 +54,14 @@ def test_compile_and_load_seconds_agree_with_the_job_and_the_clock(tmp_path: Pat
     first = report.regions[0]
     assert share.role == "store" and _graphs() == graphs_before  # nothing compiled: witnessed
     assert (first.status, first.loaded_from, first.load_seconds) == (
-        "compiled",
+        "serving",
         "store",
         share.load_seconds,
     )
     assert first.compile_seconds == 0.0 and not first.reused and 0 < first.load_seconds <= wall
     text = str(report)
     row = next(line for line in text.splitlines() if line.startswith("model.layers.0 "))
-    assert row.split()[2:6] == ["loaded", "0", "-", f"{first.load_seconds:.2f}"]
+    assert row.split()[2:6] == ["serving", "0", "-", f"{first.load_seconds:.2f}"]
     assert (
         f"0 graphs compiled in 0.00 s; 1 group loaded from store in {first.load_seconds:.2f} s"
         in text

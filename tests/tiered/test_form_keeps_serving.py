@@ -54,6 +54,8 @@ SCRIPT = textwrap.dedent(
         "calls": tiers.calls,
         "misses": tiers.misses,
         "state": tiers.state,
+        "source": tiers.source,
+        "loaded_from": tiers.loaded_from,
         "reason": tiers.reason,
         "forwards_kept": all(
             layer.__dict__["forward"] is f for layer, f in zip(model.model.layers, installed)
@@ -74,7 +76,8 @@ def _run(store: Path, tmp_path: Path, phase: str, backend: str) -> dict[str, obj
 def test_the_whole_model_form_serves_every_call_it_fits_after_a_miss(tmp_path, backend):
     store = tmp_path / "store"
     built = _run(store, tmp_path, "build", backend)
-    assert built["state"] == "switched" and built["exact"], built["report"]
+    assert (built["state"], built["source"]) == ("serving", "the builder"), built["report"]
+    assert built["exact"]
 
     second = _run(store, tmp_path, "serve", backend)
     assert second["exact"], second["report"]
@@ -82,7 +85,8 @@ def test_the_whole_model_form_serves_every_call_it_fits_after_a_miss(tmp_path, b
     assert second["block_calls"] == [0, 0, 2, 0, 0, 0], second["report"]
     # torchkiln's counts say the same.
     assert second["calls"] == {"regional": 1, "whole-model": 5}
-    assert second["misses"] == 1 and second["state"] == "loaded"
+    assert second["misses"] == 1 and second["state"] == "serving" and second["loaded_from"]
+    assert second["source"] == second["loaded_from"]  # found in the store at compile time
     assert "size mismatch at index 0. expected 1, actual 3" in str(second["reason"])
     assert "calls regional 1, whole-model 5" in str(second["report"])
     assert "1 call missed the whole-model form" in str(second["report"])

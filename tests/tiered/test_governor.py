@@ -236,7 +236,7 @@ def test_a_step_cut_short_by_idling_is_not_measured():
 )  # fmt: skip
 def test_the_report_states_the_measured_cost_and_what_was_done_about_it(measured, line):
     calls = {"regional": 90, "whole-model": 0}
-    report = TierReport(serving="regional", state="building", calls=calls, slowdown_bound=1.25,
+    report = TierReport(serving="regional", state="pending", calls=calls, slowdown_bound=1.25,
                         **measured)  # fmt: skip
     assert report.lines()[-1] == line
 
@@ -295,4 +295,4 @@ def test_a_real_builder_is_paused_when_the_runtime_says_so_and_still_switches(to
     tiers = torchkiln.tiered.tiers(model)
     assert paused_steps >= PROBE_STEPS  # at least the first probe
     assert tiers.measured_steps["paused"] >= PROBE_STEPS - 1 and tiers.builder_slowdown > 0
-    assert tiers.state == "switched" and tiers.calls["whole-model"] == 1, tiers.lines()
+    assert tiers.source == "the builder" and tiers.calls["whole-model"] == 1, tiers.lines()

@@ -54,6 +54,7 @@ SCRIPT = textwrap.dedent(
         "first_seconds": first_seconds,
         "unique_graphs": counters["stats"]["unique_graphs"],
         "tiers_state": tiers.state if tiers is not None else None,
+        "tiers_source": tiers.source if tiers is not None else None,
         "loaded_from": tiers.loaded_from if tiers is not None else None,
         "roles": [g.role for g in report.job.groups] if report.job is not None else [],
         "report": str(report),
@@ -73,7 +74,10 @@ def _run(store: Path, tmp_path: Path, /, **options: object) -> dict[str, object]
 def test_a_second_process_naming_the_store_starts_from_the_whole_model_form(tmp_path):
     store = tmp_path / "store"
     first = _run(store, tmp_path, tiered={"when": "always", "max_slowdown": 0})
-    assert first["exact"] and first["tiers_state"] == "switched"
+    assert first["exact"] and (first["tiers_state"], first["tiers_source"]) == (
+        "serving",
+        "the builder",
+    )
     assert first["roles"] == ["compiled"]  # the group's entry, compiled and stored
     assert first["unique_graphs"] >= 1
     (entry,) = JobStore(store).entries.iterdir()
@@ -84,7 +88,8 @@ def test_a_second_process_naming_the_store_starts_from_the_whole_model_form(tmp_
 
     second = _run(store, tmp_path, tiered={"when": "always", "max_slowdown": 0})
     assert second["exact"]
-    assert second["tiers_state"] == "loaded" and second["loaded_from"] == str(form)
+    assert (second["tiers_state"], second["tiers_source"]) == ("serving", str(form))
+    assert second["loaded_from"] == str(form)
     assert second["unique_graphs"] == 0, second["report"]  # Dynamo compiled nothing
     assert f"loaded from {form} when compiled" in second["report"]
     assert "LlamaDecoderLayer: not called yet" in second["report"]
@@ -97,12 +102,12 @@ def test_with_tiered_off_a_stored_form_still_serves_unless_the_store_is_named_by
     builder; cache_dir and job.store instead of store= read the region entries only."""
     store = tmp_path / "store"
     first = _run(store, tmp_path, tiered={"when": "always", "max_slowdown": 0})
-    assert first["tiers_state"] == "switched"
+    assert (first["tiers_state"], first["tiers_source"]) == ("serving", "the builder")
     (form,) = (store / WHOLE).iterdir()
 
     off = _run(store, tmp_path, tiered={"enabled": False})
-    assert off["exact"] and off["tiers_state"] == "loaded" and off["loaded_from"] == str(form)
-    assert "tiers: serving whole-model (loaded)" in off["report"]
+    assert off["exact"] and off["tiers_state"] == "serving" and off["loaded_from"] == str(form)
+    assert f"tiers: whole-model form serving from {form}; calls" in off["report"]
     assert "builder:" not in off["report"]  # nothing was built in that process
 
     by_parts = {"store": None, "cache_dir": str(store / KERNELS), "job": {"store": str(store)}}

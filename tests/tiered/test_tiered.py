@@ -38,14 +38,16 @@ def test_forward_switches_in_place_and_stays_exact(tokens):
     keys_before = list(reference.state_dict())
     with torch.no_grad():
         expected = reference(tokens).logits
-        assert torchkiln.tiered.tiers(model).state == "observing"  # no call yet
+        assert torchkiln.tiered.tiers(model).state == "pending"  # no call yet
+        assert torchkiln.tiered.tiers(model).builds == 0
         first = model(tokens).logits
-        assert torchkiln.tiered.tiers(model).state == "building"  # from the first call
+        building = torchkiln.tiered.tiers(model)  # from the first call
+        assert (building.state, building.builds) == ("pending", 1)
         second = model(tokens).logits  # the same call: the first builder covers it
         assert torchkiln.tiered.wait(model, BUILD_TIMEOUT)
         after = [model(tokens).logits for _ in range(3)]
     tiers = torchkiln.tiered.tiers(model)
-    assert tiers.state == "switched" and tiers.serving == "whole-model"
+    assert (tiers.state, tiers.source, tiers.serving) == ("serving", "the builder", "whole-model")
     assert tiers.calls == {"regional": 2, "whole-model": 3}
     assert tiers.switched_at_call == 3 and tiers.builds == 1 and tiers.rebuild_reason is None
     assert tiers.builder_peak_rss_mb > 50 and tiers.build_seconds > 0
@@ -55,7 +57,9 @@ def test_forward_switches_in_place_and_stays_exact(tokens):
     # In place: same object and class, same state_dict keys, the report says it.
     assert type(model).forward is forward_before and list(model.state_dict()) == keys_before
     text = str(torchkiln.report(model))
-    assert "tiers: serving whole-model (switched); calls regional 2, whole-model 3" in text
+    assert (
+        "tiers: whole-model form serving from the builder; calls regional 2, whole-model 3" in text
+    )
 
     # A call the whole-model form does not fit runs regionally, exactly, and says why.
     other = tokens[:, :5]

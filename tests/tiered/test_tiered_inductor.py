@@ -61,7 +61,7 @@ LOADER = textwrap.dedent(
     with torch.no_grad():
         out = model(tokens).logits
     tiers = torchkiln.tiered.tiers(model)
-    assert tiers.state == "loaded" and tiers.calls == {"regional": 0, "whole-model": 1}, tiers
+    assert tiers.state == "serving" and tiers.loaded_from is not None and tiers.calls == {"regional": 0, "whole-model": 1}, tiers
     with torch.no_grad():
         torch.testing.assert_close(out, tiny_llama()(tokens).logits)
     print("served whole-model", tiers.load_seconds)

@@ -68,7 +68,7 @@ def test_a_declined_builder_leaves_the_model_regional_and_says_why(when: str) ->
         tiers = torchkiln.tiered.tiers(model)
     finally:
         torch.set_num_threads(threads)
-    assert (tiers.state, tiers.serving, tiers.builder_processes) == ("stopped", "regional", 0)
+    assert (tiers.state, tiers.serving, tiers.builder_processes) == ("failed", "regional", 0)
     assert tiers.calls == {"regional": 3, "whole-model": 0}
     expected_reason = (
         "tiered.when is never"
