@@ -1,4 +1,4 @@
-"""Loading a directory's whole-model entry into a :class:`WholeModelForm`.
+"""Loading a directory's whole-model entry: saved code like a group's entries (:class:`SavedCode`).
 
 Every entry's file is checked before torch unpickles it: confined to ``whole/`` in the
 directory, a regular file of the recorded size, with the recorded SHA-256. The kernels are
@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.artifacts.directory import (
     WHOLE_DIR,
     ArtifactError,
@@ -38,32 +37,7 @@ from torchkiln.artifacts.whole_build import (
     whole_model_forward,
 )
 from torchkiln.artifacts.whole_guards import referenced_files
-
-
-class WholeModelForm:
-    """The whole model's loaded functions: ``match(args, kwargs)`` gives the first whose saved
-    guards pass for this call, or ``None``
-    (:class:`~torchkiln._internals.cache_entries.GuardTable`)."""
-
-    def __init__(self, entries: list[tuple[WholeEntry, Any]], seconds: float):
-        self.entries = [entry for entry, _ in entries]
-        self._table = loaded_guard_table(fn for _, fn in entries)
-        self.load_seconds = seconds
-
-    def match(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._table.find({"module": model, "args": args, "kwargs": kwargs})
-
-    def covered_calls(self) -> list[str]:
-        """Per entry, the call family its saved guards admit (``args[0] int64[1, 12]``)."""
-        return self._table.covered_calls()
-
-    def why_not(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """The first failing guard of each entry, for the report."""
-        failures = self._table.first_failures({"module": model, "args": args, "kwargs": kwargs})
-        return "; ".join(
-            f"{entry.kind}: {(failed or 'guards pass')[:200]}"
-            for entry, failed in zip(self.entries, failures, strict=True)
-        )
+from torchkiln.engine.saved_code import SavedCode
 
 
 def _module_globals(entry: WholeEntry) -> dict[str, Any]:
@@ -95,8 +69,12 @@ def whole_mismatch(saved: WholeArtifacts, model: nn.Module, files: Iterable[str]
     return None
 
 
-def load_whole(directory: Path, meta: dict[str, Any], model: nn.Module) -> WholeModelForm:
-    """:raises ArtifactError: no whole-model entry, one that does not fit ``model``, or a
+def load_whole(directory: Path, meta: dict[str, Any], model: nn.Module) -> SavedCode:
+    """The whole-model form in ``directory``: its functions, tried by their saved guards as a
+    group's entries are (:class:`~torchkiln.engine.saved_code.SavedCode`; frame locals
+    ``module``, ``args``, ``kwargs``).
+
+    :raises ArtifactError: no whole-model entry, one that does not fit ``model``, or a
     file that fails its checks."""
     if not meta.get("whole"):
         raise ArtifactError("the directory has no whole-model entry")
@@ -116,5 +94,6 @@ def load_whole(directory: Path, meta: dict[str, Any], model: nn.Module) -> Whole
             data = read_entry(directory, entry)  # confined, no link, regular, size and hash
             f_globals = {**whole_model_forward.__globals__, **_module_globals(entry)}
             fn = torch.compiler.load_compiled_function(io.BytesIO(data), f_globals=f_globals)
-            loaded.append((entry, fn))
-    return WholeModelForm(loaded, time.perf_counter() - started)
+            loaded.append((entry.kind, fn))
+    seconds = time.perf_counter() - started
+    return SavedCode(str(directory), loaded, load_seconds=seconds)

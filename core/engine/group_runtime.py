@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 from torch import nn
 
-from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln.engine.compile_state import REGION_ATTR, _nothing
 from torchkiln.engine.miss_log import MissLog
+from torchkiln.engine.saved_code import SavedCode
 from torchkiln.engine.states import State, describe
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
 from torchkiln.plugin_host.region_plan import RegionGroup
@@ -92,23 +92,6 @@ def with_trace_settings(
 
 
 @attrs.define
-class Loaded:
-    """Saved compiled functions a source loaded for a group, tried in order by their guards."""
-
-    source: str
-    """Where they came from, for the report (``store``, ``rank 0``, ``artifacts DIR``)."""
-    functions: list[tuple[str, RegionFunction]]
-    """``(kind, function)`` as ``torch.compiler.load_compiled_function`` returned them."""
-    closure: dict[str, Any]
-    """The group function's closure, by name: torch's guards read it as frame locals."""
-    on_miss: Callable[[str | None], None] = lambda reason: None
-    """Called on each call no function fits (``reason`` on the first only); may raise."""
-    compiled_here: bool = False
-    """Whether this process compiled them, at this call (the rank that compiled a job's entry
-    loads it as the others do): the group is then ``compiled``, not ``serving``."""
-
-
-@attrs.define
 class GroupCall:
     """A group's first call, as its sources see it."""
 
@@ -132,7 +115,7 @@ class CodeSource:
         """At compile time: whether to ask this source at the group's first call."""
         return True
 
-    def load(self, call: GroupCall) -> Loaded | None:
+    def load(self, call: GroupCall) -> SavedCode | None:
         """At the group's first call: its loaded code, or ``None`` (the next source is asked)."""
         raise NotImplementedError
 
@@ -158,8 +141,7 @@ class GroupCode:
         self._build = build
         self._build_savable = build_savable
         self.state = State.PENDING
-        self.loaded: Loaded | None = None
-        self._table: Any = None
+        self.loaded: SavedCode | None = None
         self._built: RegionFunction | None = None
         self.hits = 0
         self.missed = MissLog()
@@ -171,13 +153,14 @@ class GroupCode:
     def __call__(self, module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
         if self.state is State.PENDING:
             self._first(module, args, kwargs)
-        if self._table is not None:
-            f_locals = {**self.loaded.closure, "module": module, "args": args, "kwargs": kwargs}  # type: ignore[union-attr]
-            fn = self._table.find(f_locals)
+        loaded = self.loaded
+        if loaded is not None:
+            f_locals = {**loaded.closure, "module": module, "args": args, "kwargs": kwargs}
+            fn = loaded.find(f_locals)
             if fn is not None:
                 self.hits += 1
                 return fn(module, *args, **kwargs)
-            self._miss(f_locals)
+            self._miss(loaded, f_locals)
         if self._built is None:
             if self.frozen is not None:
                 return self._uncovered(module, args, kwargs)
@@ -188,9 +171,9 @@ class GroupCode:
         """A frozen model's call that no loaded function fits (and no backend code was built
         before the freeze): the freeze refuses it or runs it eagerly, naming the guards."""
         guards: list[str] = []
-        if self._table is not None and self.loaded is not None:
-            f_locals = {**self.loaded.closure, "module": module, "args": args, "kwargs": kwargs}
-            guards = [failed for failed in self._table.first_failures(f_locals) if failed]
+        if self.loaded is not None:
+            f_locals = self.loaded.frame_locals(module, args, kwargs)
+            guards = [failed for failed in self.loaded.first_failures(f_locals) if failed]
         return self.frozen.uncovered(module.__dict__[REGION_ATTR], guards, args, kwargs)
 
     def line(self) -> str:
@@ -198,12 +181,11 @@ class GroupCode:
         if self.loaded is None:
             return f"{self.group.name}: {self.state}"
         functions = self.loaded.functions
-        kinds = ", ".join(dict.fromkeys(kind for kind, _ in functions))
-        built = f"; {self.misses} compiled by the backend" if self.misses else ""
+        built = f"; {self.misses} ran the backend's code" if self.misses else ""
         missed = "".join(f"\n{line}" for line in self.missed.lines())
         return (
             f"{self.group.name}: {describe(self.state, self.loaded.source)} ({len(functions)} "
-            f"functions: {kinds}): {self.hits} calls fit{built}{missed}"
+            f"functions: {self.loaded.kinds()}): {self.hits} calls fit{built}{missed}"
         )
 
     def _first(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -213,27 +195,19 @@ class GroupCode:
             if loaded is not None:
                 self.loaded = loaded
                 self.state = State.COMPILED if loaded.compiled_here else State.SERVING
-                self._table = loaded_guard_table(fn for _, fn in loaded.functions)
                 return
         self.state = State.COMPILED
 
     def covered_calls(self) -> list[str]:
         """The call family each loaded function's saved guards admit (none before loading)."""
-        return self._table.covered_calls() if self._table is not None else []
+        return self.loaded.covered_calls() if self.loaded is not None else []
 
     @property
     def misses(self) -> int:
         return self.missed.total
 
-    def _miss(self, f_locals: dict[str, Any]) -> None:
-        assert self.loaded is not None
-        reason = None
-        if self.missed.wants_reason():
-            failures = self._table.first_failures(f_locals)
-            reason = "; ".join(
-                f"{kind}: {(failed or 'guards pass')[:300]}"
-                for (kind, _), failed in zip(self.loaded.functions, failures, strict=True)
-            )
+    def _miss(self, loaded: SavedCode, f_locals: dict[str, Any]) -> None:
+        reason = loaded.why_not(f_locals) if self.missed.wants_reason() else None
         first = self.missed.total == 0
         self.missed.add(reason)
-        self.loaded.on_miss(reason if first else None)
+        loaded.on_miss(reason if first else None)

@@ -22,7 +22,8 @@ from typing import Any
 from torchkiln.artifacts.directory import KINDS, MANIFEST, ArtifactError, read_meta
 from torchkiln.artifacts.precompiled import ArtifactWarning
 from torchkiln.configuration.config import CompileConfig
-from torchkiln.engine.group_runtime import CodeSource, GroupCall, Loaded
+from torchkiln.engine.group_runtime import CodeSource, GroupCall
+from torchkiln.engine.saved_code import SavedCode
 from torchkiln.jobs.entry import load_entry
 from torchkiln.jobs.keys import CALL_FIELDS, group_fields
 from torchkiln.jobs.store import JobStore
@@ -46,7 +47,7 @@ class PrecompiledDirectory(CodeSource):
         self.strict = strict
         self.config = config
         self.plugins = plugins
-        self.loaded: dict[str, Loaded] = {}
+        self.loaded: dict[str, SavedCode] = {}
         self.load_seconds: dict[str, float] = {}
         """Group -> seconds its entries took to load (at compile time, before any call)."""
         self._entries: list[Entry] | None = None
@@ -94,7 +95,7 @@ class PrecompiledDirectory(CodeSource):
             )
         return None
 
-    def load(self, call: GroupCall) -> Loaded | None:
+    def load(self, call: GroupCall) -> SavedCode | None:
         return self.loaded.get(call.group.name)
 
     def attach(self, group: RegionGroup, shared: Callable[..., Any]) -> bool:
@@ -134,13 +135,13 @@ class PrecompiledDirectory(CodeSource):
         self._reject(f"group {group.name!r}", reason)
         return False
 
-    def _load(self, group: str, fitting: list[Entry], shared: Callable[..., Any]) -> Loaded:
+    def _load(self, group: str, fitting: list[Entry], shared: Callable[..., Any]) -> SavedCode:
         functions: list[tuple[str, Any]] = []
         closure: dict[str, Any] = {}
         for path, _ in fitting:
             loaded, closure = load_entry(path, shared, self.config.cache_dir)
             functions += loaded
-        return Loaded(self.name, functions, closure, functools.partial(self._miss, group))
+        return SavedCode(self.name, functions, closure, functools.partial(self._miss, group))
 
     def _miss(self, group: str, reason: str | None) -> None:
         """A call no loaded function fits: warned once (the backend compiles such calls), an

@@ -20,10 +20,11 @@ from torch import nn
 
 from torchkiln.artifacts.directory import ArtifactError, environment_key, read_meta
 from torchkiln.artifacts.whole_build import contiguous_state
-from torchkiln.artifacts.whole_load import WholeModelForm, load_whole
+from torchkiln.artifacts.whole_load import load_whole
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import MISSING
 from torchkiln.engine.miss_log import MissLog
+from torchkiln.engine.saved_code import SavedCode
 from torchkiln.engine.states import State
 from torchkiln.tiered.build import BuildFailed, WholeBuild
 from torchkiln.tiered.calls import CallLog, call_spec, covered, describe_families, family_shapes
@@ -47,7 +48,7 @@ class TieredForward:
         self.region_paths = region_paths
         self.log = CallLog()
         self.build = WholeBuild(config, region_paths, functools.partial(say, config))
-        self.form: WholeModelForm | None = None
+        self.form: SavedCode | None = None
         self.state = State.PENDING
         self.source: str | None = None
         """Where the serving form came from: ``the builder``, or a directory."""
@@ -59,7 +60,6 @@ class TieredForward:
         self.switched_at_call: int | None = None
         self.seconds_to_switch: float | None = None
         self.loaded_from: str | None = None
-        self._regions: list[tuple[dict[str, Any], Any]] = []
         self._depth = 0
         self.frozen = False
         """Serving mode (``torchkiln.freeze``): no build is started or taken any more."""
@@ -96,7 +96,6 @@ class TieredForward:
         copied.previous_forward = self.previous_forward
         if self.form is not None and copied_model is not None:
             copied.form = self.form
-            copied._regions = copied._region_forwards(copied_model)
             copied.state, copied.source = self.state, self.source
             copied.reason = None
             copied.log.closed = True
@@ -115,15 +114,16 @@ class TieredForward:
             self.first_call_at = time.perf_counter()
         if not self.frozen:  # serving mode: the forms already here serve, nothing is built
             self._drive_build(model, args, kwargs)  # 2-5
-        if self.form is not None:  # 6. the whole-model form serves the calls it fits
-            intact = self._regions_intact()
-            fn = self.form.match(model, args, kwargs) if intact else None
-            if fn is None and intact and contiguous_state((args, kwargs)):
-                fn = self.form.match(model, args, kwargs)  # a cache in another layout
+        form = self.form
+        if form is not None:  # 6. the whole-model form serves the calls it fits
+            f_locals = {"module": model, "args": args, "kwargs": kwargs}
+            fn = form.find(f_locals)
+            if fn is None and contiguous_state((args, kwargs)):
+                fn = form.find(f_locals)  # a cache in another layout
             if fn is not None:
                 self.calls[WHOLE] += 1
                 return fn(model, *args, **kwargs)
-            self._missed(model, args, kwargs)
+            self._missed(form, f_locals)
         self.calls[REGIONAL] += 1  # 7. regionally: each block runs its group's code
         self._depth += 1
         try:
@@ -140,16 +140,10 @@ class TieredForward:
         elif self.build.builds == 1 and self.build.job is None and self.state is not State.FAILED:
             self._watch(model, args, kwargs)  # 5. a call the build does not cover
 
-    def _regions_intact(self) -> bool:
-        return all(d.get("forward") is f for d, f in self._regions)
-
-    def _missed(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _missed(self, form: SavedCode, f_locals: dict[str, Any]) -> None:
         reason = None
-        if self.missed.wants_reason() and self.form is not None:
-            if not self._regions_intact():
-                reason = "a region's forward was replaced after the switch"
-            else:
-                reason = f"a call did not fit: {self.form.why_not(model, args, kwargs)}"
+        if self.missed.wants_reason():
+            reason = f"a call did not fit: {form.why_not(f_locals)}"
         if self.missed.total == 0:
             self.reason = reason
         self.missed.add(reason)
@@ -253,7 +247,6 @@ class TieredForward:
             raise ArtifactError("the directory was built for another environment")
         self.form = load_whole(directory, meta, model)
         self.build.keep_output = True
-        self._regions = self._region_forwards(model)
         self.state, self.source = State.SERVING, str(directory) if loaded else "the builder"
         self.reason = None
         if loaded:  # from an artifact directory or the store before any call: nothing to build
@@ -271,15 +264,6 @@ class TieredForward:
         )
         if self.build.builder is not None:
             self.build.builder.stop()
-
-    def _region_forwards(self, model: nn.Module) -> list[tuple[dict[str, Any], Any]]:
-        """Each region's ``__dict__`` and the ``forward`` torchkiln installed there now."""
-        paths = set(self.region_paths)
-        return [
-            (module.__dict__, module.__dict__.get("forward"))
-            for path, module in model.named_modules()
-            if path in paths
-        ]
 
     def freeze(self) -> None:
         """Serving mode: stop the builder (no compile runs beside the calls); the form loaded,

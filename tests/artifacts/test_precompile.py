@@ -200,7 +200,7 @@ def test_the_report_names_where_each_group_s_code_came_from(artifacts: Path) -> 
     assert frames_compiled() >= 1
     served = torchkiln.report(model).served_from[0]
     head, *missed = served.splitlines()
-    assert head.endswith("6 calls fit; 3 compiled by the backend")
+    assert head.endswith("6 calls fit; 3 ran the backend's code")
     # The 3 block calls missed for one reason, the first failing guard of each function.
     assert len(missed) == 1 and missed[0].startswith("    missed 3: inference: tensor"), missed
     assert "expected 2, actual 5" in missed[0]

@@ -58,4 +58,4 @@ def test_a_stored_entry_serves_every_call_its_guards_pass_whatever_came_first(tm
     third = _run(store, tmp_path, [3, 1, 3, 1])
     assert third["exact"] and third["graphs"] == 0, third
     assert "serving from store (2 functions" in third["code"] and "8 calls fit" in third["code"]
-    assert "compiled by the backend" not in third["code"]
+    assert "ran the backend's code" not in third["code"]
