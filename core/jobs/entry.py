@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import nn
 
+from torchkiln._internals.compiled_names import stable_compiled_fn_name
 from torchkiln.artifacts.cache import apply_cache_dir
 from torchkiln.artifacts.directory import (
     KERNELS_DIR,
@@ -58,13 +59,20 @@ def plain_module(module: nn.Module) -> Iterator[None]:
 
 
 def compile_function(
-    savable: Any, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    savable: Any,
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    name_seed: str | None = None,
 ) -> Any:
     """``savable`` compiled for this call with ``aot_compile``, with the inductor cache in
-    force: what :func:`build_entry` saves, and what a rank whose caches hold an entry's kernels
-    (:func:`install_caches`) compiles again cheaply, hitting torch's AOTAutograd cache (its key
-    is the same for two ``aot_compile`` calls of one graph, another than a plain compile's)."""
-    with warnings.catch_warnings():
+    force: what :func:`build_entry` saves. With ``name_seed`` (the group's share key) the
+    compiled graph's function is named after it (:func:`stable_compiled_fn_name`), so that
+    torch's AOTAutograd cache key is the same on every rank: a rank whose caches hold another
+    rank's entry (:func:`install_caches`) compiles the group again by tracing it and hitting
+    that entry."""
+    naming = stable_compiled_fn_name(name_seed) if name_seed else contextlib.nullcontext()
+    with naming, warnings.catch_warnings():
         # Dynamo's guard builder reads .grad of non-leaf inputs while saving guards;
         # torch's warning about it says nothing the user can act on.
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not")
@@ -80,6 +88,7 @@ def build_entry(
     module: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    name_seed: str | None = None,
 ) -> tuple[float, Any]:
     """Compile ``savable`` (the group function ``shared`` under ``torch.compile(fullgraph=True)``)
     for this call with ``aot_compile`` and write the entry into ``directory``, which is removed
@@ -91,7 +100,7 @@ def build_entry(
     try:
         recording = recorded_probes(probes, fields["backend"], fields["device"])
         with apply_cache_dir(directory / KERNELS_DIR), recording:
-            aot = compile_function(savable, module, args, kwargs)
+            aot = compile_function(savable, module, args, kwargs, name_seed)
             aot.save_compiled_function(str(directory / ENTRY), external_data=closure_data(shared))
         seconds = time.perf_counter() - started
         meta = {

@@ -33,6 +33,7 @@ from torchkiln.engine.dynamo_records import HeldRecords, all_records
 from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode, Loaded
 from torchkiln.jobs.entry import (
     build_entry,
+    compile_function,
     install_caches,
     load_entry,
     pack_entry,
@@ -329,6 +330,7 @@ class _GroupSharing:
                 call.module,
                 call.args,
                 call.kwargs,
+                name_seed=record.key if self.job.via == "caches" else None,
             )
         except Exception as error:  # sent to the others; every rank then compiles normally
             return None, error_reason(error)
@@ -391,25 +393,31 @@ class _GroupSharing:
     def _through_caches(self, directory: Path) -> Loaded | None:
         """Sharing through torch's caches: the rank that compiled the entry serves the group
         from what its ``aot_compile`` returned (its guards are this process's own: nothing is
-        loaded, nothing compiled twice); every other rank merges the entry's kernels into its
-        inductor cache and compiles the group normally (``None``): Dynamo traces it, AOTAutograd
-        and inductor lower it again, and the compiled kernels (forward and backward) come from
-        the cache, not from the C++ compiler. The entry's saved function is never loaded: under
-        FSDP2 torch cannot load it (docs/jobs.md, "Two ways to share")."""
+        loaded, nothing compiled twice); every other rank merges the entry's kernels (torch's
+        AOTAutograd cache entry, forward and backward, and the compiled kernel libraries) into
+        its inductor cache and compiles the group the same way, which traces it with Dynamo and
+        hits that entry (the compiled function's name, in its key, is the same on every rank:
+        :func:`~torchkiln._internals.compiled_names.stable_compiled_fn_name`). The entry's saved
+        function is never loaded: under FSDP2 torch cannot load it (docs/jobs.md, "Two ways to
+        share")."""
         record, job, call = self.record, self.job, self.call
         started = time.perf_counter()
         try:
-            if record.role == "compiled" and self.compiled is not None:
-                names = call.shared.__code__.co_freevars
-                closure = closure_data(call.shared)
-                return Loaded(
-                    f"rank {record.source}",
-                    [(call_kind(call.module), self.compiled)],
-                    {name: closure[f"closure:{name}"] for name in names},
-                    functools.partial(_other_call, record.group),
+            compiled = self.compiled
+            if record.role != "compiled" or compiled is None:
+                install_caches(directory, job.config.cache_dir)
+                compiled = compile_function(
+                    call.build_savable(), call.module, call.args, call.kwargs, record.key
                 )
-            install_caches(directory, job.config.cache_dir)
-            return None
+            names = call.shared.__code__.co_freevars
+            closure = closure_data(call.shared)
+            return Loaded(
+                "store" if record.role == "store" else f"rank {record.source}",
+                [(call_kind(call.module), compiled)],
+                {name: closure[f"closure:{name}"] for name in names},
+                functools.partial(_other_call, record.group),
+                compiled_here=record.role == "compiled",
+            )
         except Exception as error:
             record.reason = (
                 f"what rank {record.source} compiled could not be put in this rank's caches "
