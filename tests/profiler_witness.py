@@ -1,8 +1,7 @@
 """An independent witness for the report: the profiler's ``Torch-Compiled Region`` ranges.
 
 Dynamo opens a ``Torch-Compiled Region: <compile id>`` range around each run of a cached graph
-(through its own frame evaluation: compile with ``dispatch="dynamo"``; direct dispatch runs the
-same bytecode without the range). Each block call is wrapped in a range of its own by forward
+(through its own frame evaluation, the path every block call takes). Each block call is wrapped in a range of its own by forward
 hooks (outside the compiled code), so a block call ran compiled when a compiled-region range
 lies inside it. Nothing of torchkiln is used to count.
 """

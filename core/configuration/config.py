@@ -14,10 +14,14 @@ import attrs
 REGION_ERROR_POLICIES = ("raise", "eager")
 REST_POLICIES = ("eager", "leaves")
 PROGRESS_CHOICES = ("auto", "on", "off")
-DISPATCH_CHOICES = ("dynamo",)
-"""``dynamo``: every call through ``torch.compile``'s wrapper. ``direct`` and ``reduced`` were
-removed (they saved under 2% of a step); :data:`REMOVED_DISPATCH` says so when asked for."""
-REMOVED_DISPATCH = ("direct", "reduced")
+REMOVED_FIELDS = {
+    "dispatch": (
+        "'dispatch' was removed: a compiled region's calls always go through torch.compile's "
+        "wrapper, torch's public path (its 'direct' and 'reduced' values saved under 2% of a "
+        "step); remove the setting"
+    ),
+}
+"""Top-level fields that were removed, and what to do: naming one is a ``ConfigError``."""
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
@@ -219,10 +223,6 @@ class CompileConfig:
     artifacts_strict: bool = False
     """Artifacts that do not fit (torch, backend, options, device, dtype, code, inputs) raise
     ``ArtifactError`` instead of a warning and a normal compile."""
-    dispatch: str = attrs.field(default="dynamo", converter=_lower)
-    """How a compiled region's calls reach its compiled code: ``dynamo``, through
-    ``torch.compile``'s wrapper, torch's public path (the only value; ``direct`` and
-    ``reduced`` were removed and are refused with a message naming ``dynamo``)."""
     progress: str = attrs.field(default="auto", converter=_lower)
     """Per-region progress during the first (compiling) call: ``auto`` (only on a
     terminal), ``on``, ``off``."""

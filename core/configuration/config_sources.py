@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from torchkiln.configuration.config import CompileConfig
+from torchkiln.configuration.config import REMOVED_FIELDS, CompileConfig
 from torchkiln.configuration.config_values import (
     MAX_ENV_CHARS,
     config_error,
@@ -142,7 +142,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     ConfigError (:mod:`torchkiln.configuration.yaml_reader`). A mapping without one torchkiln field is not a
     torchkiln configuration (``/etc/shadow`` reads as one): refused without showing its keys."""
     data = read_yaml_file(path)
-    fields = {field.name for field in attrs.fields(CompileConfig)}
+    fields = {field.name for field in attrs.fields(CompileConfig)} | set(REMOVED_FIELDS)
     if data and not any(_near_a_field(str(key), fields) for key in data):
         raise config_error(
             f"file:{path}",

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from torchkiln.configuration.config import CompileConfig
+from torchkiln.configuration.config import REMOVED_FIELDS, CompileConfig
 from torchkiln.configuration.config_sources import SECTION_SHORTHANDS, dollar, section_classes
 from torchkiln.configuration.config_values import describe, did_you_mean
 from torchkiln.configuration.value_checks import check
@@ -97,7 +97,10 @@ def known_fields(
         out = {}
         for key, value in node.items():
             path = f"{section}.{key}" if section else str(key)
-            if key not in allowed:
+            if not section and key in REMOVED_FIELDS:
+                problem = ConfigProblem(dollar(path), REMOVED_FIELDS[key], sources.get(path, ""))
+                found.append((order[section], problem))
+            elif key not in allowed:
                 hint = did_you_mean(str(key), allowed)
                 message = f"unknown field {describe(key)}{hint}; allowed: {', '.join(allowed)}"
                 problem = ConfigProblem(dollar(path), message, sources.get(path, ""))

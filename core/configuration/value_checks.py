@@ -15,12 +15,10 @@ from urllib.parse import urlsplit
 
 from torchkiln._internals.versions import feature_problem
 from torchkiln.configuration.config import (
-    DISPATCH_CHOICES,
     FLOAT_DTYPES,
     JOB_SHARE_CHOICES,
     PROGRESS_CHOICES,
     REGION_ERROR_POLICIES,
-    REMOVED_DISPATCH,
     REST_POLICIES,
     TIERED_WHEN_CHOICES,
     CompileConfig,
@@ -83,7 +81,6 @@ def check(config: CompileConfig, sources: Mapping[str, str], plugins: Any) -> No
     for path, allowed, what in _CHOICES:
         if _field(config, path) is not None:
             add(path, _choice(_field(config, path), allowed, what))
-    add("dispatch", _dispatch_problem(config.dispatch))
     if config.remote_cache is not None:
         add("remote_cache", remote_cache_problem(config.remote_cache))
     if not 0 < config.job.timeout <= 7 * 24 * 3600:
@@ -156,15 +153,6 @@ def _choice(
     return (
         f"{describe(config_value)} is not {what}{hint}; allowed: {', '.join(allowed)}{missing_hint}"
     )
-
-
-def _dispatch_problem(value: Any) -> str | None:
-    if value in REMOVED_DISPATCH:
-        return (
-            f"dispatch {value!r} was removed (it saved under 2% of a step and "
-            "read Dynamo's private cache entries); use 'dynamo', the only dispatch"
-        )
-    return _choice(value, DISPATCH_CHOICES, "a dispatch setting")
 
 
 def _check_options(

@@ -344,7 +344,6 @@ ENV_VALUES: dict[str, tuple[str, Any]] = {
     "remote_cache": ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
     "artifacts": ("/tmp/kiln-artifacts", "/tmp/kiln-artifacts"),
     "artifacts_strict": ("true", True),
-    "dispatch": ("DYNAMO", "dynamo"),
     "progress": ("off", "off"),
     "report": ("true", True),
 }

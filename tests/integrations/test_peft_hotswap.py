@@ -90,9 +90,7 @@ def test_under_rest_leaves_an_lm_head_adapter_is_named_compiled_in_its_parts(
     adapter = save_adapter(tmp_path, 1, ["q_proj", "lm_head"])
     model = peft.PeftModel.from_pretrained(base(), adapter).eval()
     with pytest.warns(AdapterPlacementWarning) as caught:
-        torchkiln.compile(
-            model, backend="eager", regions={"rest": "leaves"}, dispatch="dynamo", progress="off"
-        )
+        torchkiln.compile(model, backend="eager", regions={"rest": "leaves"}, progress="off")
     head = model.base_model.model.lm_head
     parts = [head.base_layer, head.lora_A["default"], head.lora_B["default"]]
     ids = example_inputs(base(), batch=1, seq=8)

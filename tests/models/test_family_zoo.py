@@ -42,7 +42,7 @@ def check_mamba_generate(depth: int) -> torchkiln.CompileReport:
     ids = torch.randint(0, 128, (1, 5))
     with torch.no_grad():
         expected = model.generate(ids, max_new_tokens=6, do_sample=False)
-    torchkiln.compile(model, backend="eager", progress="off", dispatch="dynamo")
+    torchkiln.compile(model, backend="eager", progress="off")
     out: list[torch.Tensor] = []
 
     def run() -> None:
@@ -94,7 +94,7 @@ def test_peft_with_four_adapters_report_agrees_with_the_profiler() -> None:
         for index in range(4):
             model.set_adapter(f"a{index}")
             expected[index] = model(ids).logits
-    torchkiln.compile(model, backend="eager", progress="off", dispatch="dynamo")
+    torchkiln.compile(model, backend="eager", progress="off")
     layers = model.base_model.model.model.layers
 
     def run() -> None:
@@ -213,7 +213,7 @@ def test_state_space_and_gpt_neo_generate_report_agrees(family: str) -> None:
     ids = torch.randint(0, 128, (1, 5))
     with torch.no_grad():
         expected = model.generate(ids, max_new_tokens=4, do_sample=False)
-    torchkiln.compile(model, backend="eager", progress="off", dispatch="dynamo")
+    torchkiln.compile(model, backend="eager", progress="off")
     out: list[torch.Tensor] = []
 
     def run() -> None:

@@ -35,7 +35,7 @@ def run_with_later_limit_hit(model: Stack) -> None:
 def test_a_limit_hit_under_no_grad_reported_outside_it_agrees_with_the_profiler(
     recompile_limit: None,
 ) -> None:
-    model = torchkiln.compile(Stack(), backend="eager", progress="off", dispatch="dynamo")
+    model = torchkiln.compile(Stack(), backend="eager", progress="off")
     seen = profiled_block_calls(model.blocks, lambda: run_with_later_limit_hit(model))
     assert [s.eager for s in seen] == [0, 0, 5, 0]  # the witness saw the hit
     assert torch.is_grad_enabled()
