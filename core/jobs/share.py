@@ -30,7 +30,8 @@ from torchkiln.artifacts.directory import ArtifactError, closure_data, error_rea
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import region_state_of
 from torchkiln.engine.dynamo_records import HeldRecords, all_records
-from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode, Loaded
+from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode
+from torchkiln.engine.saved_code import SavedCode
 from torchkiln.jobs.entry import (
     build_entry,
     compile_function,
@@ -220,7 +221,7 @@ class JobShare(CodeSource):
         self.groups.setdefault(group.name, GroupShare(group.name, via=self.via))
         return True
 
-    def load(self, call: GroupCall) -> Loaded | None:
+    def load(self, call: GroupCall) -> SavedCode | None:
         self.codes[call.group.name] = call.code
         region_state = region_state_of(call.module)
         if region_state is not None:
@@ -238,7 +239,7 @@ class _GroupSharing:
         self.compiled: Any = None
         """What this rank's ``aot_compile`` returned (when it built the entry)."""
 
-    def share(self) -> Loaded | None:
+    def share(self) -> SavedCode | None:
         job, record, call = self.job, self.record, self.call
         exchange, store = job.exchange, job.store
         fields = share_fields(job.config, record.group, call.module, call.args, call.kwargs)
@@ -352,7 +353,7 @@ class _GroupSharing:
         self.record.stored = True
         return store.publish(staging, self.record.key)
 
-    def _load(self, directory: Path | None) -> Loaded | None:
+    def _load(self, directory: Path | None) -> SavedCode | None:
         record, job = self.record, self.job
         if directory is None:
             record.role = "local"
@@ -382,7 +383,7 @@ class _GroupSharing:
                 shutil.rmtree(directory, ignore_errors=True)
         source = "store" if record.role == "store" else f"rank {record.source}"
         others = [fn for entry in stored if entry.directory != directory for fn in entry.functions]
-        return Loaded(
+        return SavedCode(
             source,
             [*functions, *others],
             closure,
@@ -390,7 +391,7 @@ class _GroupSharing:
             compiled_here=record.role == "compiled",
         )
 
-    def _through_caches(self, directory: Path) -> Loaded | None:
+    def _through_caches(self, directory: Path) -> SavedCode | None:
         """Sharing through torch's caches: the rank that compiled the entry serves the group
         from what its ``aot_compile`` returned (its guards are this process's own: nothing is
         loaded, nothing compiled twice); every other rank merges the entry's kernels (torch's
@@ -411,7 +412,7 @@ class _GroupSharing:
                 )
             names = call.shared.__code__.co_freevars
             closure = closure_data(call.shared)
-            return Loaded(
+            return SavedCode(
                 "store" if record.role == "store" else f"rank {record.source}",
                 [(call_kind(call.module), compiled)],
                 {name: closure[f"closure:{name}"] for name in names},
