@@ -14,7 +14,7 @@ import functools
 import itertools
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -155,12 +155,6 @@ def _traced_function(
     return region_forward
 
 
-GroupHook = Callable[[RegionGroup, Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
-"""``hook(group, group_function, compiled) -> compiled``: called once per group with the
-function ``compile_region`` returned for the group's shared function (before any
-``GroupPreparation.wrap_call``); what it returns is installed for every region of the group."""
-
-
 class Compiler:
     """Compiles one plan's regions in place."""
 
@@ -172,9 +166,6 @@ class Compiler:
         self.plugins = plugins
         self.progress = progress
         self.calls = 0
-        self.group_hooks: list[GroupHook] = []
-        """Each may replace a group's compiled function (precompiled artifacts do). Errors they
-        raise propagate as they are (they are not compile failures of the region)."""
         self.sources: list[CodeSource] = []
         """Where a group's code may come from before the backend compiles it, in order (the
         store or a peer rank, a precompiled directory): :class:`GroupCode` asks them."""
@@ -274,7 +265,7 @@ class Compiler:
         compiled_shared, error = (
             (self._group_code(shared, group, preparations, sources), None)
             if sources
-            else self._compile(shared, group, preparations, self.group_hooks)
+            else self._compile(shared, group, preparations)
         )
         if isinstance(compiled_shared, GroupCode):
             state.group_codes[group.name] = compiled_shared
@@ -341,7 +332,7 @@ class Compiler:
 
         def compile_group() -> RegionFunction:
             # No wrap_call here: it is around the loaded function, which calls this one.
-            compiled, error = self._compile(fn, group, preparations, self.group_hooks)
+            compiled, error = self._compile(fn, group, preparations)
             if error is not None:  # the eager policy: the calls that needed it run eagerly
                 warnings.warn(
                     f"torchkiln: group {group.name!r} runs eagerly for the calls its loaded "
@@ -367,7 +358,6 @@ class Compiler:
         fn: RegionFunction,
         group: RegionGroup,
         preparations: list[GroupPreparation],
-        hooks: Sequence[GroupHook] = (),
     ) -> tuple[RegionFunction, BaseException | None]:
         """The group's compiled function (inside its trace settings, before any ``wrap_call``:
         the caller adds those), or (under the ``eager`` policy) ``fn`` and the error.
@@ -387,10 +377,7 @@ class Compiler:
                     group.regions[0].path, group.name, error, plugin
                 ) from error
             return fn, error
-        compiled = with_trace_settings(compiled, preparations)
-        for hook in hooks:  # a hook's own error (strict artifacts) is not a compile failure
-            compiled = hook(group, fn, compiled)
-        return compiled, None
+        return with_trace_settings(compiled, preparations), None
 
 
 def _wrapped(

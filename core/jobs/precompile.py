@@ -2,8 +2,9 @@
 :func:`torchkiln.compile` loads without tracing or compiling (``artifacts=DIR``, or ``store=DIR``).
 
 The model is compiled by the same engine as :func:`torchkiln.compile` (same plan, same
-``prepare_group`` preparations, same group function), with a group hook that hands each
-distinct call of a group to torch's ``aot_compile`` and publishes the saved function as a store
+``prepare_group`` preparations, same group function), with a ``compile_region`` wrapper
+(:class:`EntryRecorder`, registered for the precompile only) that hands each distinct call of a
+group to torch's ``aot_compile`` and publishes the saved function as a store
 entry (:mod:`torchkiln.jobs.entry`: ``entries/<key>/``, its kernels inside); the call itself
 then runs eagerly. The model runs once per kind (inference, training) on ``example_inputs`` and
 is decompiled. With ``whole``, the whole model's form goes to ``whole/<key>/``. Each entry is
@@ -16,7 +17,7 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from torchkiln.jobs.keys import share_fields, share_key
 from torchkiln.jobs.store import ENTRIES, JobStore
 from torchkiln.jobs.whole_store import whole_key, whole_section
 from torchkiln.plugin_host.default_manager import PluginsArg, as_plugin_manager
+from torchkiln.plugin_host.hooks import hookimpl
 from torchkiln.plugin_host.region_plan import RegionGroup
 
 MAX_VARIANTS = 4
@@ -128,8 +130,10 @@ def kind_context(model: nn.Module, kind: str) -> Iterator[None]:
 
 
 class EntryRecorder:
-    """The group hook used while precompiling: publishes each distinct call of a group as a
-    store entry, then runs the call eagerly."""
+    """A ``compile_region`` wrapper, registered while precompiling: each group's compiled
+    function is replaced by one that publishes each distinct call of the group as a store entry,
+    then runs the call eagerly. The hook of the design, as any plugin would wrap it: the
+    compiler knows nothing of precompiling."""
 
     def __init__(self, store: JobStore, config: CompileConfig):
         self.store = store
@@ -140,7 +144,11 @@ class EntryRecorder:
         self.seen: set[tuple[str, str, str]] = set()
         self.skipped: list[dict[str, str]] = []
 
-    def hook(self, group: RegionGroup, fn: Callable[..., Any], compiled: Any) -> Any:
+    @hookimpl(wrapper=True)
+    def compile_region(
+        self, fn: Callable[..., Any], group: RegionGroup
+    ) -> Generator[None, Any, Any]:
+        compiled = yield
         self.groups.append(group.name)
 
         def record(module: nn.Module, /, *args: Any, **kwargs: Any) -> Any:
@@ -311,15 +319,16 @@ def precompile(
         ) from error
     recorder = EntryRecorder(store, cfg)
     compiler = Compiler(plan, cfg, pm, make_progress(cfg, plan))
-    compiler.group_hooks.append(recorder.hook)
     call = _as_call(example_inputs)
-    compiler(model)
+    recording = pm.register(recorder, name="torchkiln.precompile")
     try:
+        compiler(model)  # each group's compile_region, inside the recorder's wrapper
         for kind in kinds:
             recorder.kind = kind
             with kind_context(model, kind):
                 model(*call[0], **call[1])
     finally:
+        pm.unregister(name=recording)
         decompile(model)
     result = PrecompileResult(str(directory), recorder.entries, skipped=recorder.skipped)
     if whole:
