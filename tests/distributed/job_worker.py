@@ -3,7 +3,8 @@
 ``python -m torch.distributed.run --nproc_per_node=2 job_worker.py OUT_DIR SETTINGS_JSON``
 
 SETTINGS_JSON: ``backend``, ``store`` (a directory, ``{rank}`` and ``{node}`` filled in, or
-null: ``job.store``), ``one_store`` (a directory: ``store=``, tiers off), ``share``, ``strategy``, ``steps``, ``timeout`` and ``fault``: ``null``,
+null: ``job.store``), ``one_store`` (a directory: ``store=``, tiers off), ``share``, ``strategy``
+(``fsdp2`` takes ``checkpointing``), ``save_params`` (each rank writes ``params<N>.pt``), ``steps``, ``timeout`` and ``fault``: ``null``,
 ``kill-source`` (rank 0 dies while it compiles), ``corrupt`` (rank 1 flips a byte of a kernel
 it received), ``differ`` (rank 1 builds a wider model), ``late`` (rank 1 reaches its first call after
 ``timeout``). Each rank trains a default-config Llama
@@ -82,10 +83,14 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         job["store"] = store.format(rank=rank, node=node)
     if settings.get("one_store"):  # store=: kernels and entries in one directory, no tiers
         places = {"store": settings["one_store"], "tiered": {"enabled": False}}
+    strategy: Any = settings.get("strategy", "ddp")
+    if strategy == "fsdp2":
+        checkpointing = settings.get("checkpointing", False)
+        strategy = {"strategy": "fsdp2", "fsdp2": {"activation_checkpointing": checkpointing}}
     model = torchkiln.compile(
         model,
         backend=settings.get("backend", "aot_eager"),
-        distributed=settings.get("strategy", "ddp"),
+        distributed=strategy,
         job=job,
         progress="off",
         **places,
@@ -107,12 +112,24 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         losses.append(loss.item())
     report = torchkiln.report(model)
     job_report = report.job
+    if settings.get("save_params"):  # this rank's parameters (FSDP2: its shards)
+        params = {
+            n: getattr(p, "to_local", p.detach)().detach() for n, p in model.named_parameters()
+        }
+        torch.save(params, out_dir / f"params{rank}.pt")
+    counters = dynamo.counters()
     return {
         "rank": rank,
         "losses": losses,
         "first_step_cpu": first_step_cpu,
         "first_step_s": first_step_s,
-        "dynamo_graphs": int(dynamo.counters()["stats"]["unique_graphs"]),
+        "dynamo_graphs": int(counters["stats"]["unique_graphs"]),
+        "cache_counters": {  # torch's own: what this rank's compiles found in its caches
+            f"{kind}.{name}": int(value)
+            for kind in ("inductor", "aot_autograd")
+            for name, value in counters[kind].items()
+            if "cache" in name
+        },
         "job_lines": job_report.lines() if job_report is not None else [],
         "sharing": job_report.sharing if job_report is not None else None,
         "groups": [

@@ -1,0 +1,74 @@
+"""One compile per job under FSDP2, in real 2-process jobs (gloo, CPU, inductor): torch cannot
+load a sharded block's saved function, so the group is shared through torch's caches
+(docs/jobs.md, "Two ways to share"). Rank 0 compiles; rank 1 puts rank 0's kernels in its
+caches and compiles by tracing only: torch's own AOTAutograd counter says it hit the cache and
+inductor compiled nothing. The trained shards equal a job where each rank compiled its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from launching import read_ranks, torchrun
+
+pytestmark = [pytest.mark.distributed, pytest.mark.needs_feature("precompiled artifacts")]
+
+WORKER = Path(__file__).parent / "job_worker.py"
+PARAM_TOL = 1e-4
+"""As tests/distributed/test_fsdp2.py."""
+
+
+def job(tmp_path: Path, name: str, **settings: Any) -> tuple[Path, list[dict[str, Any]]]:
+    out = tmp_path / name
+    out.mkdir()
+    settings = {"backend": "inductor", "strategy": "fsdp2", "save_params": True, **settings}
+    return out, read_ranks(out, torchrun(WORKER, [str(out), json.dumps(settings)], cwd=out))
+
+
+def max_param_diff(one: Path, two: Path) -> float:
+    worst = 0.0
+    for rank in (0, 1):
+        a, b = torch.load(one / f"params{rank}.pt"), torch.load(two / f"params{rank}.pt")
+        assert a.keys() == b.keys()
+        worst = max(worst, *(float((a[n] - b[n]).abs().max()) for n in a))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def each_compiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: each rank compiles its own, with aot_eager to keep CI short (within
+    PARAM_TOL of inductor's numbers; examples/fsdp2_job_bench.py compares against inductor
+    compiled on each rank at depth 16: equal to the bit). Activation checkpointing recomputes
+    the same values, so it serves both variants."""
+    out, ranks = job(
+        tmp_path_factory.mktemp("fsdp2-alone"), "alone", share="off", backend="aot_eager"
+    )
+    assert all("job.share is off" in r["job_lines"][0] for r in ranks)
+    return out
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_fsdp2_group_is_shared_through_torchs_caches(
+    tmp_path: Path, each_compiles: Path, checkpointing: bool
+) -> None:
+    out, ranks = job(tmp_path, "shared", checkpointing=checkpointing)
+    for r in ranks:
+        assert "error" not in r, r.get("traceback")
+    assert [[g["role"] for g in r["groups"]] for r in ranks] == [["compiled"], ["received"]]
+    assert ranks[0]["job_lines"][1].startswith(
+        "  LlamaDecoderLayer: compiled, sent to rank(s) 1, shared through torch's caches ("
+    )
+    assert ranks[1]["job_lines"][1].startswith(
+        "  LlamaDecoderLayer: received from rank 0, shared through torch's caches ("
+    )
+    source, receiver = (r["cache_counters"] for r in ranks)
+    assert source.get("aot_autograd.autograd_cache_miss", 0) >= 1, source
+    # the receiver's compile found rank 0's entry (forward and backward) and lowered nothing
+    assert receiver.get("aot_autograd.autograd_cache_hit", 0) >= 1, receiver
+    assert receiver.get("aot_autograd.autograd_cache_miss", 0) == 0, receiver
+    assert receiver.get("inductor.fxgraph_cache_miss", 0) == 0, receiver
+    assert ranks[1]["first_step_cpu"] < 0.5 * ranks[0]["first_step_cpu"]
+    assert max_param_diff(out, each_compiles) < PARAM_TOL
