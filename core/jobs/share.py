@@ -73,9 +73,9 @@ class GroupShare:
     ``local``: compiled normally on this rank (:attr:`reason` says why)."""
     via: str = "function"
     """How the group was shared (:data:`WAYS`): ``function``, every rank loads the entry's saved
-    function; ``caches``, the entry's kernels fill this rank's torch caches (inductor's FX-graph
-    and AOTAutograd entries, the compiled kernels) and the rank compiles the group normally,
-    hitting them (the compiling rank runs what it compiled)."""
+    function; ``caches``, the entry's kernels fill this rank's torch caches (the AOTAutograd
+    entry, forward and backward, and the compiled kernels) and the rank compiles the group by
+    tracing it and hitting them (the compiling rank runs what it compiled)."""
     source: int | None = None
     """The rank whose entry this rank loaded (itself for ``compiled`` and ``store``)."""
     reason: str | None = None
