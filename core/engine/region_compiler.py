@@ -85,6 +85,21 @@ def _named_forward(function: Any) -> Any:
 
 _SERIAL = itertools.count()
 
+TRACED_WRAPPERS = "torchkiln_traced_wrappers"
+"""A group function's attribute: the names of the ``wrap_traced`` wrappers inside it, in order
+(:func:`traced_wrappers`)."""
+
+
+def traced_wrappers(function: Callable[..., Any]) -> tuple[str, ...]:
+    """The ``wrap_traced`` wrappers a group function traces through (``()``: the block's forward
+    alone), by qualified name."""
+    return tuple(getattr(function, TRACED_WRAPPERS, ()))
+
+
+def _callable_name(function: Any) -> str:
+    name = getattr(function, "__qualname__", None) or type(function).__qualname__
+    return f"{getattr(function, '__module__', None) or type(function).__module__}.{name}"
+
 
 def group_function(group: RegionGroup, forward: Callable[..., Any]) -> Callable[..., Any]:
     """``fn(module, *args, **kwargs) -> forward(module, ...)`` with a code object of its own.
@@ -259,6 +274,11 @@ class Compiler:
     ) -> None:
         traced = _wrapped(type(group.regions[0].module).forward, preparations, "wrap_traced")
         shared = group_function(group, traced)
+        # What else the traced code runs besides the block's forward (activation checkpointing,
+        # say): part of a saved entry's key, so an entry never serves a group traced otherwise.
+        shared.__dict__[TRACED_WRAPPERS] = tuple(
+            _callable_name(p.wrap_traced) for p in preparations if p.wrap_traced is not None
+        )
         state.code_names[group.name] = shared.__code__.co_name
         state.codes[group.name] = shared.__code__
         sources = [source for source in self.sources if source.attach(group, shared)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from torchkiln.artifacts.directory import (
     structure_hash,
 )
 from torchkiln.configuration.config import CompileConfig
+from torchkiln.engine.region_compiler import traced_wrappers
 
 
 def call_kind(module: nn.Module) -> str:
@@ -64,9 +65,12 @@ CALL_FIELDS = ("inputs", "kind")
 """The fields of one call; the others are the group's (equal for every call of it)."""
 
 
-def group_fields(config: CompileConfig, group: str, module: nn.Module) -> dict[str, Any]:
+def group_fields(
+    config: CompileConfig, group: str, module: nn.Module, function: Callable[..., Any]
+) -> dict[str, Any]:
     """The key's fields every call of the group shares (a precompiled directory serves all of
-    the group's entries whose group fields are these)."""
+    the group's entries whose group fields are these); ``function`` is the group's function,
+    whose ``wrap_traced`` wrappers (activation checkpointing) are part of what was compiled."""
     return {
         **environment_key(config, module),
         "transformers": installed_version("transformers"),
@@ -76,15 +80,21 @@ def group_fields(config: CompileConfig, group: str, module: nn.Module) -> dict[s
         "class": class_name(module),
         "code": code_hash(module),
         "structure": structure_hash(module),
+        "traced": list(traced_wrappers(function)),
     }
 
 
 def share_fields(
-    config: CompileConfig, group: str, module: nn.Module, args: Any, kwargs: Mapping[str, Any]
+    config: CompileConfig,
+    group: str,
+    module: nn.Module,
+    function: Callable[..., Any],
+    args: Any,
+    kwargs: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Every field of the key, by name (what :func:`differing_fields` compares)."""
     return {
-        **group_fields(config, group, module),
+        **group_fields(config, group, module, function),
         "inputs": input_spec(args, dict(kwargs)),
         "kind": call_kind(module),
     }

@@ -177,7 +177,7 @@ class EntryRecorder:
                     f"compile_region for backend {self.config.backend!r} returned "
                     f"{type(compiled).__name__}, not a torch.compile function (no aot_compile)"
                 )
-            fields = share_fields(self.config, group, module, args, kwargs)
+            fields = share_fields(self.config, group, module, fn, args, kwargs)
             key = share_key(fields)
             seconds, path = 0.0, self.store.find(key)
             if path is None:  # an earlier precompile may have written it: kept as it is

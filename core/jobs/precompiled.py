@@ -105,7 +105,7 @@ class PrecompiledDirectory(CodeSource):
         if not entries:
             return False
         fields = _group_part(
-            {"fields": group_fields(self.config, group.name, group.regions[0].module)}
+            {"fields": group_fields(self.config, group.name, group.regions[0].module, shared)}
         )
         fitting = sorted(
             (e for e in entries if _group_part(e[1]) == fields),

@@ -191,7 +191,7 @@ class JobShare(CodeSource):
 
     def _load_stored(self, call: GroupCall) -> list[StoredEntry]:
         assert self.store is not None
-        fields = group_fields(self.config, call.group.name, call.module)
+        fields = group_fields(self.config, call.group.name, call.module, call.shared)
         entries = []
         for path in self.store.published():
             try:
@@ -242,7 +242,9 @@ class _GroupSharing:
     def share(self) -> SavedCode | None:
         job, record, call = self.job, self.record, self.call
         exchange, store = job.exchange, job.store
-        fields = share_fields(job.config, record.group, call.module, call.args, call.kwargs)
+        fields = share_fields(
+            job.config, record.group, call.module, call.shared, call.args, call.kwargs
+        )
         key = share_key(fields)
         record.key = key
         started = time.perf_counter()

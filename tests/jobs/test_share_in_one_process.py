@@ -4,17 +4,21 @@ first compiled. And the decisions: when a job shares, when not, and why."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import torchkiln
 from torchkiln._internals import dynamo
+from torchkiln.artifacts.directory import read_meta
 from torchkiln.configuration.config import CompileConfig, DistributedConfig, JobConfig
 from torchkiln.examples import llama
 from torchkiln.jobs import job_share_for, share_way, sharing_problem
 from torchkiln.jobs.keys import describe_difference, differing_fields, share_fields, share_key
 from torchkiln.jobs.share import GroupShare
+from torchkiln.jobs.store import JobStore
+from torchkiln.plugin import GroupPreparation
 
 SHAPE = {"depth": 2, "hidden_size": 32, "heads": 4, "kv_heads": 2, "intermediate_size": 64,
          "vocab_size": 128}  # fmt: skip
@@ -106,18 +110,27 @@ def test_share_on_refuses_a_job_that_cannot_share(tmp_path: Path) -> None:
         )
 
 
+def forward(module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+    """A group function traced through no wrapper (the block's forward alone)."""
+    return type(module).forward(module, *args, **kwargs)
+
+
 def test_the_key_names_every_field_that_differs() -> None:
     model = llama(**SHAPE)
     layer = model.model.layers[0]
     hidden = torch.randn(1, 8, 32)
-    base = share_fields(CompileConfig(), "g", layer, (hidden,), {})
-    other_mode = share_fields(CompileConfig(mode="max-autotune"), "g", layer, (hidden,), {})
-    longer = share_fields(CompileConfig(), "g", layer, (torch.randn(1, 9, 32),), {})
+    base = share_fields(CompileConfig(), "g", layer, forward, (hidden,), {})
+    other_mode = share_fields(
+        CompileConfig(mode="max-autotune"), "g", layer, forward, (hidden,), {}
+    )
+    longer = share_fields(CompileConfig(), "g", layer, forward, (torch.randn(1, 9, 32),), {})
     assert share_key(base) == share_key(dict(base)) and len(share_key(base)) == 64
     assert differing_fields(other_mode, base) == ["mode"]
     assert differing_fields(longer, base) == ["inputs"]
     with torch.no_grad():
-        assert share_fields(CompileConfig(), "g", layer, (hidden,), {})["kind"] == "inference"
+        assert (
+            share_fields(CompileConfig(), "g", layer, forward, (hidden,), {})["kind"] == "inference"
+        )
 
 
 def test_ranks_on_other_device_indices_key_apart_and_the_reason_says_why() -> None:
@@ -125,7 +138,7 @@ def test_ranks_on_other_device_indices_key_apart_and_the_reason_says_why() -> No
     code enters that device), so cuda:0's entry never fits cuda:1: the key has the index, and
     the reason names it. (Fields as two ranks of one 8-GPU node would compute them.)"""
     layer = llama(**SHAPE).model.layers[0]
-    here = share_fields(CompileConfig(), "g", layer, (torch.randn(1, 8, 32),), {})
+    here = share_fields(CompileConfig(), "g", layer, forward, (torch.randn(1, 8, 32),), {})
     assert here["device_index"] is None  # the CPU has no index
     cuda0, cuda1 = {**here, "device_index": 0}, {**here, "device_index": 1}
     assert share_key(cuda0) != share_key(cuda1)
@@ -170,3 +183,48 @@ def test_the_report_counts_calls_the_entry_did_not_fit(tmp_path: Path) -> None:
         .job.lines()[1]
         .endswith("; 2 of 4 calls did not fit it and were compiled here")
     )
+
+
+def traced_twice(traced: Any) -> Any:
+    """A ``wrap_traced`` wrapper (as activation checkpointing is one): the key must see it."""
+
+    def twice(module: torch.nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+        return traced(module, *args, **kwargs)
+
+    return twice
+
+
+class WrapsTheTrace:
+    @torchkiln.hookimpl
+    def prepare_group(self) -> GroupPreparation:
+        return GroupPreparation(wrap_traced=traced_twice)
+
+
+@pytest.mark.needs_feature("precompiled artifacts")
+def test_an_entry_never_serves_a_group_traced_through_other_wrappers(tmp_path: Path) -> None:
+    """A group compiled inside a ``wrap_traced`` wrapper (FSDP2's activation checkpointing) is
+    other code than the plain block's: its entry is keyed apart, so a store never hands one to
+    the other (before, an entry saved without checkpointing served a checkpointed group)."""
+    store = tmp_path / "store"
+    ids = torch.randint(0, 128, (1, 8))
+    pm = torchkiln.PluginManager()
+    pm.register(WrapsTheTrace())
+    wrapped = torchkiln.compile(
+        llama(**SHAPE).eval(), backend="aot_eager", job={"store": str(store)}, plugins=pm,
+        progress="off",
+    )  # fmt: skip
+    with torch.no_grad():
+        wrapped(ids)
+    [entry] = JobStore(store).published()
+    assert read_meta(entry)["fields"]["traced"] == [f"{__name__}.traced_twice"]
+    plain = torchkiln.compile(
+        llama(**SHAPE).eval(), backend="aot_eager", job={"store": str(store)}, progress="off"
+    )
+    with torch.no_grad():
+        plain(ids)
+    [group] = torchkiln.report(plain).job.groups
+    assert group.role == "compiled"  # not "store": the wrapped group's entry did not serve it
+    assert sorted(read_meta(e)["fields"]["traced"] for e in JobStore(store).published()) == [
+        [],
+        [f"{__name__}.traced_twice"],
+    ]
