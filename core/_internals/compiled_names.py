@@ -8,8 +8,11 @@ graph never find each other's entry. Under :func:`stable_compiled_fn_name` the n
 from a seed (the group's share key) instead, so a rank that holds another rank's entry hits it:
 Dynamo traces, AOTAutograd and inductor load, nothing is lowered or compiled again.
 
-Each ``aot_compile`` result holds its compiled function in globals of its own
-(``runtime_env.forward_callable``), so two functions of one process with one name do not meet.
+Dynamo installs the name in the traced function's globals while the compiled code lives, and
+refuses a name already there (``AssertionError: Name ... already exists in scope``). So a seed's
+second use in one process (the same group compiled again, another copy of the model) gets a name
+of its own, numbered; ranks compile in the same order, so their numbers agree, and a restarted
+process starts again from the first.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 PREFIX = "__compiled_fn"
+_uses: dict[str, int] = {}
+"""Seed -> how many times this process named a compiled function after it."""
 
 
 def _name(seed: str) -> str:
@@ -41,7 +46,9 @@ def stable_compiled_fn_name(seed: str) -> Iterator[bool]:
     """
     from torch._dynamo import output_graph
 
-    name = _name(seed)
+    used = _uses.get(seed, 0)
+    _uses[seed] = used + 1
+    name = _name(seed if not used else f"{seed}#{used}")
     if hasattr(output_graph, "make_compiled_fn_name"):
         attribute, original = "make_compiled_fn_name", output_graph.make_compiled_fn_name
 
