@@ -32,6 +32,7 @@ from torchkiln.engine.compile_state import region_state_of
 from torchkiln.engine.dynamo_records import HeldRecords, all_records
 from torchkiln.engine.group_runtime import CodeSource, GroupCall, GroupCode
 from torchkiln.engine.saved_code import SavedCode
+from torchkiln.engine.states import State, describe
 from torchkiln.jobs.entry import (
     build_entry,
     compile_function,
@@ -68,9 +69,10 @@ class GroupShare:
 
     group: str
     role: str = "local"
-    """``compiled``: this rank compiled the entry (and sent it where others needed it);
-    ``received``: another rank compiled it and sent it; ``store``: read from ``job.store``;
-    ``local``: compiled normally on this rank (:attr:`reason` says why)."""
+    """This rank's part in the exchange: ``compiled``, it compiled the entry (and sent it where
+    others needed it); ``received``, another rank compiled it and sent it; ``store``, read from
+    ``job.store``; ``local``, compiled normally on this rank (:attr:`reason` says why). The
+    report says the group's :attr:`state` instead, in the one vocabulary."""
     via: str = "function"
     """How the group was shared (:data:`WAYS`): ``function``, every rank loads the entry's saved
     function; ``caches``, the entry's kernels fill this rank's torch caches (the AOTAutograd
@@ -105,10 +107,24 @@ class GroupShare:
     other_calls: int = 0
     """Calls the entry did not fit (another shape, the other kind): compiled on this rank."""
 
+    @property
+    def state(self) -> State:
+        """:class:`~torchkiln.engine.states.State`: ``pending`` before the group's first call,
+        ``serving`` what another rank or the store had, ``compiled`` here (for the job or not)."""
+        if not self.key:
+            return State.PENDING
+        return State.SERVING if self.role in ("received", "store") else State.COMPILED
+
+    @property
+    def source_name(self) -> str | None:
+        """``rank 0`` or ``store`` for a group served from there; else ``None``."""
+        if self.role == "store":
+            return "store"
+        return f"rank {self.source}" if self.role == "received" else None
+
     def line(self) -> str:
         if not self.key:  # its first call has not come (a whole-model form served every call)
-            return f"{self.group}: not called yet"
-        source = f" from rank {self.source}" if self.role == "received" else ""
+            return f"{self.group}: {State.PENDING} (not called yet)"
         sent = f", sent to rank(s) {', '.join(map(str, self.receivers))}" if self.receivers else ""
         wire = (
             f", {self.bytes / 2**20:.1f} MB in {self.transfer_seconds:.3f} s"
@@ -127,7 +143,8 @@ class GroupShare:
             else ""
         )
         way = f", {WAYS[self.via]}" if self.role != "local" else ""
-        return f"{self.group}: {self.role}{source}{sent}{way}{times}{why}{other}"
+        said = describe(self.state, self.source_name)
+        return f"{self.group}: {said}{sent}{way}{times}{why}{other}"
 
 
 @attrs.define

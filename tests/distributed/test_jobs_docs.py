@@ -1,6 +1,6 @@
 """docs/jobs.md: its YAML is a valid configuration, and its first command, run twice as the
 page says (with aot_eager instead of inductor to keep CI short), prints the report lines the
-page shows: received from rank 0, then read from the store."""
+page shows: served from rank 0, then from the store."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_the_first_command_shares_then_restarts_from_the_store(tmp_path: Path) -
     assert first[1][0] == shown[0].splitlines()[0].replace("/tmp/kiln-store", store)
     assert first[0][1].startswith("  LlamaDecoderLayer: compiled, sent to rank(s) 1")
     assert first[1][1].startswith(
-        "  LlamaDecoderLayer: received from rank 0, shared as a saved function (compile 0.0 s"
+        "  LlamaDecoderLayer: serving from rank 0, shared as a saved function (compile 0.0 s"
     )
     assert [lines[1].split(" (")[0] for lines in restart] == [
         shown[1].splitlines()[1].split(" (")[0]

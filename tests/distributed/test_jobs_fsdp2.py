@@ -62,7 +62,7 @@ def test_fsdp2_group_is_shared_through_torchs_caches(
         "  LlamaDecoderLayer: compiled, sent to rank(s) 1, shared through torch's caches ("
     )
     assert ranks[1]["job_lines"][1].startswith(
-        "  LlamaDecoderLayer: received from rank 0, shared through torch's caches ("
+        "  LlamaDecoderLayer: serving from rank 0, shared through torch's caches ("
     )
     source, receiver = (r["cache_counters"] for r in ranks)
     assert source.get("aot_autograd.autograd_cache_miss", 0) >= 1, source

@@ -52,7 +52,7 @@ def test_a_second_compile_loads_the_group_from_the_store(tmp_path: Path) -> None
     lines = torchkiln.report(model).job.lines()
     assert lines[0] == f"job: rank 0 of 1, compiled once per job, store {tmp_path / 'store'}"
     assert lines[1].startswith(
-        "  LlamaDecoderLayer: store, shared as a saved function (compile 0.0 s"
+        "  LlamaDecoderLayer: serving from store, shared as a saved function (compile 0.0 s"
     )
 
 
@@ -97,10 +97,11 @@ def test_fsdp2_shares_through_torchs_caches_and_the_line_says_so() -> None:
     assert (share_way(fsdp2), share_way(CompileConfig())) == ("caches", "function")
     received = GroupShare("LlamaDecoderLayer", role="received", via="caches", source=0, key="k")
     assert received.line().startswith(
-        "LlamaDecoderLayer: received from rank 0, shared through torch's caches (compile 0.0 s"
+        "LlamaDecoderLayer: serving from rank 0, shared through torch's caches (compile 0.0 s"
     )
     local = GroupShare("LlamaDecoderLayer", via="caches", key="k", reason="why")
-    assert local.line().startswith("LlamaDecoderLayer: local (compile")
+    assert local.line().startswith("LlamaDecoderLayer: compiled (compile")
+    assert (received.state, local.state) == ("serving", "compiled")
 
 
 def test_share_on_refuses_a_job_that_cannot_share(tmp_path: Path) -> None:
