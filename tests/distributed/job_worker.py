@@ -4,7 +4,8 @@
 
 SETTINGS_JSON: ``backend``, ``store`` (a directory, ``{rank}`` and ``{node}`` filled in, or
 null: ``job.store``), ``one_store`` (a directory: ``store=``, tiers off), ``share``, ``strategy``
-(``fsdp2`` takes ``checkpointing``), ``save_params`` (each rank writes ``params<N>.pt``), ``steps``, ``timeout`` and ``fault``: ``null``,
+(``fsdp2`` takes ``checkpointing`` and ``replicate_degree``: HSDP), ``depth`` (the Llama's,
+else ``SHAPE``'s), ``save_params`` (each rank writes ``params<N>.pt``), ``steps``, ``timeout`` and ``fault``: ``null``,
 ``kill-source`` (rank 0 dies while it compiles), ``corrupt`` (rank 1 flips a byte of a kernel
 it received), ``differ`` (rank 1 builds a wider model), ``late`` (rank 1 reaches its first call after
 ``timeout``). Each rank trains a default-config Llama
@@ -72,6 +73,7 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     node = int(os.environ.get("GROUP_RANK", "0"))
     apply_fault(settings.get("fault"), rank)
     shape = dict(SHAPE)
+    shape["depth"] = settings.get("depth", shape["depth"])
     if settings.get("fault") == "differ" and rank == 1:
         shape["hidden_size"] = 96
     torch.manual_seed(0)
@@ -86,7 +88,10 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     strategy: Any = settings.get("strategy", "ddp")
     if strategy == "fsdp2":
         checkpointing = settings.get("checkpointing", False)
-        strategy = {"strategy": "fsdp2", "fsdp2": {"activation_checkpointing": checkpointing}}
+        fsdp2 = {"activation_checkpointing": checkpointing}
+        if settings.get("replicate_degree"):  # HSDP: a (replicate, shard) mesh
+            fsdp2["replicate_degree"] = settings["replicate_degree"]
+        strategy = {"strategy": "fsdp2", "fsdp2": fsdp2}
     model = torchkiln.compile(
         model,
         backend=settings.get("backend", "aot_eager"),
