@@ -21,6 +21,7 @@ from torchkiln.bench.settings import (
     GPU_PLOT,
     GPU_STRATEGIES,
     GPU_WORKLOADS,
+    JOB_DISTRIBUTED,
     MODES,
     PRESETS,
     QUICK_BATCHES,
@@ -164,7 +165,22 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         help="instead of the grid: launch jobs of this many ranks with torchrun (gloo, this "
         "machine) and compare their cold start, compile CPU time and restart with one rank's "
-        "(docs/jobs.md); uses --model, --depths (the first), --batch, --seq, --backend, --json",
+        "(docs/jobs.md); uses --model, --depths (the first), --batch, --seq, --backend, --json, "
+        "--distributed, --checkpointing",
+    )
+    p.add_argument(
+        "--distributed",
+        metavar="{" + ",".join(JOB_DISTRIBUTED) + "}",
+        help="with --ranks: the jobs' distributed strategy (default ddp). fsdp2: every job, the "
+        "one-rank reference included, under torchkiln's FSDP2; runs one rank, N ranks each "
+        "compiling, N ranks sharing with a fresh store, and the restart (no full torch.compile "
+        "or tiered job)",
+    )
+    p.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="with --ranks and --distributed fsdp2: turn on "
+        "distributed.fsdp2.activation_checkpointing in every job",
     )
     p.add_argument(
         "--store",
@@ -207,6 +223,7 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run the bench described by ``args``; 0 when every cell that ran produced numbers
     (cells skipped for the time budget included), else 1; with ``--check``,
     :data:`EXIT_TARGET_MISSED` when they did but a target is NOT met."""
+    _check_distributed(args)
     if args.ranks is not None:
         return _run_job_bench(args)
     if args.store:
@@ -231,16 +248,38 @@ def _first(values: str | None, default: int) -> int:
     return int(values.split(",")[0]) if values else default
 
 
+def _check_distributed(args: argparse.Namespace) -> None:
+    """Refuse ``--distributed`` and ``--checkpointing`` where the job bench would not use them."""
+    from torchkiln.bench.settings import BenchError
+
+    given = args.distributed
+    if given is not None and given not in JOB_DISTRIBUTED:
+        raise BenchError(
+            f"--distributed {given}: the job bench runs {' or '.join(JOB_DISTRIBUTED)}"
+        )
+    if given is not None and (args.ranks is None or args.ranks < 2):
+        raise BenchError(
+            f"--distributed {given}: the strategy of a job bench's jobs; add --ranks N (N >= 2)"
+        )
+    if args.checkpointing and given != "fsdp2":
+        raise BenchError(
+            "--checkpointing turns on distributed.fsdp2.activation_checkpointing: add --ranks N "
+            "--distributed fsdp2"
+        )
+
+
 def _run_job_bench(args: argparse.Namespace) -> int:
-    from torchkiln.bench.jobs import TARGETS, run_job_bench
+    from torchkiln.bench.jobs import STEPS, run_job_bench, targets
     from torchkiln.bench.settings import BenchError
 
     if args.ranks < 2:
         raise BenchError(f"--ranks {args.ranks}: a job bench needs at least 2 ranks")
     base = {"model": args.model or "llama", "depth": _first(args.depths, 16),
-            "batch": _first(args.batch, 1), "seq": args.seq, "backend": args.backend, "steps": 12}  # fmt: skip
+            "batch": _first(args.batch, 1), "seq": args.seq, "backend": args.backend,
+            "steps": STEPS, "distributed": args.distributed or JOB_DISTRIBUTED[0],
+            "checkpointing": args.checkpointing}  # fmt: skip
     result = run_job_bench(args.ranks, base, args.json_path, args.timeout or 1800)
-    missed = [key for _, key, limit in TARGETS if result["ratios"].get(key, 0) > limit]
+    missed = [key for _, key, limit in targets(base) if result["ratios"].get(key, 0) > limit]
     return EXIT_TARGET_MISSED if args.check and missed else 0
 
 

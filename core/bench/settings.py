@@ -69,6 +69,11 @@ GPU_PLOT = "bench-gpu.png"
 GPU_TIMEOUT = 420.0
 """One worker process at most (a full compile of depth 32 under reduce-overhead included)."""
 
+# --ranks N (torchkiln.bench.jobs): the job's distributed strategy.
+JOB_DISTRIBUTED = ("ddp", "fsdp2")
+"""``--distributed`` choices, the default first. Under fsdp2 the bench leaves out the full
+``torch.compile`` job and the tiered one (tiered compilation is refused under FSDP2)."""
+
 
 class BenchError(TorchkilnError):
     """A ``torchkiln bench`` request that cannot run as given."""

@@ -1,10 +1,17 @@
 """``torchkiln bench --ranks N``: the table and targets it prints from one run's numbers (the
-launches themselves are measured by hand: docs/jobs.md, "Measuring it")."""
+DDP launches themselves are measured by hand: docs/jobs.md, "Measuring it"), the
+``--distributed`` options, and one small real ``--distributed fsdp2`` run."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from torchkiln.bench import jobs
 from torchkiln.bench.jobs import alternating_ratio, render, worst_ratio
 from torchkiln.cli import main
 
@@ -107,3 +114,104 @@ def test_a_job_of_one_rank_is_refused(capsys: pytest.CaptureFixture[str]) -> Non
     assert (
         "torchkiln: error: --ranks 1: a job bench needs at least 2 ranks" in capsys.readouterr().err
     )
+
+
+def test_an_fsdp2_table_says_so_and_holds_it_to_fsdp2s_targets() -> None:
+    settings = {"ranks": 2, "model": "llama", "depth": 16, "batch": 1, "seq": 128,
+                "backend": "inductor", "distributed": "fsdp2", "checkpointing": True}  # fmt: skip
+    shared = "  LlamaDecoderLayer: serving from rank 0, shared through torch's caches (load 2.6 s)"
+    runs = {
+        "1 rank": {"ranks": [rank(0, 20.0, 20.0)], "cold_start_s": 25.0},
+        "2 ranks, once per job": {
+            "ranks": [rank(0, 21.0, 22.0), rank(1, 21.0, 3.0, ["job: rank 1 of 2", shared])],
+            "cold_start_s": 27.0,
+        },
+    }
+    ratios = {"cold_vs_one": 27 / 25, "cpu_vs_one": 25 / 20}
+    lines = render({"settings": settings, "runs": runs, "ratios": ratios}).splitlines()
+    assert lines[0].startswith(
+        "torchkiln bench --ranks 2: llama depth 16, batch 1, seq 128, inductor, distributed fsdp2 "
+        "(activation checkpointing on), training steps"
+    )
+    assert "  target compile CPU-s summed over ranks / 1 rank's: 1.25 (at most 1.25): met" in lines
+    assert f"  [2 ranks, once per job, rank 1] {shared.strip()}" in lines
+    ddp = render({"settings": {**settings, "distributed": "ddp"}, "runs": runs, "ratios": ratios})
+    assert ", inductor, distributed ddp, training steps" in ddp.splitlines()[0]
+    assert "compile CPU-s summed over ranks / 1 rank's: 1.25 (at most 1.2): NOT met" in ddp
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ranks", "2", "--distributed", "zero3"],
+         "--distributed zero3: the job bench runs ddp or fsdp2"),
+        (["--distributed", "fsdp2"], "--distributed fsdp2: the strategy of a job bench's jobs; "
+         "add --ranks N (N >= 2)"),
+        (["--ranks", "1", "--distributed", "ddp"], "--distributed ddp: the strategy of a job "
+         "bench's jobs; add --ranks N (N >= 2)"),
+        (["--ranks", "2", "--checkpointing"], "--checkpointing turns on "
+         "distributed.fsdp2.activation_checkpointing: add --ranks N --distributed fsdp2"),
+    ],
+    ids=["unknown", "no-ranks", "one-rank", "checkpointing-under-ddp"],
+)  # fmt: skip
+def test_distributed_options_a_job_bench_cannot_use_are_refused(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *argv]) != 0
+    assert f"torchkiln: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [([], ("ddp", False)), (["--distributed", "fsdp2", "--checkpointing"], ("fsdp2", True))],
+    ids=["default-ddp", "fsdp2-checkpointing"],
+)
+def test_the_job_bench_gets_the_strategy(
+    argv: list[str], expected: tuple[str, bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def run_job_bench(ranks: int, base: dict[str, Any], *_: object) -> dict[str, Any]:
+        seen.append(base)
+        return {"ratios": {}}
+
+    monkeypatch.setattr(jobs, "run_job_bench", run_job_bench)
+    assert main(["bench", "--ranks", "2", *argv]) == 0
+    assert (seen[0]["distributed"], seen[0]["checkpointing"]) == expected
+
+
+@pytest.mark.distributed
+@pytest.mark.needs_feature("precompiled artifacts")
+def test_an_fsdp2_job_bench_shares_the_group_and_says_fsdp2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Four real launches, sized for CI's 2 cores: depth 2, aot_eager, 3 steps a rank, 2
+    alternating rounds in the restart; activation checkpointing on."""
+    monkeypatch.setattr(jobs, "STEPS", 3)
+    monkeypatch.setattr(jobs, "ALTERNATE_ROUNDS", 2)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    out = tmp_path / "fsdp2.json"
+    argv = ["bench", "--ranks", "2", "--distributed", "fsdp2", "--checkpointing", "--depths", "2",
+            "--backend", "aot_eager", "--json", str(out), "--timeout", "300"]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ", aot_eager, distributed fsdp2 (activation checkpointing on), training" in lines[0]
+    document = json.loads(out.read_text())
+    settings = document["settings"]
+    assert (settings["distributed"], settings["checkpointing"]) == ("fsdp2", True)
+    assert list(document["runs"]) == [
+        "1 rank", "2 ranks, each compiles", "2 ranks, once per job", "2 ranks, restart"
+    ]  # fmt: skip
+    assert set(document["ratios"]) == {"cold_vs_one", "cpu_vs_one", "restart_vs_cold",
+                                       "restart_steady"}  # fmt: skip
+    assert [line.split()[0] for line in lines[2:6]] == ["1", "2", "2", "2"]  # one row a job
+    assert (
+        "  [2 ranks, once per job, rank 1] LlamaDecoderLayer: serving from rank 0, shared through "
+        "torch's caches (" in "\n".join(lines)
+    )
+    assert (
+        "  [2 ranks, restart, rank 1] LlamaDecoderLayer: serving from store, shared through "
+        "torch's caches (" in "\n".join(lines)
+    )
+    assert any(line.startswith("  target compile CPU-s summed over ranks / 1 rank's: ")
+               and "(at most 1.25)" in line for line in lines)  # fmt: skip
