@@ -5,7 +5,8 @@ The key covers the environment an artifact directory is keyed by (torch, Python,
 mode, options, dynamic, device type, dtype), the transformers release, the device's
 architecture (a GPU's name and compute capability; on the CPU, the vector ISA inductor may use
 and the C++ compiler), the group's class, the source of its classes, its parameter and buffer
-layout, the call's input specs and its kind (training or inference), and the device index:
+layout, the values of its plain attributes (what Dynamo bakes into the code as constants:
+:mod:`torchkiln.jobs.attributes`), the wrappers its traced code runs through, the call's input specs and its kind (training or inference), and the device index:
 compiled code is bound to it (Dynamo's tensor guards compare it, inductor's code enters that
 device), so ranks on cuda:0 and cuda:1 of one node never run one entry. Ranks whose keys are
 equal receive one compile; a rank whose key differs compiles its own, and
@@ -32,6 +33,7 @@ from torchkiln.artifacts.directory import (
 )
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.region_compiler import traced_wrappers
+from torchkiln.jobs.attributes import differing_attributes, plain_attributes
 
 
 def call_kind(module: nn.Module) -> str:
@@ -80,6 +82,7 @@ def group_fields(
         "class": class_name(module),
         "code": code_hash(module),
         "structure": structure_hash(module),
+        "attributes": plain_attributes(module),
         "traced": list(traced_wrappers(function)),
     }
 
@@ -115,6 +118,12 @@ def describe_difference(mine: Mapping[str, Any], other: Mapping[str, Any]) -> st
     """Why this rank's key differs from rank 0's, in words."""
     differ = differing_fields(mine, other)
     text = f"this rank's key differs from rank 0's in: {', '.join(differ)}"
+    if "attributes" in differ:
+        text += (
+            f" ({differing_attributes(mine.get('attributes', {}), other.get('attributes', {}))}: "
+            "Dynamo bakes such values into the compiled code, so rank 0's code would be wrong "
+            "here)"
+        )
     if "device_index" in differ:
         text += (
             f" (device index {mine.get('device_index')} here, {other.get('device_index')} on "

@@ -7,8 +7,9 @@ null: ``job.store``), ``one_store`` (a directory: ``store=``, tiers off), ``shar
 (``fsdp2`` takes ``checkpointing`` and ``replicate_degree``: HSDP), ``depth`` (the Llama's,
 else ``SHAPE``'s), ``save_params`` (each rank writes ``params<N>.pt``), ``steps``, ``timeout`` and ``fault``: ``null``,
 ``kill-source`` (rank 0 dies while it compiles), ``corrupt`` (rank 1 flips a byte of a kernel
-it received), ``differ`` (rank 1 builds a wider model), ``late`` (rank 1 reaches its first call after
-``timeout``). Each rank trains a default-config Llama
+it received), ``differ`` (rank 1 builds a wider model), ``rank_constant`` (each rank scales its
+blocks' attention by a constant of its own), ``late`` (rank 1 reaches its first call after
+``timeout``); ``regions`` (the ``regions`` option, as given). Each rank trains a default-config Llama
 a few steps with DDP and writes ``OUT_DIR/rank<N>.json``: the report's job lines, its losses,
 the graphs Dynamo compiled on the rank (its own counter: an independent witness), and the CPU
 seconds of the first step, children (inductor's compile workers) included.
@@ -78,6 +79,9 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         shape["hidden_size"] = 96
     torch.manual_seed(0)
     model = llama(**shape)
+    if settings.get("fault") == "rank_constant":  # a rank-dependent constant in one block class
+        for layer in model.model.layers:
+            layer.self_attn.scaling *= 1.0 + 0.01 * rank
     store = settings.get("store")
     job = {"share": settings.get("share", "auto"), "timeout": settings.get("timeout", 120)}
     places: dict[str, Any] = {"cache_dir": str(out_dir / f"inductor-cache-{rank}")}
@@ -92,6 +96,8 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         if settings.get("replicate_degree"):  # HSDP: a (replicate, shard) mesh
             fsdp2["replicate_degree"] = settings["replicate_degree"]
         strategy = {"strategy": "fsdp2", "fsdp2": fsdp2}
+    if settings.get("regions"):
+        places["regions"] = settings["regions"]
     model = torchkiln.compile(
         model,
         backend=settings.get("backend", "aot_eager"),

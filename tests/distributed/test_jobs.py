@@ -140,10 +140,33 @@ def test_a_rank_with_another_model_compiles_its_own_and_says_why(tmp_path: Path)
     assert roles(ranks) == [["compiled"], ["compiled"]]
     assert all(r["dynamo_graphs"] >= 1 for r in ranks)
     # a wider model: other parameter shapes, and hidden states of another width
-    assert ranks[1]["groups"][0]["reason"] == (
-        "this rank's key differs from rank 0's in: structure, inputs"
+    reason = ranks[1]["groups"][0]["reason"]
+    assert reason.startswith(
+        "this rank's key differs from rank 0's in: structure, attributes, inputs ("
     )
+    assert "hidden_size: 96 here, 64 on rank 0" in reason
     assert ranks[0]["groups"][0]["reason"] is None
+
+
+def test_a_rank_dependent_constant_is_caught_and_the_other_group_still_shared(
+    tmp_path: Path,
+) -> None:
+    """pytorch#191878's hazard: a block whose constant differs by rank (here its attention
+    scaling) traces to other code under the same source and layout. Its group keys apart, so
+    each rank compiles its own and trains as if alone; the rotary embedding's group, equal on
+    both ranks, is still shared."""
+    regions = {"strategy": "classes", "classes": ["LlamaDecoderLayer", "LlamaRotaryEmbedding"]}
+    shared = job(tmp_path, "shared", fault="rank_constant", regions=regions)
+    alone = job(tmp_path, "alone", fault="rank_constant", regions=regions, share="off")
+    by_group = [{g["group"]: g for g in r["groups"]} for r in shared]
+    assert [r["LlamaRotaryEmbedding"]["role"] for r in by_group] == ["compiled", "received"]
+    assert [r["LlamaDecoderLayer"]["role"] for r in by_group] == ["compiled", "compiled"]
+    reason = by_group[1]["LlamaDecoderLayer"]["reason"]
+    assert reason.startswith("this rank's key differs from rank 0's in: attributes (")
+    assert "self_attn.scaling: " in reason and "on rank 0" in reason
+    assert by_group[1]["LlamaRotaryEmbedding"]["reason"] is None
+    for mine, own in zip(shared, alone, strict=True):  # each rank ran its own constant's code
+        assert mine["losses"] == pytest.approx(own["losses"], abs=1e-5)
 
 
 def test_an_entry_that_does_not_match_is_compiled_on_the_rank_instead(tmp_path: Path) -> None:
