@@ -23,6 +23,7 @@ from torchkiln.engine import dynamo_records
 from torchkiln.engine.compile_state import CompileState, RegionState
 from torchkiln.engine.dynamo_records import CompileRecord, all_records
 from torchkiln.engine.serving import call_families
+from torchkiln.engine.states import State
 from torchkiln.plugin_host.report_causes import BUILTIN_CAUSES, ReportCause, match_cause
 
 FIRST_CALLS = "first calls"
@@ -268,9 +269,9 @@ def _region_report(
     records: list[CompileRecord] = state.records
     reasons = tuple(r.recompile_reason for r in records if r.recompile_reason)
     status, fallback = state.status, state.fallback_reason
-    if status in ("compiled", "serving") and state.eager_calls:
+    if status in (State.COMPILED, State.SERVING) and state.eager_calls:
         # The witness: the group's function ran without compiled code for this region.
-        status, fallback = "eager", _eager_reason(state, later)
+        status, fallback = State.EAGER, _eager_reason(state, later)
     later_breaks = _breaks(later.records)
     lines = _reasons(state, later, later_breaks, status, fallback, causes)
     if source is not None and source.region != state.region.path:
