@@ -88,9 +88,21 @@ RUN_OUTSIDE = (
 """What follows a cache's reason in :meth:`BlockAdapter._note`'s warning."""
 
 
+def activation_wrapped(block: nn.Module) -> nn.Module:
+    """The block inside torch's activation wrappers (``checkpoint_wrapper``,
+    ``offload_wrapper``: Accelerate's FSDP2 activation checkpointing wraps each block before
+    compiling), whose ``forward(*args, **kwargs)`` passes every argument on unchanged; else
+    ``block``."""
+    while isinstance(getattr(block, "_checkpoint_wrapped_module", None), nn.Module):
+        block = block._checkpoint_wrapped_module
+    return block
+
+
 def cache_parameter(block: nn.Module, names: Sequence[str]) -> tuple[str, int | None] | None:
     """``(name, position)`` of the block's cache parameter, the first of its ``forward``'s
-    parameters named in ``names`` (position ``None``: keyword only)."""
+    parameters named in ``names`` (position ``None``: keyword only); for a block in an
+    activation wrapper, the wrapped block's (:func:`activation_wrapped`)."""
+    block = activation_wrapped(block)
     try:
         parameters = list(inspect.signature(type(block).forward).parameters.values())[1:]
     except (TypeError, ValueError):
@@ -348,7 +360,8 @@ def block_adapter(
     by_block = weakref.WeakKeyDictionary(zip(blocks, indices, strict=True))
     depth = max(depth, max(index.value for index in indices) + 1)
     adapter = BlockAdapter(group_name, *parameter, resolved, by_block, depth)
-    if is_transformers_module(blocks[0]) and "transformers.cache_utils" in sys.modules:
+    inner = activation_wrapped(blocks[0])
+    if is_transformers_module(inner) and "transformers.cache_utils" in sys.modules:
         from transformers import cache_utils
 
         adapter.collector = active_collector()

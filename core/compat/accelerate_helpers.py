@@ -187,8 +187,13 @@ def compile_regions_deepspeed(module: nn.Module, **compile_kwargs: Any) -> nn.Mo
 def compile_regions_fsdp2(module: nn.Module, **compile_kwargs: Any) -> nn.Module:
     """Accelerate's FSDP2 variant (called before ``fully_shard``): the same in-place regional
     compile as :func:`compile_regions`. Block classes, hooks and paths stay as they are, so
-    ``fully_shard``'s hooks added afterwards run around the compiled blocks."""
-    _compile_in_place(module, compile_kwargs, "compile_regions_fsdp2")
+    ``fully_shard``'s hooks added afterwards run around the compiled blocks. In a job, the
+    groups are shared between ranks through torch's caches, as under torchkiln's own
+    ``fsdp2`` (docs/jobs.md): a sharded block cannot load a saved function."""
+    from torchkiln.jobs import sharded_after_compile
+
+    with sharded_after_compile("fsdp2"):
+        _compile_in_place(module, compile_kwargs, "compile_regions_fsdp2")
     return module
 
 

@@ -8,6 +8,9 @@ shared, and why not; :mod:`torchkiln.jobs.share` does the sharing at each group'
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 from torchkiln._internals.versions import feature_problem
@@ -31,9 +34,30 @@ its position in the block type's MRO, and ``FSDPModule.__new__`` unpickles the s
 its original class, whose MRO differs (``KeyError: 'gradient_checkpointing'`` on torch 2.13)."""
 
 
+_SHARDED_AFTER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "torchkiln_sharded_after_compile", default=None
+)
+
+
+@contextlib.contextmanager
+def sharded_after_compile(strategy: str) -> Iterator[None]:
+    """Compiles inside this block are of a model that its caller wraps with ``strategy``
+    afterwards, itself (Accelerate's FSDP2 ``prepare``: ``compile_regions_fsdp2``, then
+    ``fully_shard``): torchkiln's own strategy is ``none``, but the groups are shared as under
+    ``strategy`` (:func:`share_way`), since a block ``fully_shard`` wrapped cannot load a saved
+    function any more than under torchkiln's ``fsdp2``."""
+    token = _SHARDED_AFTER.set(strategy)
+    try:
+        yield
+    finally:
+        _SHARDED_AFTER.reset(token)
+
+
 def share_way(config: CompileConfig) -> str:
-    """How this job's groups are shared: ``caches`` (:data:`THROUGH_CACHES`) or ``function``."""
-    return "caches" if config.distributed.strategy in THROUGH_CACHES else "function"
+    """How this job's groups are shared: ``caches`` (:data:`THROUGH_CACHES`, including a
+    compile inside :func:`sharded_after_compile`) or ``function``."""
+    strategy = _SHARDED_AFTER.get() or config.distributed.strategy
+    return "caches" if strategy in THROUGH_CACHES else "function"
 
 
 def sharing_problem(config: CompileConfig, plan: Any, plugins: Any) -> str | None:
@@ -81,4 +105,11 @@ def job_share_for(
     return None, JobReport(rank, world, False, problem, config.job.store)
 
 
-__all__ = ["JobReport", "JobShare", "job_share_for", "share_way", "sharing_problem"]
+__all__ = [
+    "JobReport",
+    "JobShare",
+    "job_share_for",
+    "sharded_after_compile",
+    "share_way",
+    "sharing_problem",
+]
