@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from torchkiln.bench.cli import _check_distributed
 from torchkiln.bench.plan import plan_from_args
 from torchkiln.bench.runner import CellResult, RunFailure, count_steps
 from torchkiln.bench.settings import (
@@ -393,16 +394,20 @@ def test_inductor_warm_start_reuses_the_cold_cache(tmp_path: Path) -> None:
 
 @pytest.mark.needs_feature("tiered compilation")  # the docs show tiered and direct runs
 def test_documented_commands_are_valid() -> None:
-    commands = [
-        line.strip()
-        for line in DOCS.read_text().splitlines()
-        if line.strip().startswith("torchkiln bench")
-    ]
+    commands, in_output = [], False
+    for line in DOCS.read_text().splitlines():
+        if line.startswith("```"):  # a ```text block is printed output (a table's first line
+            in_output = line.strip() == "```text"  # starts "torchkiln bench --ranks 2: ...")
+        elif line.strip().startswith("torchkiln bench") and not in_output:
+            commands.append(line.strip())
     assert len(commands) >= 3
     parser = build_parser()
     for command in commands:
         args = parser.parse_args(shlex.split(command, comments=True)[1:])
         args.dry_run = True  # validate only: a documented GPU command is valid on the CPU too
+        if args.ranks is not None:  # a job bench: the options it refuses are refused here too
+            _check_distributed(args)
+            continue
         assert plan_from_args(args).runs
 
 
