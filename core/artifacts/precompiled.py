@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torchkiln._internals.fsdp import fsdp_classes_kept
 from torchkiln.artifacts.cache import current_cache_dir
 from torchkiln.artifacts.directory import (
     KERNELS_DIR,
@@ -101,9 +102,10 @@ def loading(cpu_isa: Any, backend: str | None) -> Iterator[None]:
     """While saved functions load (the first loads its kernels, and inductor probes the CPU
     first): the probe answered from ``cpu_isa`` where it fits, and, for inductor, its kernel
     templates, which a loaded function never renders, parsed on first use rather than while
-    the generated module imports them."""
+    the generated module imports them; an FSDP2 block's guards rebuilt against its own class
+    (:func:`~torchkiln._internals.fsdp.fsdp_classes_kept`)."""
     from torchkiln.artifacts.deferred_templates import deferred_templates
 
     templates = deferred_templates() if backend == "inductor" else contextlib.nullcontext()
-    with answered_probes(cpu_isa), templates:
+    with answered_probes(cpu_isa), templates, fsdp_classes_kept():
         yield

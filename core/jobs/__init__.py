@@ -25,13 +25,14 @@ gathering hooks split each block, so the rank that compiles for sharing fails at
 split and every rank compiles normally (the report says so)."""
 
 THROUGH_CACHES = ("fsdp2",)
-"""Strategies whose groups are shared through torch's caches, not as saved functions: the
-rank that compiles the entry runs what it compiled, the others put the entry's kernels in
-their inductor cache and compile normally, hitting it (Dynamo's trace, no inductor compile).
-Under FSDP2 (and HSDP, ``distributed.fsdp2.replicate_degree``) torch cannot load the saved
-function of a block (docs/jobs.md, "Two ways to share"): a guard reaches a class attribute by
-its position in the block type's MRO, and ``FSDPModule.__new__`` unpickles the saved module as
-its original class, whose MRO differs (``KeyError: 'gradient_checkpointing'`` on torch 2.13)."""
+"""Strategies a caller shards with *after* torchkiln compiled (:func:`sharded_after_compile`:
+Accelerate's FSDP2 ``prepare``) whose groups are shared through torch's caches, not as saved
+functions: the rank that compiles the entry runs what it compiled, the others put the entry's
+kernels in their inductor cache and compile normally, hitting it (Dynamo's trace, no inductor
+compile). There the saved functions of the leaf groups Accelerate compiles did not fit their
+calls (measured: "2 of 2 calls did not fit it"). Under torchkiln's own ``fsdp2`` (and HSDP)
+groups are shared as saved functions: the load keeps each block's ``fully_shard`` class
+(:func:`torchkiln._internals.fsdp.fsdp_classes_kept`; docs/jobs.md, "Two ways to share")."""
 
 
 _SHARDED_AFTER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -43,9 +44,8 @@ _SHARDED_AFTER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 def sharded_after_compile(strategy: str) -> Iterator[None]:
     """Compiles inside this block are of a model that its caller wraps with ``strategy``
     afterwards, itself (Accelerate's FSDP2 ``prepare``: ``compile_regions_fsdp2``, then
-    ``fully_shard``): torchkiln's own strategy is ``none``, but the groups are shared as under
-    ``strategy`` (:func:`share_way`), since a block ``fully_shard`` wrapped cannot load a saved
-    function any more than under torchkiln's ``fsdp2``."""
+    ``fully_shard``): torchkiln's own strategy is ``none``, and the groups are shared through
+    torch's caches (:data:`THROUGH_CACHES`, :func:`share_way`)."""
     token = _SHARDED_AFTER.set(strategy)
     try:
         yield
@@ -54,10 +54,9 @@ def sharded_after_compile(strategy: str) -> Iterator[None]:
 
 
 def share_way(config: CompileConfig) -> str:
-    """How this job's groups are shared: ``caches`` (:data:`THROUGH_CACHES`, including a
-    compile inside :func:`sharded_after_compile`) or ``function``."""
-    strategy = _SHARDED_AFTER.get() or config.distributed.strategy
-    return "caches" if strategy in THROUGH_CACHES else "function"
+    """How this job's groups are shared: ``caches`` for a compile inside
+    :func:`sharded_after_compile` (:data:`THROUGH_CACHES`), else ``function``."""
+    return "caches" if _SHARDED_AFTER.get() in THROUGH_CACHES else "function"
 
 
 def sharing_problem(config: CompileConfig, plan: Any, plugins: Any) -> str | None:

@@ -1,8 +1,8 @@
-"""One compile per job under FSDP2, in real 2-process jobs (gloo, CPU, inductor): torch cannot
-load a sharded block's saved function, so the group is shared through torch's caches
-(docs/jobs.md, "Two ways to share"). Rank 0 compiles; rank 1 puts rank 0's kernels in its
-caches and compiles by tracing only: torch's own AOTAutograd counter says it hit the cache and
-inductor compiled nothing. The trained shards equal a job where each rank compiled its own."""
+"""One compile per job under FSDP2, in real 2-process jobs (gloo, CPU, inductor): rank 0
+compiles each group, rank 1 loads rank 0's saved function (docs/jobs.md, "Two ways to share":
+the load keeps the block's fully_shard class, whose MRO a guard indexes) and compiles nothing,
+Dynamo's own graph counter the witness. The trained shards equal a job where each rank compiled
+its own, with activation checkpointing off and on."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def each_compiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
-def test_fsdp2_group_is_shared_through_torchs_caches(
+def test_fsdp2_group_is_compiled_once_and_loaded_by_the_other_rank(
     tmp_path: Path, each_compiles: Path, checkpointing: bool
 ) -> None:
     out, ranks = job(tmp_path, "shared", checkpointing=checkpointing)
@@ -59,16 +59,12 @@ def test_fsdp2_group_is_shared_through_torchs_caches(
         assert "error" not in r, r.get("traceback")
     assert [[g["role"] for g in r["groups"]] for r in ranks] == [["compiled"], ["received"]]
     assert ranks[0]["job_lines"][1].startswith(
-        "  LlamaDecoderLayer: compiled, sent to rank(s) 1, shared through torch's caches ("
+        "  LlamaDecoderLayer: compiled, sent to rank(s) 1, shared as a saved function ("
     )
-    assert ranks[1]["job_lines"][1].startswith(
-        "  LlamaDecoderLayer: serving from rank 0, shared through torch's caches ("
-    )
-    source, receiver = (r["cache_counters"] for r in ranks)
-    assert source.get("aot_autograd.autograd_cache_miss", 0) >= 1, source
-    # the receiver's compile found rank 0's entry (forward and backward) and lowered nothing
-    assert receiver.get("aot_autograd.autograd_cache_hit", 0) >= 1, receiver
-    assert receiver.get("aot_autograd.autograd_cache_miss", 0) == 0, receiver
-    assert receiver.get("inductor.fxgraph_cache_miss", 0) == 0, receiver
-    assert ranks[1]["first_step_cpu"] < 0.5 * ranks[0]["first_step_cpu"]
+    line = ranks[1]["job_lines"][1]
+    assert line.startswith("  LlamaDecoderLayer: serving from rank 0, shared as a saved function (")
+    assert "did not fit" not in line  # every call of the two steps ran rank 0's code
+    # Dynamo compiled the group on rank 0 only: rank 1 traced nothing
+    assert ranks[0]["dynamo_graphs"] >= 1 and ranks[1]["dynamo_graphs"] == 0
+    assert ranks[1]["first_step_cpu"] < 0.25 * ranks[0]["first_step_cpu"]
     assert max_param_diff(out, each_compiles) < PARAM_TOL

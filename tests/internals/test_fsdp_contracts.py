@@ -1,12 +1,14 @@
-"""Contracts of ``torchkiln._internals.fsdp``: each adapter function works on this torch (no
-process group needed)."""
+"""Contracts of ``torchkiln._internals.fsdp``: each adapter function works on this torch."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from torchkiln._internals.fsdp import checkpoint_activations
+from torchkiln._internals.fsdp import checkpoint_activations, fsdp_classes_kept
 
 
 class Counted(nn.Linear):
@@ -28,3 +30,27 @@ def test_checkpoint_activations() -> None:
     model(torch.ones(1, 2, requires_grad=True)).sum().backward()
     assert block.calls == 2  # the forward and its recomputation
     assert block.weight.grad is not None
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+
+
+def test_fsdp_classes_kept(tmp_path: Path) -> None:
+    """``FSDPModule.__new__`` builds the class ``fully_shard`` made from, except inside
+    ``fsdp_classes_kept`` (where torch's guard-state pickler rebuilds a saved block with
+    ``type(obj).__new__``); put back after. A one-rank gloo group: ``fully_shard`` needs a mesh."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        sharded = type(fully_shard(Block()))
+        assert sharded is not Block and issubclass(sharded, FSDPModule)
+        assert type(sharded.__new__(sharded)) is Block  # torch's own: the original class
+        with fsdp_classes_kept():
+            assert type(sharded.__new__(sharded)) is sharded
+        assert type(sharded.__new__(sharded)) is Block
+    finally:
+        dist.destroy_process_group()

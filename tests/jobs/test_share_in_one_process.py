@@ -14,7 +14,7 @@ from torchkiln._internals import dynamo
 from torchkiln.artifacts.directory import read_meta
 from torchkiln.configuration.config import CompileConfig, DistributedConfig, JobConfig
 from torchkiln.examples import llama
-from torchkiln.jobs import job_share_for, share_way, sharing_problem
+from torchkiln.jobs import job_share_for, sharded_after_compile, share_way, sharing_problem
 from torchkiln.jobs.keys import describe_difference, differing_fields, share_fields, share_key
 from torchkiln.jobs.share import GroupShare
 from torchkiln.jobs.store import JobStore
@@ -87,14 +87,17 @@ def test_why_a_job_does_not_share(config: CompileConfig, problem: str) -> None:
 
 
 @pytest.mark.needs_feature("precompiled artifacts")
-def test_fsdp2_shares_through_torchs_caches_and_the_line_says_so() -> None:
-    """Under FSDP2 (HSDP included) torch cannot load a block's saved function, so its groups
-    are shared through torch's caches; the report's line says which way each group went."""
+def test_fsdp2_shares_saved_functions_a_model_sharded_after_compiling_its_caches() -> None:
+    """Under torchkiln's FSDP2 (HSDP included) groups are shared as saved functions (the load
+    keeps each block's fully_shard class); a model its caller shards after compiling
+    (Accelerate's FSDP2) through torch's caches. The report's line says which way."""
     plan = torchkiln.plan(llama(**SHAPE))
     pm = torchkiln.get_plugin_manager()
     fsdp2 = CompileConfig(distributed=DistributedConfig(strategy="fsdp2"))
     assert sharing_problem(fsdp2, plan, pm) is None
-    assert (share_way(fsdp2), share_way(CompileConfig())) == ("caches", "function")
+    assert (share_way(fsdp2), share_way(CompileConfig())) == ("function", "function")
+    with sharded_after_compile("fsdp2"):
+        assert share_way(CompileConfig()) == "caches"
     received = GroupShare("LlamaDecoderLayer", role="received", via="caches", source=0, key="k")
     assert received.line().startswith(
         "LlamaDecoderLayer: serving from rank 0, shared through torch's caches (compile 0.0 s"
