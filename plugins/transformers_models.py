@@ -27,6 +27,7 @@ import attrs
 import torch
 from torch import nn
 
+from torchkiln._internals.fsdp import activation_wrapped
 from torchkiln._internals.hub_kernels import unrouted_forward
 from torchkiln._internals.transformers import active_collector, call_collecting_per_block
 from torchkiln.plugin import (
@@ -86,16 +87,6 @@ RUN_OUTSIDE = (
     "docs/generation.md)"
 )
 """What follows a cache's reason in :meth:`BlockAdapter._note`'s warning."""
-
-
-def activation_wrapped(block: nn.Module) -> nn.Module:
-    """The block inside torch's activation wrappers (``checkpoint_wrapper``,
-    ``offload_wrapper``: Accelerate's FSDP2 activation checkpointing wraps each block before
-    compiling), whose ``forward(*args, **kwargs)`` passes every argument on unchanged; else
-    ``block``."""
-    while isinstance(getattr(block, "_checkpoint_wrapped_module", None), nn.Module):
-        block = block._checkpoint_wrapped_module
-    return block
 
 
 def cache_parameter(block: nn.Module, names: Sequence[str]) -> tuple[str, int | None] | None:

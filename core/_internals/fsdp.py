@@ -54,3 +54,19 @@ def fsdp_classes_kept() -> Iterator[None]:
         yield
     finally:
         fsdp_module.__new__ = original  # type: ignore[union-attr]
+
+
+def activation_wrapped(block: nn.Module) -> nn.Module:
+    """The block inside torch's activation wrappers (``checkpoint_wrapper``, ``offload_wrapper``:
+    Accelerate's FSDP2 activation checkpointing wraps each block before compiling), whose
+    ``forward(*args, **kwargs)`` passes every argument on unchanged; else ``block``.
+
+    Reads ``_checkpoint_wrapped_module``, the wrapped module's attribute name in
+    ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``: no public accessor.
+    Verified: torch 2.11, 2.13, 2.15.
+    """
+    from torch import nn
+
+    while isinstance(getattr(block, "_checkpoint_wrapped_module", None), nn.Module):
+        block = block._checkpoint_wrapped_module
+    return block

@@ -8,7 +8,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchkiln._internals.fsdp import checkpoint_activations, fsdp_classes_kept
+from torchkiln._internals.fsdp import (
+    activation_wrapped,
+    checkpoint_activations,
+    fsdp_classes_kept,
+)
 
 
 class Counted(nn.Linear):
@@ -54,3 +58,16 @@ def test_fsdp_classes_kept(tmp_path: Path) -> None:
         assert type(sharded.__new__(sharded)) is Block
     finally:
         dist.destroy_process_group()
+
+
+def test_activation_wrapped() -> None:
+    """Through ``checkpoint_wrapper`` and ``offload_wrapper``, nested, to the block itself."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        checkpoint_wrapper,
+        offload_wrapper,
+    )
+
+    block = Block()
+    assert activation_wrapped(checkpoint_wrapper(block)) is block
+    assert activation_wrapped(offload_wrapper(checkpoint_wrapper(block))) is block
+    assert activation_wrapped(block) is block
