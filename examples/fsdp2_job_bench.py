@@ -1,14 +1,14 @@
 """One compile per job under FSDP2, measured (issue 42; docs/jobs.md, "FSDP2: measured").
 
 Launches, on this machine, for activation checkpointing off and on: one rank; two ranks each
-compiling its own (``job.share: off``); two ranks sharing through torch's caches with a fresh
-``job.store``; the same two ranks again (the restart: every rank's caches filled from the
-store, fresh inductor caches). Each job trains the default-config example Llama
+compiling its own (``job.share: off``); two ranks sharing (rank 0 compiles, rank 1 loads its
+saved function) with a fresh ``job.store``; the same two ranks again (the restart: every rank
+loads from the store, fresh inductor caches). Each job trains the default-config example Llama
 (``torchkiln.examples.llama(depth=...)``: hidden 256, 8 heads, 4 KV heads, MLP 688, vocabulary
 4096) with FSDP2 over gloo on the CPU, backend inductor, one thread a rank, batch 1 of 128
 tokens, SGD::
 
-    python examples/fsdp2_job_bench.py --depth 16 --json docs/data/fsdp2-job-depth16.json
+    python examples/fsdp2_job_bench.py --depth 16 --checkpointing both --json docs/data/fsdp2-job-depth16.json
 
 Per rank: the first training step's wall time and CPU seconds (``time.process_time``, and the
 same with inductor's compile workers from ``getrusage``), the report's ``job:`` lines, torch's

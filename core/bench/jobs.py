@@ -14,7 +14,7 @@ and children). docs/jobs.md ("Measuring it") shows a run.
 ``--distributed fsdp2`` (the settings' ``distributed``; ``checkpointing`` turns on
 ``distributed.fsdp2.activation_checkpointing``): every job, the one-rank reference included,
 runs under torchkiln's FSDP2, and four launches run: one rank, N ranks each compiling, N ranks
-with a fresh store (shared through torch's caches) and the restart. Full ``torch.compile`` and
+with a fresh store (shared as saved functions, as under DDP) and the restart. Full ``torch.compile`` and
 tiered are left out: the first would be a script of its own (``fully_shard`` by hand), the
 second is refused under FSDP2.
 """

@@ -119,7 +119,7 @@ def test_a_job_of_one_rank_is_refused(capsys: pytest.CaptureFixture[str]) -> Non
 def test_an_fsdp2_table_says_so_and_holds_it_to_fsdp2s_targets() -> None:
     settings = {"ranks": 2, "model": "llama", "depth": 16, "batch": 1, "seq": 128,
                 "backend": "inductor", "distributed": "fsdp2", "checkpointing": True}  # fmt: skip
-    shared = "  LlamaDecoderLayer: serving from rank 0, shared through torch's caches (load 2.6 s)"
+    shared = "  LlamaDecoderLayer: serving from rank 0, shared as a saved function (load 0.7 s)"
     runs = {
         "1 rank": {"ranks": [rank(0, 20.0, 20.0)], "cold_start_s": 25.0},
         "2 ranks, once per job": {
@@ -206,12 +206,12 @@ def test_an_fsdp2_job_bench_shares_the_group_and_says_fsdp2(
                                        "restart_steady"}  # fmt: skip
     assert [line.split()[0] for line in lines[2:6]] == ["1", "2", "2", "2"]  # one row a job
     assert (
-        "  [2 ranks, once per job, rank 1] LlamaDecoderLayer: serving from rank 0, shared through "
-        "torch's caches (" in "\n".join(lines)
+        "  [2 ranks, once per job, rank 1] LlamaDecoderLayer: serving from rank 0, shared as a "
+        "saved function (" in "\n".join(lines)
     )
     assert (
-        "  [2 ranks, restart, rank 1] LlamaDecoderLayer: serving from store, shared through "
-        "torch's caches (" in "\n".join(lines)
+        "  [2 ranks, restart, rank 1] LlamaDecoderLayer: serving from store, shared as a "
+        "saved function (" in "\n".join(lines)
     )
     assert any(line.startswith("  target compile CPU-s summed over ranks / 1 rank's: ")
                and "(at most 1.25)" in line for line in lines)  # fmt: skip
