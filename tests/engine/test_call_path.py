@@ -26,19 +26,22 @@ the region's runtime, the transformers adapter's call, its layer view and the vi
 ``__init__``, the output collector's call, the trace settings and their context, the group's
 compiled function)."""
 
-FIRST_CALL_LIMIT = 20
-"""Distinct torchkiln functions the first call of a second 3-block Llama may enter (20 when
-written), once a first model built the view classes, as in a process that compiles twice."""
+FIRST_CALL_LIMIT = 21
+"""Distinct torchkiln functions the first call of a second 3-block Llama may enter, once a first
+model built the view classes, as in a process that compiles twice: 21, one over issue 41's
+target of 20 (counted by qualified name since 2026-12-05: before, ``RegionRuntime.__call__`` and
+``FirstCall.__call__`` counted as one, and the pin said 20)."""
 
 
 def torchkiln_functions(fn: Callable[[], Any]) -> collections.Counter[str]:
-    """``(file, function) -> calls`` for every torchkiln function ``fn`` enters."""
+    """``(file, qualified function name) -> calls`` for every torchkiln function ``fn`` enters
+    (by qualified name: two classes' ``__call__`` in one file are two functions)."""
     seen: collections.Counter[str] = collections.Counter()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         code = frame.f_code
         if event == "call" and code.co_filename.startswith(ROOTS):
-            seen[f"{os.path.basename(code.co_filename)}:{code.co_name}"] += 1
+            seen[f"{os.path.basename(code.co_filename)}:{code.co_qualname}"] += 1
 
     sys.setprofile(profile)
     try:
