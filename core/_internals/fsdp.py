@@ -49,11 +49,11 @@ def fsdp_classes_kept() -> Iterator[None]:
     if original is None:
         yield
         return
-    fsdp_module.__new__ = staticmethod(_same_class)  # type: ignore[union-attr]
+    setattr(fsdp_module, "__new__", staticmethod(_same_class))  # noqa: B010 (a dunder)
     try:
         yield
     finally:
-        fsdp_module.__new__ = original  # type: ignore[union-attr]
+        setattr(fsdp_module, "__new__", original)  # noqa: B010
 
 
 def activation_wrapped(block: nn.Module) -> nn.Module:
@@ -67,6 +67,7 @@ def activation_wrapped(block: nn.Module) -> nn.Module:
     """
     from torch import nn
 
-    while isinstance(getattr(block, "_checkpoint_wrapped_module", None), nn.Module):
-        block = block._checkpoint_wrapped_module
+    wrapped = getattr(block, "_checkpoint_wrapped_module", None)
+    while isinstance(wrapped, nn.Module):
+        block, wrapped = wrapped, getattr(wrapped, "_checkpoint_wrapped_module", None)
     return block
