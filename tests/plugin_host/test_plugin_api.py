@@ -289,7 +289,11 @@ def test_trace_settings_hold_for_a_precompiled_groups_fallback_compile(
 
     from torchkiln.artifacts.precompiled import ArtifactWarning
 
-    torchkiln.precompile(stack(), inputs(), tmp_path, backend="aot_eager")
+    # Precompiled through the same preparation: its wrap_traced wrapper is part of the entries'
+    # key (an entry compiled without it never serves a group that traces through it).
+    precompiling = isolated_plugin_manager()
+    precompiling.register(TraceSettingsPlugin(), name="trace-settings")
+    torchkiln.precompile(stack(), inputs(), tmp_path, backend="aot_eager", plugins=precompiling)
     torch._dynamo.reset()
     plugin = TraceSettingsPlugin()
     pm = isolated_plugin_manager()
