@@ -83,7 +83,8 @@ class RegionReport:
     cache_hits: int
     """Inductor FX-graph and AOTAutograd cache hits while compiling this region."""
     reused: bool
-    """The region ran its group's already-compiled code (a Dynamo cache hit)."""
+    """The region ran its group's code, compiled or loaded by another region of the group (a
+    Dynamo cache hit, or the loaded function's saved guards passing)."""
     fallback_reason: str | None
     recompile_limit_hit: bool
     """This region's own calls hit Dynamo's recompile limit (first or later calls)."""
@@ -288,7 +289,7 @@ def _region_report(
         recompiles=len(reasons),
         recompile_reasons=tuple(one_line(r) for r in reasons),
         cache_hits=sum(r.cache_hits for r in records),
-        reused=status == "compiled" and not records and source is None,
+        reused=status in (State.COMPILED, State.SERVING) and not records and source is None,
         fallback_reason=fallback,
         recompile_limit_hit=later.limit_hit is not None,
         later_graphs=sum(1 for r in later.records if not r.fail_reason),

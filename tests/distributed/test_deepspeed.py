@@ -17,6 +17,12 @@ def ranks(request, run_worker):
     return run_worker("deepspeed", str(request.param))
 
 
+def served_status(rank: int) -> str:
+    """A region's status where rank 0 compiles each group and shares it (docs/jobs.md): rank 0's
+    code is ``compiled``, the other ranks' ``serving`` (from rank 0; one vocabulary of states)."""
+    return "compiled" if rank == 0 else "serving"
+
+
 def test_returns_the_engine_around_the_same_module(ranks):
     for data in ranks:
         assert data["returned"] == "DeepSpeedEngine"
@@ -47,10 +53,12 @@ def test_losses_match_uncompiled_deepspeed(ranks):
 
 
 def test_every_region_runs_compiled_code(ranks):
-    for data in ranks:
+    for rank, data in enumerate(ranks):
         regions = data["regions"]
         assert [r["path"] for r in regions] == ["model.layers.0", "model.layers.1"]
-        assert all(r["status"] == "compiled" for r in regions), regions
+        # ZeRO-3: every rank compiles its own (below); else rank 1 serves rank 0's code
+        status = "compiled" if data["stage"] == 3 else served_status(rank)
+        assert [r["status"] for r in regions] == [status] * 2, regions
         if data["stage"] == 3:
             # ZeRO-3's parameter-gathering hooks inside a block are compiler.disable'd: the
             # block's graph splits there (documented in docs/distributed.md).
