@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from torchkiln._internals.versions import feature_problem
+
 pytestmark = pytest.mark.distributed
 
 LOSS_TOL = 1e-4
@@ -22,10 +24,15 @@ def assert_close(got, want):
         assert abs(a - b) < LOSS_TOL, (got, want)
 
 
+SHARED = feature_problem("precompiled artifacts") is None
+"""Whether this torch shares compiled groups between ranks (2.11 has no ``aot_compile``: every
+rank compiles its own there)."""
+
+
 def served_status(rank: int) -> str:
     """A region's status where rank 0 compiles each group and shares it (docs/jobs.md): rank 0's
     code is ``compiled``, the other ranks' ``serving`` (from rank 0; one vocabulary of states)."""
-    return "compiled" if rank == 0 else "serving"
+    return "compiled" if rank == 0 or not SHARED else "serving"
 
 
 def test_losses_match_uncompiled_fsdp2(ranks):
@@ -55,8 +62,8 @@ def test_every_region_runs_compiled_code(ranks):
             regions = data[key]
             assert [r["path"] for r in regions] == ["model.layers.0", "model.layers.1"]
             assert [r["status"] for r in regions] == [served_status(rank)] * 2, regions
-            assert (regions[0]["graphs"] >= 1) == (rank == 0)
-        assert (data["new_dynamo_graphs"] >= 1) == (rank == 0)
+            assert (regions[0]["graphs"] >= 1) == (rank == 0 or not SHARED)
+        assert (data["new_dynamo_graphs"] >= 1) == (rank == 0 or not SHARED)
 
 
 def test_full_state_dict_gathered_to_rank0_with_plain_keys(ranks):
@@ -94,7 +101,8 @@ def test_checkpointing_with_inductor_trains_exactly(checkpointing_inductor):
         assert_close(data["losses"], data["reference_losses"])
         statuses = [r["status"] for r in data["regions"]]
         assert statuses == [served_status(rank)] * 2, data["regions"]
-        assert (data["regions"][0]["graphs"] >= 1) == (rank == 0)  # rank 1 loaded rank 0's
+        # rank 1 loaded rank 0's code
+        assert (data["regions"][0]["graphs"] >= 1) == (rank == 0 or not SHARED)
         assert data["regions"][0]["graph_breaks"] == 0
         assert data["saved"] < data["reference_saved"] / 2, (data["saved"], data["reference_saved"])
         assert data["eval_max_diff"] < 1e-4
