@@ -388,27 +388,42 @@ class _GroupSharing:
             else:
                 functions, closure = load_entry(directory, self.call.shared, job.config.cache_dir)
         except Exception as error:
-            record.reason = (
-                f"what rank {record.source} compiled could not be loaded here "
-                f"({error_reason(error)}); compiled on this rank"
-            )
-            record.role = "local"
-            if isinstance(error, ArtifactError) and job.store is not None and record.stored:
-                job.store.discard(record.key)
+            self._not_served(error, "could not be loaded here")
             return None
         finally:
-            record.load_seconds += time.perf_counter() - started
-            if job.store is None:  # kernels copied, function loaded: nothing needs it
-                shutil.rmtree(directory, ignore_errors=True)
-        source = "store" if record.role == "store" else f"rank {record.source}"
+            self._loaded(directory, started)
         others = [fn for entry in stored if entry.directory != directory for fn in entry.functions]
+        return self._served([*functions, *others], closure)
+
+    def _served(self, functions: list[tuple[str, Any]], closure: dict[str, Any]) -> SavedCode:
+        """The group's code, from the store or the rank named in the record."""
+        record = self.record
         return SavedCode(
-            source,
-            [*functions, *others],
+            "store" if record.role == "store" else f"rank {record.source}",
+            functions,
             closure,
             functools.partial(_other_call, record.group),
             compiled_here=record.role == "compiled",
         )
+
+    def _not_served(self, error: Exception, what: str) -> None:
+        """This rank compiles the group itself, saying why; an entry of the store that failed
+        its checks is removed."""
+        record, job = self.record, self.job
+        record.reason = (
+            f"what rank {record.source} compiled {what} ({error_reason(error)}); "
+            "compiled on this rank"
+        )
+        record.role = "local"
+        if isinstance(error, ArtifactError) and job.store is not None and record.stored:
+            job.store.discard(record.key)
+
+    def _loaded(self, directory: Path, started: float) -> None:
+        """The load's time counted; without a store nothing needs the entry's directory any
+        more (its kernels were copied, its function loaded)."""
+        self.record.load_seconds += time.perf_counter() - started
+        if self.job.store is None:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def _through_caches(self, directory: Path) -> SavedCode | None:
         """Sharing through torch's caches: the rank that compiled the entry serves the group
@@ -418,8 +433,9 @@ class _GroupSharing:
         its inductor cache and compiles the group the same way, which traces it with Dynamo and
         hits that entry (the compiled function's name, in its key, is the same on every rank:
         :func:`~torchkiln._internals.compiled_names.stable_compiled_fn_name`). The entry's saved
-        function is never loaded: under FSDP2 torch cannot load it (docs/jobs.md, "Two ways to
-        share")."""
+        function is never loaded: for a model its caller shards after compiling (Accelerate's
+        FSDP2), whose leaf groups' saved functions did not fit their calls (docs/jobs.md, "Two
+        ways to share")."""
         record, job, call = self.record, self.job, self.call
         started = time.perf_counter()
         try:
@@ -429,28 +445,17 @@ class _GroupSharing:
                 compiled = compile_function(
                     call.build_savable(), call.module, call.args, call.kwargs, record.key
                 )
-            names = call.shared.__code__.co_freevars
             closure = closure_data(call.shared)
-            return SavedCode(
-                "store" if record.role == "store" else f"rank {record.source}",
+            names = call.shared.__code__.co_freevars
+            return self._served(
                 [(call_kind(call.module), compiled)],
                 {name: closure[f"closure:{name}"] for name in names},
-                functools.partial(_other_call, record.group),
-                compiled_here=record.role == "compiled",
             )
         except Exception as error:
-            record.reason = (
-                f"what rank {record.source} compiled could not be put in this rank's caches "
-                f"({error_reason(error)}); compiled on this rank"
-            )
-            record.role = "local"
-            if isinstance(error, ArtifactError) and job.store is not None and record.stored:
-                job.store.discard(record.key)
+            self._not_served(error, "could not be put in this rank's caches")
             return None
         finally:
-            record.load_seconds += time.perf_counter() - started
-            if job.store is None:  # kernels copied: nothing needs it
-                shutil.rmtree(directory, ignore_errors=True)
+            self._loaded(directory, started)
 
 
 @attrs.frozen
