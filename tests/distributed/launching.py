@@ -163,3 +163,16 @@ def read_ranks(
     for r, data in enumerate(ranks):
         assert "error" not in data, f"rank {r} failed:\n{data['error']}"
     return ranks
+
+
+def max_param_diff(one: Path, two: Path, ranks: int = 2) -> float:
+    """The largest difference between two jobs' parameters, over every rank's
+    ``params<N>.pt`` (the workers' ``save_params``: each rank's shards under FSDP2)."""
+    import torch
+
+    worst = 0.0
+    for rank in range(ranks):
+        a, b = torch.load(one / f"params{rank}.pt"), torch.load(two / f"params{rank}.pt")
+        assert a.keys() == b.keys()
+        worst = max(worst, *(float((a[n] - b[n]).abs().max()) for n in a))
+    return worst

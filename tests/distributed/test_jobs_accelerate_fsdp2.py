@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from launching import read_ranks, torchrun
+from launching import max_param_diff, read_ranks, torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.needs_feature("precompiled artifacts")]
 
@@ -37,15 +36,6 @@ def job(
     env = {"HF_HOME": str(out / "hf"), **(env or {})}
     process = torchrun(WORKER, [str(out), json.dumps(settings)], cwd=out, env=env)
     return out, read_ranks(out, process)
-
-
-def max_param_diff(one: Path, two: Path) -> float:
-    worst = 0.0
-    for rank in (0, 1):
-        a, b = torch.load(one / f"params{rank}.pt"), torch.load(two / f"params{rank}.pt")
-        assert a.keys() == b.keys()
-        worst = max(worst, *(float((a[n] - b[n]).abs().max()) for n in a))
-    return worst
 
 
 def assert_shared(ranks: list[dict[str, Any]], groups: list[str]) -> None:

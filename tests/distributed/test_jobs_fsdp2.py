@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from launching import read_ranks, torchrun
+from launching import max_param_diff, read_ranks, torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.needs_feature("precompiled artifacts")]
 
@@ -26,15 +25,6 @@ def job(tmp_path: Path, name: str, **settings: Any) -> tuple[Path, list[dict[str
     out.mkdir()
     settings = {"backend": "inductor", "strategy": "fsdp2", "save_params": True, **settings}
     return out, read_ranks(out, torchrun(WORKER, [str(out), json.dumps(settings)], cwd=out))
-
-
-def max_param_diff(one: Path, two: Path) -> float:
-    worst = 0.0
-    for rank in (0, 1):
-        a, b = torch.load(one / f"params{rank}.pt"), torch.load(two / f"params{rank}.pt")
-        assert a.keys() == b.keys()
-        worst = max(worst, *(float((a[n] - b[n]).abs().max()) for n in a))
-    return worst
 
 
 @pytest.fixture(scope="module")

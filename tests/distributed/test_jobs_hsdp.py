@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from launching import read_ranks, torchrun
+from launching import max_param_diff, read_ranks, torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.needs_feature("precompiled artifacts")]
 
@@ -29,15 +29,6 @@ def job(tmp_path: Path, name: str, **settings: Any) -> tuple[Path, list[dict[str
     settings = {"backend": "inductor", **SETTINGS, **settings}
     process = torchrun(WORKER, [str(out), json.dumps(settings)], cwd=out, nproc=RANKS)
     return out, read_ranks(out, process, nproc=RANKS)
-
-
-def max_param_diff(one: Path, two: Path) -> float:
-    worst = 0.0
-    for rank in range(RANKS):
-        a, b = torch.load(one / f"params{rank}.pt"), torch.load(two / f"params{rank}.pt")
-        assert a.keys() == b.keys()
-        worst = max(worst, *(float((a[n] - b[n]).abs().max()) for n in a))
-    return worst
 
 
 def test_hsdp_group_is_compiled_once_per_job(tmp_path: Path) -> None:
@@ -72,4 +63,4 @@ def test_hsdp_group_is_compiled_once_per_job(tmp_path: Path) -> None:
             torch.load(out / f"params{rank + 2}.pt"),
         )
         assert all(torch.equal(mine[n], replica[n]) for n in mine)
-    assert max_param_diff(out, alone) < PARAM_TOL
+    assert max_param_diff(out, alone, RANKS) < PARAM_TOL
