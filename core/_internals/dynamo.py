@@ -148,6 +148,18 @@ def config_patch(**changes: Any) -> contextlib.AbstractContextManager[Any]:
     return config().patch(**changes)
 
 
+def floats_specialized() -> contextlib.AbstractContextManager[Any]:
+    """While in force, Dynamo traces Python floats as constants (``specialize_float``).
+
+    ``aot_compile`` with symbolic sizes may need Dynamo to restart its analysis with floats
+    specialized (``TensorifyScalarRestartAnalysis``); a normal compile does that restart itself,
+    ``aot_compile`` lets the exception escape (torch 2.13, 2.15). With floats specialized from
+    the start there is nothing to restart: a float that changes is then guarded on, as torch's
+    own default was before 2.6. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    return config_patch(specialize_float=True)
+
+
 def traced_config_patcher() -> Callable[..., Any]:
     """``torch._dynamo.patch_dynamo_config``: called *inside* a function Dynamo traces
     (``with patcher(allow_unspec_int_on_nn_module=True): ...``), it sets the settings for every

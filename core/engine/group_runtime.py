@@ -101,8 +101,9 @@ class GroupCall:
     module: nn.Module
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    build_savable: Callable[[], Any]
-    """The group function under the backend with ``fullgraph`` set (what torch can save)."""
+    build_savable: Callable[..., Any]
+    """``build_savable(dynamic=None)``: the group function under the backend with ``fullgraph``
+    set (what torch can save); ``dynamic`` overrides the configured value."""
     code: GroupCode
 
 
@@ -133,7 +134,7 @@ class GroupCode:
         shared: RegionFunction,
         sources: list[CodeSource],
         build: Callable[[], RegionFunction],
-        build_savable: Callable[[], Any],
+        build_savable: Callable[..., Any],
     ):
         self.group = group
         self.shared = shared
@@ -161,6 +162,8 @@ class GroupCode:
                 self.hits += 1
                 return fn(module, *args, **kwargs)
             self._miss(loaded, f_locals)
+            if self.frozen is None and (fn := loaded.add_written(module, args, kwargs)):
+                return fn(module, *args, **kwargs)
         if self._built is None:
             if self.frozen is not None:
                 return self._uncovered(module, args, kwargs)
@@ -180,8 +183,11 @@ class GroupCode:
         """The report's line for this group's code."""
         if self.loaded is None:
             return f"{self.group.name}: {self.state}"
-        functions = self.loaded.functions
-        built = f"; {self.misses} ran the backend's code" if self.misses else ""
+        functions, written = self.loaded.functions, self.loaded.written
+        backend = self.misses - written
+        built = f"; {backend} ran the backend's code" if backend else ""
+        if written:
+            built += f"; {written} compiled and written to the store"
         missed = "".join(f"\n{line}" for line in self.missed.lines())
         return (
             f"{self.group.name}: {describe(self.state, self.loaded.source)} ({len(functions)} "

@@ -362,10 +362,14 @@ class Compiler:
                 )
             return compiled
 
-        def compile_savable() -> Any:
+        def compile_savable(dynamic: bool | None = None) -> Any:
             # What torch can save: the group's function under torch.compile(fullgraph=True)
             # (aot_compile refuses graph breaks), in the preparations' trace settings.
-            config = attrs.evolve(self.config, fullgraph=True)
+            config = attrs.evolve(
+                self.config,
+                fullgraph=True,
+                dynamic=self.config.dynamic if dynamic is None else dynamic,
+            )
             compiled = self.plugins.compile_region(
                 fn=fn, group=group, config=config, backend=config.backend
             )

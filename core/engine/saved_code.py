@@ -40,10 +40,34 @@ class SavedCode:
     loads it as the others do): a group is then ``compiled``, not ``serving``."""
     load_seconds: float | None = None
     """What loading took, where the source measured it."""
+    write_back: Callable[..., list[tuple[str, Callable[..., Any]]] | None] | None = None
+    """For a source that is also written (a store): ``write_back(module, args, kwargs)``
+    compiles an entry for a call none of these functions fits, saves it there and returns its
+    loaded functions (``None``: it could not; the backend's code then serves the call)."""
+    written: int = 0
+    """How many missed calls ran an entry :meth:`add_written` compiled and wrote for them."""
     _table: Any = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         self._table = loaded_guard_table(fn for _, fn in self.functions)
+
+    def add_written(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Callable[..., Any] | None:
+        """A missed call compiled into a new entry of the source (:attr:`write_back`), whose
+        functions join these (later calls of its family fit them); its function, or ``None``
+        when the source cannot write one (it is then not asked again)."""
+        if self.write_back is None:
+            return None
+        added = self.write_back(module, args, kwargs)
+        if not added:
+            self.write_back = None  # one failure is enough: the backend serves the misses
+            return None
+        self.functions = [*self.functions, *added]
+        self._table = loaded_guard_table(fn for _, fn in self.functions)
+        fn = self.find(self.frame_locals(module, args, kwargs))
+        self.written += fn is not None
+        return fn
 
     def frame_locals(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

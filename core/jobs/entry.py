@@ -50,12 +50,20 @@ INSTALLED = ("forward", REGION_ATTR)
 def plain_module(module: nn.Module) -> Iterator[None]:
     """The module as the user built it while torch saves the guards: torch pickles the guarded
     module's ``__dict__``, which must not hold torchkiln's installed forward and region state
-    (neither pickles, and neither exists in the loading process before compile)."""
+    (neither pickles, and neither exists in the loading process before compile), nor gradients:
+    torch saves a parameter's ``.grad`` as a placeholder that its loader then refuses to assign
+    (``TypeError: assigned grad expected to be a Tensor or None``, torch 2.13 and 2.15), so a
+    call compiled after a backward could not be loaded. The same gradient objects are put back."""
     installed = {name: module.__dict__.pop(name) for name in INSTALLED if name in module.__dict__}
+    grads = [(p, p.grad) for p in module.parameters() if p.grad is not None]
+    for parameter, _ in grads:
+        parameter.grad = None
     try:
         yield
     finally:
         module.__dict__.update(installed)
+        for parameter, grad in grads:
+            parameter.grad = grad
 
 
 def compile_function(

@@ -14,6 +14,7 @@ normally and :attr:`GroupShare.reason` says why. docs/jobs.md ("What is shared, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import shutil
@@ -24,9 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from torch import nn
 
 from torchkiln._internals.aot_artifacts import loaded_guard_table
-from torchkiln.artifacts.directory import ArtifactError, closure_data, error_reason, read_meta
+from torchkiln._internals.dynamo import floats_specialized
+from torchkiln.artifacts.directory import (
+    ArtifactError,
+    closure_data,
+    error_reason,
+    input_spec,
+    read_meta,
+)
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.engine.compile_state import region_state_of
 from torchkiln.engine.dynamo_records import HeldRecords, all_records
@@ -106,6 +115,9 @@ class GroupShare:
     """Calls the loaded entry served."""
     other_calls: int = 0
     """Calls the entry did not fit (another shape, the other kind): compiled on this rank."""
+    written: int = 0
+    """Of :attr:`other_calls`, those compiled into a new entry of ``job.store``
+    (:meth:`JobShare.write_miss`)."""
 
     @property
     def state(self) -> State:
@@ -142,9 +154,22 @@ class GroupShare:
             if self.other_calls and self.role != "local"
             else ""
         )
+        if other and self.written:
+            other += f" ({self.written} into new entries of the store)"
         way = f", {WAYS[self.via]}" if self.role != "local" else ""
         said = describe(self.state, self.source_name)
         return f"{self.group}: {said}{sent}{way}{times}{why}{other}"
+
+
+@attrs.frozen
+class MissedCall:
+    """What :meth:`JobShare.write_miss` needs of a group to compile a call its entries do not
+    fit (the first call's inputs as their spec: no tensor of that call is kept)."""
+
+    group: str
+    shared: Callable[..., Any]
+    build_savable: Callable[..., Any]
+    first_inputs: Any
 
 
 @attrs.define
@@ -224,7 +249,9 @@ class JobShare(CodeSource):
 
     def report(self) -> JobReport:
         for name, code in self.codes.items():
-            self.groups[name].fitted_calls, self.groups[name].other_calls = code.hits, code.misses
+            record = self.groups[name]
+            record.fitted_calls, record.other_calls = code.hits, code.misses
+            record.written = code.loaded.written if code.loaded is not None else 0
         return JobReport(
             self.exchange.rank,
             self.exchange.world,
@@ -233,6 +260,45 @@ class JobShare(CodeSource):
             str(self.store.root) if self.store else None,
             tuple(self.groups.values()),
         )
+
+    def write_miss(
+        self,
+        call: MissedCall,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> list[tuple[str, Any]] | None:
+        """A call the group's loaded functions do not fit, compiled on this rank (as without a
+        store) into a new entry of ``job.store`` under the call's own key, so that a restart
+        serves it too; its loaded functions, or ``None`` when it could not be compiled or saved
+        (the backend's code then serves it). No collective: only this rank may have missed. A
+        call whose input shapes differ from the first call's is compiled with symbolic sizes
+        when ``dynamic`` is unset (torch's automatic dynamic shapes recompile it so too), so
+        one entry covers the sizes that follow."""
+        assert self.store is not None
+        fields = share_fields(self.config, call.group, module, call.shared, args, kwargs)
+        dynamic = self.config.dynamic
+        if dynamic is None and fields["inputs"] != call.first_inputs:
+            dynamic = True
+        key = share_key(fields)
+        directory = self.store.find(key)
+        try:
+            if directory is None:
+                staging = self.store.staging(key)
+                savable = call.build_savable(dynamic)
+                with floats_specialized() if dynamic else contextlib.nullcontext():
+                    build_entry(staging, fields, savable, call.shared, module, args, kwargs)
+                directory = self.store.publish(staging, key)
+            functions, _ = load_entry(directory, call.shared, self.config.cache_dir)
+        except Exception as error:  # the backend compiles the call as usual
+            logger.info(
+                "torchkiln: group %r: a call its entries do not fit was not written to the "
+                "store: %s",
+                call.group,
+                error_reason(error),
+            )
+            return None
+        return functions
 
     def attach(self, group: RegionGroup, shared: Callable[..., Any]) -> bool:
         self.groups.setdefault(group.name, GroupShare(group.name, via=self.via))
@@ -396,14 +462,25 @@ class _GroupSharing:
         return self._served([*functions, *others], closure)
 
     def _served(self, functions: list[tuple[str, Any]], closure: dict[str, Any]) -> SavedCode:
-        """The group's code, from the store or the rank named in the record."""
-        record = self.record
+        """The group's code, from the store or the rank named in the record; with a store
+        (and saved functions), a call it does not fit is written back (:meth:`JobShare.write_miss`)."""
+        record, job, call = self.record, self.job, self.call
+        write_back = None
+        if job.store is not None and job.via == "function":
+            missed = MissedCall(
+                record.group,
+                call.shared,
+                call.build_savable,
+                input_spec(call.args, dict(call.kwargs)),
+            )
+            write_back = functools.partial(job.write_miss, missed)
         return SavedCode(
             "store" if record.role == "store" else f"rank {record.source}",
             functions,
             closure,
             functools.partial(_other_call, record.group),
             compiled_here=record.role == "compiled",
+            write_back=write_back,
         )
 
     def _not_served(self, error: Exception, what: str) -> None:

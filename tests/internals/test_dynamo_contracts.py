@@ -116,6 +116,13 @@ def test_config_patch() -> None:
     assert dynamo.config().allow_unspec_int_on_nn_module is before
 
 
+def test_floats_specialized() -> None:
+    before = dynamo.config().specialize_float
+    with dynamo.floats_specialized():
+        assert dynamo.config().specialize_float is True
+    assert dynamo.config().specialize_float is before
+
+
 def test_traced_config_patcher() -> None:
     """Used inside a traced function: no graph break, and process-wide settings unchanged."""
     patcher = dynamo.traced_config_patcher()

@@ -181,11 +181,15 @@ def test_the_report_counts_calls_the_entry_did_not_fit(tmp_path: Path) -> None:
         model(torch.randint(0, 128, (1, 8)))
         model(torch.randint(0, 128, (1, 12)))  # another length: compiled on this rank
     [group] = torchkiln.report(model).job.groups
-    assert (group.fitted_calls, group.other_calls) == (2, 2)  # two layers share the group
+    # Two layers share the group: the first layer's call of the new length is compiled into a
+    # new entry of the store, which the second layer's call then fits.
+    assert (group.fitted_calls, group.other_calls, group.written) == (3, 1, 1)
     assert (
         torchkiln.report(model)
         .job.lines()[1]
-        .endswith("; 2 of 4 calls did not fit it and were compiled here")
+        .endswith(
+            "; 1 of 4 calls did not fit it and were compiled here (1 into new entries of the store)"
+        )
     )
 
 
