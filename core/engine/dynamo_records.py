@@ -14,8 +14,10 @@ runs are counted by the group's function itself
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import weakref
+from collections.abc import Iterator
 from types import CodeType
 from typing import Any
 
@@ -62,6 +64,8 @@ def all_records(since: HeldRecords | None = None) -> list[CompileRecord]:
     for metrics in dynamo.compilation_metrics():
         if since is not None and id(metrics) in since.ids:
             continue
+        if id(metrics) in _TRACED_ONLY.ids:
+            continue
         cache_hits = 0
         for cache in CACHES:
             cache_hits += int(getattr(metrics, f"{cache}_cache_hit_count", 0) or 0)
@@ -97,6 +101,36 @@ class HeldRecords:
 
 
 @attrs.define
+class _TracedOnly:
+    """Dynamo's records and graph count of traces that compiled nothing (:func:`traced_only`);
+    the records are held, so that no later record can reuse one's id."""
+
+    held: list[Any] = attrs.Factory(list)
+    ids: set[int] = attrs.Factory(set)
+    graphs: int = 0
+
+
+_TRACED_ONLY = _TracedOnly()
+
+
+@contextlib.contextmanager
+def traced_only() -> Iterator[None]:
+    """Dynamo work in the block that compiles nothing (a job's rank-invariance trace: the
+    backend stops at the graph): its records and graphs are left out of every report, so a
+    region's counts stay those of its compiles."""
+    before = HeldRecords.now()
+    graphs = int(dynamo.counters()["stats"]["unique_graphs"])
+    try:
+        yield
+    finally:
+        _TRACED_ONLY.graphs += int(dynamo.counters()["stats"]["unique_graphs"]) - graphs
+        for metrics in dynamo.compilation_metrics():
+            if id(metrics) not in before.ids and id(metrics) not in _TRACED_ONLY.ids:
+                _TRACED_ONLY.held.append(metrics)
+                _TRACED_ONLY.ids.add(id(metrics))
+
+
+@attrs.define
 class Window:
     """Counters and compile records between :meth:`open` and :meth:`close_into`, around a
     region's first call (each step written out here, not in helpers: it is on that path)."""
@@ -104,6 +138,7 @@ class Window:
     _records_before: HeldRecords
     _graphs_before: int
     _breaks_before: collections.Counter[str]
+    _traced_before: int = 0
 
     @classmethod
     def open(cls) -> Window:
@@ -117,6 +152,7 @@ class Window:
             HeldRecords(held, frozenset(map(id, held))),
             int(counters["stats"]["unique_graphs"]),
             collections.Counter(counters["graph_break"]),
+            _TRACED_ONLY.graphs,
         )
 
     def close_into(self, region: Any, wrapper_code: str) -> None:
@@ -132,6 +168,7 @@ class Window:
         new = all_records(self._records_before)
         counters = dynamo.counters()
         graphs = int(counters["stats"]["unique_graphs"]) - self._graphs_before
+        graphs -= _TRACED_ONLY.graphs - self._traced_before
         breaks = collections.Counter(counters["graph_break"]) - self._breaks_before
         for record in new:
             if record.co_name == wrapper_code:

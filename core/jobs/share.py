@@ -60,6 +60,7 @@ from torchkiln.jobs.keys import (
     share_key,
 )
 from torchkiln.jobs.store import JobStore
+from torchkiln.jobs.traced_graph import TracedGraph, first_difference, trace_group
 from torchkiln.plugin_host.region_plan import RegionGroup
 
 logger = logging.getLogger("torchkiln")
@@ -107,6 +108,8 @@ class GroupShare:
     """Size of the entry as sent (0 when nothing was sent)."""
     transfer_seconds: float = 0.0
     """The entry's bytes on the wire, once the source had them (part of ``wait_seconds``)."""
+    trace_seconds: float = 0.0
+    """Tracing the group for the rank-invariance check (a job of several ranks only)."""
     receivers: tuple[int, ...] = ()
     """The ranks this rank sent the entry to."""
     stored: bool = False
@@ -143,8 +146,9 @@ class GroupShare:
             if self.role == "received"
             else ""
         )
+        trace = f"trace {self.trace_seconds:.1f} s, " if self.trace_seconds else ""
         times = (
-            f" (compile {self.compile_seconds:.1f} s, wait {self.wait_seconds:.1f} s, "
+            f" ({trace}compile {self.compile_seconds:.1f} s, wait {self.wait_seconds:.1f} s, "
             f"load {self.load_seconds:.2f} s{wire})"
         )
         why = f": {self.reason}" if self.reason else ""
@@ -336,23 +340,34 @@ class _GroupSharing:
         found = next((entry.directory for entry in stored if entry.fits(call)), None)
         if found is None and store is not None:
             found = store.find(key)
+        message = {"key": key, "fields": fields, "stored": found is not None}
+        graph = None
+        if exchange.world > 1:  # what this rank traced, for the rank-invariance check
+            started = time.perf_counter()
+            graph = trace_group(call, job.config.dynamic)
+            record.trace_seconds = time.perf_counter() - started
+            message["graph"] = graph.digest if graph is not None else None
+            message["code"] = graph.packed() if graph is not None else None
         started = time.perf_counter()
-        everyone = exchange.gather(
-            {"key": key, "fields": fields, "stored": found is not None},
-            f"group {record.group!r}'s first call",
-        )
+        everyone = exchange.gather(message, f"group {record.group!r}'s first call")
         record.wait_seconds += time.perf_counter() - started
         me = exchange.rank
         if everyone[0]["key"] != key:
             record.reason = describe_difference(fields, everyone[0]["fields"])
         directory: Path | None = None
+        differs_from: int | None = None
         for plan in _plans(everyone):
-            if me == plan.source:
+            if me in plan.traced_otherwise:
+                differs_from = plan.source
+            elif me == plan.source:
                 directory = self._send(plan, fields, found)
             elif me in plan.receivers:
                 directory = self._receive(plan)
             elif plan.receivers:  # another key's broadcast: every rank takes part
                 exchange.broadcast_object(None, plan.source, _what(record.group, plan.source))
+        if differs_from is not None:
+            record.reason = _traced_otherwise(graph, everyone[differs_from], differs_from)
+            return self._load(None)
         if found is not None and directory in (None, found):
             directory, record.role, record.source, record.stored = found, "store", me, True
         return self._load(directory)
@@ -539,19 +554,38 @@ class _GroupSharing:
 class _Plan:
     source: int
     receivers: tuple[int, ...]
+    traced_otherwise: tuple[int, ...] = ()
 
 
 def _plans(everyone: list[dict[str, Any]]) -> list[_Plan]:
-    """Per distinct key, in the order of the first rank that has it: the source and the ranks
-    that need the entry sent (a rank whose store has it needs nothing)."""
+    """Per distinct key, in the order of the first rank that has it: the source, the ranks
+    that need the entry sent (a rank whose store has it needs nothing), and the ranks whose
+    traced graph differs from the source's (they compile their own: nothing is sent to them,
+    and they use no stored entry)."""
     plans = []
     for key in dict.fromkeys(e["key"] for e in everyone):
         ranks = [r for r, e in enumerate(everyone) if e["key"] == key]
         stored = [r for r in ranks if everyone[r]["stored"]]
         source = stored[0] if stored else ranks[0]
-        receivers = tuple(r for r in ranks if r != source and not everyone[r]["stored"])
-        plans.append(_Plan(source, receivers))
+        graph = everyone[source].get("graph")
+        otherwise = tuple(r for r in ranks if everyone[r].get("graph") != graph)
+        receivers = tuple(
+            r for r in ranks if r != source and r not in otherwise and not everyone[r]["stored"]
+        )
+        plans.append(_Plan(source, receivers, otherwise))
     return plans
+
+
+def _traced_otherwise(graph: TracedGraph | None, source: dict[str, Any], rank: int) -> str:
+    """Why a rank whose key equals its source's compiles its own: the graphs differ."""
+    if graph is None:
+        what = "this rank could not trace it whole"
+    else:
+        what = first_difference(graph.code, source.get("code"), rank)
+    return (
+        f"the graph this rank traced differs from rank {rank}'s ({what}): code compiled there "
+        "may not be right here; compiled on this rank"
+    )
 
 
 def _other_call(group: str, reason: str | None) -> None:

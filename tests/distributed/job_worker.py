@@ -8,10 +8,11 @@ null: ``job.store``), ``one_store`` (a directory: ``store=``, tiers off), ``shar
 else ``SHAPE``'s), ``save_params`` (each rank writes ``params<N>.pt``), ``steps``, ``timeout`` and ``fault``: ``null``,
 ``kill-source`` (rank 0 dies while it compiles), ``corrupt`` (rank 1 flips a byte of a kernel
 it received), ``differ`` (rank 1 builds a wider model), ``rank_constant`` (each rank scales its
-blocks' attention by a constant of its own), ``late`` (rank 1 reaches its first call after
+blocks' attention by a constant of its own), ``rank_in_code`` (each block's MLP reads the rank
+while it runs: a constant only the traced graph shows), ``late`` (rank 1 reaches its first call after
 ``timeout``); ``regions`` (the ``regions`` option, as given). Each rank trains a default-config Llama
 a few steps with DDP and writes ``OUT_DIR/rank<N>.json``: the report's job lines, its losses,
-the graphs Dynamo compiled on the rank (its own counter: an independent witness), and the CPU
+the graphs a backend compiled on the rank (torch's AOTAutograd counter: an independent witness), and the CPU
 seconds of the first step, children (inductor's compile workers) included.
 """
 
@@ -69,6 +70,20 @@ def apply_fault(fault: str | None, rank: int) -> None:
         share.unpack_entry = corrupting
 
 
+def plant_rank_in_code() -> None:
+    """Each block's MLP scales its output by ``1 + 0.01 * rank``, read from
+    ``torch.distributed.get_rank()`` while it runs: Dynamo folds the call into a constant of the
+    graph, with no guard and no attribute a key could see (pytorch#191878's hazard)."""
+    from transformers.models.llama import modeling_llama
+
+    mlp_forward = modeling_llama.LlamaMLP.forward
+
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        return mlp_forward(self, x) * (1.0 + 0.01 * dist.get_rank())
+
+    modeling_llama.LlamaMLP.forward = forward
+
+
 def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     rank = dist.get_rank()
     node = int(os.environ.get("GROUP_RANK", "0"))
@@ -82,6 +97,8 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     if settings.get("fault") == "rank_constant":  # a rank-dependent constant in one block class
         for layer in model.model.layers:
             layer.self_attn.scaling *= 1.0 + 0.01 * rank
+    if settings.get("fault") == "rank_in_code":  # the rank, read while tracing: no attribute
+        plant_rank_in_code()
     store = settings.get("store")
     job = {"share": settings.get("share", "auto"), "timeout": settings.get("timeout", 120)}
     places: dict[str, Any] = {"cache_dir": str(out_dir / f"inductor-cache-{rank}")}
@@ -134,7 +151,9 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         "losses": losses,
         "first_step_cpu": first_step_cpu,
         "first_step_s": first_step_s,
-        "dynamo_graphs": int(counters["stats"]["unique_graphs"]),
+        # Graphs a backend compiled (AOTAutograd's counter): Dynamo's own also counts the graph
+        # each rank traces, without compiling it, for the rank-invariance check.
+        "compiled_graphs": int(counters["aot_autograd"]["total"]),
         "cache_counters": {  # torch's own: what this rank's compiles found in its caches
             f"{kind}.{name}": int(value)
             for kind in ("inductor", "aot_autograd")

@@ -51,8 +51,8 @@ def test_every_region_runs_compiled_code_compiled_once_for_the_job(ranks):
         assert regions[1]["reused"]
     # rank 0 compiled the block group; rank 1 received it and compiled nothing (docs/jobs.md)
     assert [data["job_roles"] for data in ranks] == [[["compiled", 0]], [["received", 0]]]
-    assert ranks[0]["regions"][0]["graphs"] >= 1 and ranks[0]["new_dynamo_graphs"] >= 1
-    assert ranks[1]["regions"][0]["graphs"] == 0 and ranks[1]["new_dynamo_graphs"] == 0
+    assert ranks[0]["regions"][0]["graphs"] >= 1 and ranks[0]["new_compiled_graphs"] >= 1
+    assert ranks[1]["regions"][0]["graphs"] == 0 and ranks[1]["new_compiled_graphs"] == 0
 
 
 def test_ddp_options_reach_the_wrapper(ranks):

@@ -93,7 +93,7 @@ def test_wrapping_the_engine_again_is_refused(ranks):
 
 def test_the_block_group_is_compiled_once_for_the_job_below_zero_3(ranks):
     roles = [[(role, source) for role, source, _ in data["job"]] for data in ranks]
-    graphs = [data["new_dynamo_graphs"] for data in ranks]
+    graphs = [data["new_compiled_graphs"] for data in ranks]
     if ranks[0]["stage"] < 3:  # rank 0 compiled it, rank 1 received it and compiled nothing
         assert roles == [[("compiled", 0)], [("received", 0)]]
         assert graphs[0] >= 1 and graphs[1] == 0

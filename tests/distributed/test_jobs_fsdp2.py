@@ -55,7 +55,7 @@ def test_fsdp2_group_is_compiled_once_and_loaded_by_the_other_rank(
     line = ranks[1]["job_lines"][1]
     assert line.startswith("  LlamaDecoderLayer: serving from rank 0, shared as a saved function (")
     assert "did not fit" not in line  # every call of the two steps ran rank 0's code
-    # Dynamo compiled the group on rank 0 only: rank 1 traced nothing
-    assert ranks[0]["dynamo_graphs"] >= 1 and ranks[1]["dynamo_graphs"] == 0
+    # A backend compiled the group on rank 0 only: rank 1 traced it for the check, no more
+    assert ranks[0]["compiled_graphs"] >= 1 and ranks[1]["compiled_graphs"] == 0
     assert ranks[1]["first_step_cpu"] < 0.25 * ranks[0]["first_step_cpu"]
     assert max_param_diff(out, each_compiles) < PARAM_TOL

@@ -52,9 +52,9 @@ def test_hsdp_group_is_compiled_once_per_job(tmp_path: Path) -> None:
             "  LlamaDecoderLayer: serving from rank 0, shared as a saved function ("
         ), r["job_lines"]
         assert "did not fit" not in r["job_lines"][1]
-    # Dynamo compiled the group on rank 0 only: the receivers traced nothing
-    assert ranks[0]["dynamo_graphs"] >= 1
-    assert [r["dynamo_graphs"] for r in ranks[1:]] == [0, 0, 0]
+    # A backend compiled the group on rank 0 only: the receivers traced it for the check
+    assert ranks[0]["compiled_graphs"] >= 1
+    assert [r["compiled_graphs"] for r in ranks[1:]] == [0, 0, 0]
     # each replica trains on its own batches, and the replicas hold the same shards
     assert ranks[0]["losses"] != ranks[2]["losses"]
     for rank in (0, 1):
