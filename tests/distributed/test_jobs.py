@@ -148,44 +148,42 @@ def test_a_rank_with_another_model_compiles_its_own_and_says_why(tmp_path: Path)
     assert ranks[0]["groups"][0]["reason"] is None
 
 
+RANK_HAZARDS = {
+    # A block attribute that differs by rank (its attention scaling): the key holds the blocks'
+    # plain attributes, so the group keys apart and rank 1 compiles its own for the job.
+    "rank_constant": (
+        "compiled",
+        "this rank's key differs from rank 0's in: attributes (",
+        ("self_attn.scaling: ", "on rank 0"),
+    ),
+    # The hazard no key sees: the blocks' code reads torch.distributed.get_rank(), which Dynamo
+    # folds into the graph as a constant, unguarded. The keys agree, the traced graphs do not.
+    "rank_in_code": (
+        "local",
+        "the graph this rank traced differs from rank 0's (line ",
+        ("1.01", "on rank 0"),
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(RANK_HAZARDS))
 def test_a_rank_dependent_constant_is_caught_and_the_other_group_still_shared(
-    tmp_path: Path,
+    tmp_path: Path, fault: str
 ) -> None:
-    """pytorch#191878's hazard: a block whose constant differs by rank (here its attention
-    scaling) traces to other code under the same source and layout. Its group keys apart, so
-    each rank compiles its own and trains as if alone; the rotary embedding's group, equal on
-    both ranks, is still shared."""
+    """pytorch#191878's hazard: a block whose code would differ by rank under the same source
+    and layout. Rank 1 compiles its own blocks and trains as if alone, the report says why, and
+    the rotary embedding's group, equal on both ranks, is still shared."""
+    role, starts, said = RANK_HAZARDS[fault]
     regions = {"strategy": "classes", "classes": ["LlamaDecoderLayer", "LlamaRotaryEmbedding"]}
-    shared = job(tmp_path, "shared", fault="rank_constant", regions=regions)
-    alone = job(tmp_path, "alone", fault="rank_constant", regions=regions, share="off")
+    shared = job(tmp_path, "shared", fault=fault, regions=regions)
+    alone = job(tmp_path, "alone", fault=fault, regions=regions, share="off")
     by_group = [{g["group"]: g for g in r["groups"]} for r in shared]
     assert [r["LlamaRotaryEmbedding"]["role"] for r in by_group] == ["compiled", "received"]
-    assert [r["LlamaDecoderLayer"]["role"] for r in by_group] == ["compiled", "compiled"]
+    assert [r["LlamaDecoderLayer"]["role"] for r in by_group] == ["compiled", role]
     reason = by_group[1]["LlamaDecoderLayer"]["reason"]
-    assert reason.startswith("this rank's key differs from rank 0's in: attributes (")
-    assert "self_attn.scaling: " in reason and "on rank 0" in reason
-    assert by_group[1]["LlamaRotaryEmbedding"]["reason"] is None
-    for mine, own in zip(shared, alone, strict=True):  # each rank ran its own constant's code
-        assert mine["losses"] == pytest.approx(own["losses"], abs=1e-5)
-
-
-def test_a_rank_read_while_tracing_is_caught_by_the_graph_and_the_rest_still_shared(
-    tmp_path: Path,
-) -> None:
-    """The hazard no key sees: the blocks' code reads ``torch.distributed.get_rank()``, which
-    Dynamo folds into the graph as a constant, unguarded. The keys agree, the traced graphs do
-    not: each rank compiles its blocks and trains as if alone, the report names the line that
-    differs, and the rotary embedding's group (no rank in it) is still shared."""
-    regions = {"strategy": "classes", "classes": ["LlamaDecoderLayer", "LlamaRotaryEmbedding"]}
-    shared = job(tmp_path, "shared", fault="rank_in_code", regions=regions)
-    alone = job(tmp_path, "alone", fault="rank_in_code", regions=regions, share="off")
-    by_group = [{g["group"]: g for g in r["groups"]} for r in shared]
-    assert [r["LlamaRotaryEmbedding"]["role"] for r in by_group] == ["compiled", "received"]
-    assert [r["LlamaDecoderLayer"]["role"] for r in by_group] == ["compiled", "local"]
-    reason = by_group[1]["LlamaDecoderLayer"]["reason"]
-    assert reason.startswith("the graph this rank traced differs from rank 0's (line "), reason
-    assert "1.01" in reason and "on rank 0" in reason, reason
+    assert reason.startswith(starts) and all(part in reason for part in said), reason
     assert by_group[0]["LlamaDecoderLayer"]["reason"] is None
+    assert by_group[1]["LlamaRotaryEmbedding"]["reason"] is None
     for mine, own in zip(shared, alone, strict=True):  # each rank ran its own rank's code
         assert mine["losses"] == pytest.approx(own["losses"], abs=1e-5)
 

@@ -55,32 +55,42 @@ def _entries(store: Path) -> int:
     return sum(1 for p in (store / "entries").iterdir() if not p.name.startswith("."))
 
 
+def _two_runs(tmp_path: Path, first: list[str], then: list[str]) -> tuple[dict, dict]:
+    """``first`` in one process, ``then`` in the next, on one store (``aot_eager``): the first
+    compiles the blocks' group for its first call and once for a miss, writing two entries;
+    the second compiles nothing. Both match the eager model."""
+    store = tmp_path / "store"
+    before = _run(store, tmp_path, first, "aot_eager")
+    assert before["exact"] and before["graphs"] == 2, before
+    assert _entries(store) == 2
+    after = _run(store, tmp_path, then, "aot_eager")
+    assert after["exact"] and after["graphs"] == 0, after
+    return before, after
+
+
+def _block_line(run: dict) -> str:
+    return next(line for line in run["code"] if "DecoderLayer" in line)
+
+
 @pytest.mark.needs_feature("precompiled artifacts")
 def test_a_missed_call_is_written_to_the_store_and_served_by_the_next_run(tmp_path):
-    store = tmp_path / "store"
-    first = _run(store, tmp_path, ["eval:1", "eval:3", "eval:1", "eval:3"], "aot_eager")
     # Batch 1 compiles the blocks' group; batch 3 misses (its first block) and is written back;
     # the second block and every later call fit one of the two.
-    assert first["exact"] and first["graphs"] == 2, first
-    assert _entries(store) == 2
-    block = next(line for line in first["code"] if "DecoderLayer" in line)
-    assert "7 calls fit; 1 compiled and written to the store" in block, block
-    assert "ran the backend's code" not in block
-    second = _run(store, tmp_path, ["eval:3", "eval:1", "eval:3"], "aot_eager")
-    assert second["exact"] and second["graphs"] == 0, second
-    block = next(line for line in second["code"] if "DecoderLayer" in line)
-    assert "serving from store (2 functions" in block and "6 calls fit" in block, block
+    first, second = _two_runs(
+        tmp_path, ["eval:1", "eval:3", "eval:1", "eval:3"], ["eval:3", "eval:1", "eval:3"]
+    )
+    assert "7 calls fit; 1 compiled and written to the store" in _block_line(first), first
+    assert "ran the backend's code" not in _block_line(first)
+    said = _block_line(second)
+    assert "serving from store (2 functions" in said and "6 calls fit" in said, said
 
 
 @pytest.mark.needs_feature("precompiled artifacts")
 def test_a_second_size_is_written_with_symbolic_sizes_and_covers_the_sizes_after_it(tmp_path):
-    store = tmp_path / "store"
-    first = _run(store, tmp_path, ["eval:1", "eval:3", "eval:5", "eval:7"], "aot_eager")
-    # Batches 5 and 7 fit the entry batch 3 wrote with symbolic sizes: nothing more compiles.
-    assert first["exact"] and first["graphs"] == 2, first
-    assert _entries(store) == 2
-    second = _run(store, tmp_path, ["eval:9", "eval:1"], "aot_eager")
-    assert second["exact"] and second["graphs"] == 0, second
+    # Batches 5 and 7 fit the entry batch 3 wrote with symbolic sizes: nothing more compiles,
+    # and the next run's batch 9 fits it too.
+    first, _ = _two_runs(tmp_path, ["eval:1", "eval:3", "eval:5", "eval:7"], ["eval:9", "eval:1"])
+    assert "7 calls fit; 1 compiled and written to the store" in _block_line(first), first
 
 
 @pytest.mark.slow
