@@ -110,6 +110,9 @@ class GroupShare:
     """The entry's bytes on the wire, once the source had them (part of ``wait_seconds``)."""
     trace_seconds: float = 0.0
     """Tracing the group for the rank-invariance check (a job of several ranks only)."""
+    untraced: str | None = None
+    """Why the rank-invariance check could not trace the group on this rank (the line says
+    so: what every rank failed to trace alike was not compared)."""
     receivers: tuple[int, ...] = ()
     """The ranks this rank sent the entry to."""
     stored: bool = False
@@ -160,6 +163,8 @@ class GroupShare:
         )
         if other and self.written:
             other += f" ({self.written} into new entries of the store)"
+        if self.untraced is not None:
+            other += f"; the rank-invariance check could not trace it ({self.untraced})"
         way = f", {WAYS[self.via]}" if self.role != "local" else ""
         said = describe(self.state, self.source_name)
         return f"{self.group}: {said}{sent}{way}{times}{why}{other}"
@@ -346,8 +351,8 @@ class _GroupSharing:
             started = time.perf_counter()
             graph = trace_group(call, job.config.dynamic)
             record.trace_seconds = time.perf_counter() - started
-            message["graph"] = graph.digest if graph is not None else None
-            message["code"] = graph.packed() if graph is not None else None
+            record.untraced = graph.failure
+            message["graph"], message["code"] = graph.digest, graph.packed()
         started = time.perf_counter()
         everyone = exchange.gather(message, f"group {record.group!r}'s first call")
         record.wait_seconds += time.perf_counter() - started
@@ -578,10 +583,8 @@ def _plans(everyone: list[dict[str, Any]]) -> list[_Plan]:
 
 def _traced_otherwise(graph: TracedGraph | None, source: dict[str, Any], rank: int) -> str:
     """Why a rank whose key equals its source's compiles its own: the graphs differ."""
-    if graph is None:
-        what = "this rank could not trace it whole"
-    else:
-        what = first_difference(graph.code, source.get("code"), rank)
+    assert graph is not None  # only ranks that traced are compared
+    what = first_difference(graph, source["code"], rank)
     return (
         f"the graph this rank traced differs from rank {rank}'s ({what}): code compiled there "
         "may not be right here; compiled on this rank"

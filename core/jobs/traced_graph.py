@@ -25,6 +25,7 @@ import attrs
 import torch
 from torch import fx
 
+from torchkiln.artifacts.directory import error_reason
 from torchkiln.engine.dynamo_records import traced_only
 from torchkiln.engine.group_runtime import GroupCall, trace_settings_of
 from torchkiln.jobs.entry import plain_module
@@ -32,10 +33,12 @@ from torchkiln.jobs.entry import plain_module
 
 @attrs.frozen
 class TracedGraph:
-    """The graph Dynamo traced for a group's first call on this rank, as its code."""
+    """The graph Dynamo traced for a group's first call on this rank, as its code; or why it
+    could not be traced whole (``failure``: then ``code`` and ``digest`` are empty)."""
 
     code: str
     digest: str
+    failure: str | None = None
 
     def packed(self) -> bytes:
         """The code, compressed, for the gather (a block's graph is a few KB of text)."""
@@ -54,21 +57,21 @@ def _capture(graph: fx.GraphModule, example_inputs: list[Any]) -> Any:
     raise _Captured(graph)
 
 
-def trace_group(call: GroupCall, dynamic: bool | None) -> TracedGraph | None:
+def trace_group(call: GroupCall, dynamic: bool | None) -> TracedGraph:
     """The graph of ``call`` (the group's first call on this rank), traced the way its entry is
-    compiled (``fullgraph``, the group's trace settings, the module without torchkiln's state),
-    or ``None`` when Dynamo cannot trace it whole (the entry's compile then fails the same way,
-    and every rank compiles its own). Nothing is compiled, and the report counts no graph for
-    it (:func:`~torchkiln.engine.dynamo_records.traced_only`)."""
-    traced = torch.compile(call.shared, backend=_capture, fullgraph=True, dynamic=dynamic)
+    compiled (``fullgraph``, the group's trace settings, the module without torchkiln's state);
+    when Dynamo cannot trace it whole, why (the entry's compile then fails the same way, and
+    every rank compiles its own). Nothing is compiled, and the report counts no graph for it
+    (:func:`~torchkiln.engine.dynamo_records.traced_only`)."""
+    traced: Any = torch.compile(call.shared, backend=_capture, fullgraph=True, dynamic=dynamic)
     try:
         with traced_only(), plain_module(call.module), trace_settings_of(call.build_savable()):
             traced.aot_compile(((call.module, *call.args), call.kwargs))
     except _Captured as captured:
         return graph_of(captured.graph)
-    except Exception:  # a graph break, or what the savable compile would refuse too
-        return None
-    return None
+    except Exception as error:  # a graph break, or what the savable compile would refuse too
+        return TracedGraph("", "", failure=error_reason(error))
+    return TracedGraph("", "", failure="the backend was never given a graph")
 
 
 def graph_of(graph: fx.GraphModule) -> TracedGraph:
@@ -93,13 +96,15 @@ def _constants(graph: fx.GraphModule) -> dict[str, torch.Tensor]:
     return found
 
 
-def first_difference(mine: str, theirs: bytes | None, source: int) -> str:
+def first_difference(mine: TracedGraph, theirs: bytes, source: int) -> str:
     """``line 12: `mul = ... * 1.01` here, `mul = ... * 1.0` on rank 0``: the first line of
     the graph's code that differs from the source rank's (``theirs``: its packed code)."""
-    if theirs is None:
-        return f"rank {source} could not trace it whole"
+    if mine.failure is not None:
+        return f"this rank could not trace it whole: {mine.failure}"
     other = zlib.decompress(theirs).decode().splitlines()
-    lines = mine.splitlines()
+    if not other:
+        return f"rank {source} could not trace it whole"
+    lines = mine.code.splitlines()
     for number, (a, b) in enumerate(zip(lines, other, strict=False), start=1):
         if a != b:
             start = _first_column(a, b)

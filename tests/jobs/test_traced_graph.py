@@ -51,14 +51,14 @@ def test_equal_code_traces_to_equal_digests_and_a_baked_constant_changes_it() ->
     torch.manual_seed(0)
     block = Block()
     first, again = trace_group(_call(block), None), trace_group(_call(block), None)
-    assert first is not None and again is not None and first.digest == again.digest
+    assert first.failure is None and first.digest == again.digest
     SCALE = 3
     try:
         other = trace_group(_call(block), None)
     finally:
         SCALE = 2
-    assert other is not None and other.digest != first.digest
-    said = first_difference(other.code, first.packed(), 0)
+    assert other.digest != first.digest
+    said = first_difference(other, first.packed(), 0)
     assert said.startswith("line ") and "* 3" in said and "* 2" in said, said
     assert said.endswith("on rank 0"), said
 
@@ -66,17 +66,21 @@ def test_equal_code_traces_to_equal_digests_and_a_baked_constant_changes_it() ->
 def test_the_trace_is_not_counted_as_a_compile() -> None:
     window = Window.open()
     graphs = int(dynamo.counters()["stats"]["unique_graphs"])
-    assert trace_group(_call(Block()), None) is not None
+    assert trace_group(_call(Block()), None).failure is None
     assert int(dynamo.counters()["stats"]["unique_graphs"]) == graphs + 1  # Dynamo traced it
     region = SimpleNamespace(records=[], graphs=0, graph_breaks={})
     window.close_into(region, "no_wrapper")
     assert (region.graphs, region.records) == (0, [])
 
 
-def test_a_graph_that_cannot_be_traced_whole_has_no_digest() -> None:
+def test_a_graph_that_cannot_be_traced_whole_says_why() -> None:
     class Breaks(Block):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             torch._dynamo.graph_break()
             return self.linear(x)
 
-    assert trace_group(_call(Breaks()), None) is None
+    traced = trace_group(_call(Breaks()), None)
+    assert traced.digest == "" and traced.failure is not None
+    assert "graph_break" in traced.failure or "graph break" in traced.failure, traced.failure
+    said = first_difference(traced, trace_group(_call(Block()), None).packed(), 0)
+    assert said.startswith("this rank could not trace it whole: "), said
