@@ -54,9 +54,11 @@ def test_the_first_command_shares_then_restarts_from_the_store(tmp_path: Path) -
     store = str(tmp_path / "store")
     assert first[1][0] == shown[0].splitlines()[0].replace("/tmp/kiln-store", store)
     assert first[0][1].startswith("  LlamaDecoderLayer: compiled, sent to rank(s) 1")
+    # the rank-invariance check's trace, then no compile on the receiving rank
     assert first[1][1].startswith(
-        "  LlamaDecoderLayer: serving from rank 0, shared as a saved function (compile 0.0 s"
+        "  LlamaDecoderLayer: serving from rank 0, shared as a saved function (trace "
     )
+    assert ", compile 0.0 s, " in first[1][1]
     assert [lines[1].split(" (")[0] for lines in restart] == [
         shown[1].splitlines()[1].split(" (")[0]
     ] * 2
