@@ -122,6 +122,7 @@ def main() -> None:
     summary = run(args, device)
     print(json.dumps(summary), flush=True)
     if args.json:
+        args.json.mkdir(parents=True, exist_ok=True)  # docs/jobs.md's command names out/
         (args.json / f"rank{dist.get_rank()}.json").write_text(json.dumps(summary))
     # Modules with hooks sit in reference cycles; collect them (and the FSDP/DDP state that holds
     # the process group) now, while the interpreter is whole, rather than during its shutdown.
