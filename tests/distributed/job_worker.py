@@ -10,7 +10,8 @@ else ``SHAPE``'s), ``save_params`` (each rank writes ``params<N>.pt``), ``steps`
 it received), ``differ`` (rank 1 builds a wider model), ``rank_constant`` (each rank scales its
 blocks' attention by a constant of its own), ``rank_in_code`` (each block's MLP reads the rank
 while it runs: a constant only the traced graph shows), ``late`` (rank 1 reaches its first call after
-``timeout``); ``regions`` (the ``regions`` option, as given). Each rank trains a default-config Llama
+``timeout``); ``regions`` (the ``regions`` option, as given); ``eager_reference`` (the first batch's loss of an uncompiled
+copy, ``eager_first_loss``). Each rank trains a default-config Llama
 a few steps with DDP and writes ``OUT_DIR/rank<N>.json``: the report's job lines, its losses,
 the graphs a backend compiled on the rank (torch's AOTAutograd counter: an independent witness), and the CPU
 seconds of the first step, children (inductor's compile workers) included.
@@ -18,6 +19,7 @@ seconds of the first step, children (inductor's compile workers) included.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import resource
@@ -71,7 +73,7 @@ def apply_fault(fault: str | None, rank: int) -> None:
 
 
 def plant_rank_in_code() -> None:
-    """Each block's MLP scales its output by ``1 + 0.01 * rank``, read from
+    """Each block's MLP scales its output by ``1 + 2 * rank``, read from
     ``torch.distributed.get_rank()`` while it runs: Dynamo folds the call into a constant of the
     graph, with no guard and no attribute a key could see (pytorch#191878's hazard)."""
     from transformers.models.llama import modeling_llama
@@ -79,7 +81,7 @@ def plant_rank_in_code() -> None:
     mlp_forward = modeling_llama.LlamaMLP.forward
 
     def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
-        return mlp_forward(self, x) * (1.0 + 0.01 * dist.get_rank())
+        return mlp_forward(self, x) * (1.0 + 2.0 * dist.get_rank())
 
     modeling_llama.LlamaMLP.forward = forward
 
@@ -96,9 +98,12 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     model = llama(**shape)
     if settings.get("fault") == "rank_constant":  # a rank-dependent constant in one block class
         for layer in model.model.layers:
-            layer.self_attn.scaling *= 1.0 + 0.01 * rank
+            layer.self_attn.scaling *= 1.0 + 2.0 * rank
     if settings.get("fault") == "rank_in_code":  # the rank, read while tracing: no attribute
         plant_rank_in_code()
+    # The same model, never compiled: its loss on the first batch is what this rank's own code
+    # gives (before any step, so no gradient exchange is needed to match it).
+    eager = copy.deepcopy(model) if settings.get("eager_reference") else None
     store = settings.get("store")
     job = {"share": settings.get("share", "auto"), "timeout": settings.get("timeout", 120)}
     places: dict[str, Any] = {"cache_dir": str(out_dir / f"inductor-cache-{rank}")}
@@ -128,8 +133,12 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
         time.sleep(settings["timeout"] + 15)  # rank 0 gives up on it first
     generator = torch.Generator().manual_seed(100 + rank)
     losses, first_step_cpu, first_step_s = [], 0.0, 0.0
+    eager_first_loss: float | None = None
     for step in range(settings.get("steps", 3)):
         ids = torch.randint(0, shape["vocab_size"], (2, 16), generator=generator)
+        if step == 0 and eager is not None:
+            with torch.no_grad():
+                eager_first_loss = eager(ids, labels=ids).loss.item()
         cpu, wall = cpu_seconds(), time.perf_counter()
         loss = model(ids, labels=ids).loss
         loss.backward()
@@ -149,6 +158,7 @@ def run(out_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     return {
         "rank": rank,
         "losses": losses,
+        "eager_first_loss": eager_first_loss,
         "first_step_cpu": first_step_cpu,
         "first_step_s": first_step_s,
         # Graphs a backend compiled (AOTAutograd's counter): Dynamo's own also counts the graph

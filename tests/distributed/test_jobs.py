@@ -161,7 +161,7 @@ RANK_HAZARDS = {
     "rank_in_code": (
         "local",
         "the graph this rank traced differs from rank 0's (line ",
-        ("1.01", "on rank 0"),
+        ("3.0", "on rank 0"),
     ),
 }
 
@@ -175,8 +175,7 @@ def test_a_rank_dependent_constant_is_caught_and_the_other_group_still_shared(
     the rotary embedding's group, equal on both ranks, is still shared."""
     role, starts, said = RANK_HAZARDS[fault]
     regions = {"strategy": "classes", "classes": ["LlamaDecoderLayer", "LlamaRotaryEmbedding"]}
-    shared = job(tmp_path, "shared", fault=fault, regions=regions)
-    alone = job(tmp_path, "alone", fault=fault, regions=regions, share="off")
+    shared = job(tmp_path, "shared", fault=fault, regions=regions, eager_reference=True)
     by_group = [{g["group"]: g for g in r["groups"]} for r in shared]
     assert [r["LlamaRotaryEmbedding"]["role"] for r in by_group] == ["compiled", "received"]
     assert [r["LlamaDecoderLayer"]["role"] for r in by_group] == ["compiled", role]
@@ -184,8 +183,10 @@ def test_a_rank_dependent_constant_is_caught_and_the_other_group_still_shared(
     assert reason.startswith(starts) and all(part in reason for part in said), reason
     assert by_group[0]["LlamaDecoderLayer"]["reason"] is None
     assert by_group[1]["LlamaRotaryEmbedding"]["reason"] is None
-    for mine, own in zip(shared, alone, strict=True):  # each rank ran its own rank's code
-        assert mine["losses"] == pytest.approx(own["losses"], abs=1e-5)
+    # Each rank ran its own rank's code: its first loss is its uncompiled copy's. Rank 0's code
+    # on rank 1 would be off by 3.3e-4 (the attention scaling) or 5.3e-3 (the MLP), measured.
+    for rank in shared:
+        assert rank["losses"][0] == pytest.approx(rank["eager_first_loss"], abs=1e-5)
 
 
 def test_an_entry_that_does_not_match_is_compiled_on_the_rank_instead(tmp_path: Path) -> None:
