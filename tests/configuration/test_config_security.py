@@ -289,8 +289,11 @@ def test_the_fake_compiler_does_run_when_chosen_from_python(
         options={"cpp.cxx": str(script)},
         cache_dir=str(tmp_path / "cache"),  # a cold cache: inductor must compile
     )
-    with pytest.raises(torchkiln.RegionCompileError, match=r"fake-cxx\.sh"):
-        model(torch.randn(2, 8))
+    try:
+        with pytest.raises(torchkiln.RegionCompileError, match=r"fake-cxx\.sh"):
+            model(torch.randn(2, 8))
+    finally:  # cache_dir holds for the model's lifetime: give the worker's back
+        torchkiln.decompile(model)
     assert marker.exists()
 
 
