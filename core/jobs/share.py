@@ -14,7 +14,6 @@ normally and :attr:`GroupShare.reason` says why. docs/jobs.md ("What is shared, 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import shutil
@@ -25,10 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from torch import nn
 
 from torchkiln._internals.aot_artifacts import loaded_guard_table
-from torchkiln._internals.dynamo import floats_specialized
 from torchkiln.artifacts.directory import (
     ArtifactError,
     closure_data,
@@ -61,6 +58,7 @@ from torchkiln.jobs.keys import (
 )
 from torchkiln.jobs.store import JobStore
 from torchkiln.jobs.traced_graph import TracedGraph, first_difference, trace_group
+from torchkiln.jobs.written_entries import MissedCall, write_missed_call
 from torchkiln.plugin_host.region_plan import RegionGroup
 
 logger = logging.getLogger("torchkiln")
@@ -123,7 +121,7 @@ class GroupShare:
     """Calls the entry did not fit (another shape, the other kind): compiled on this rank."""
     written: int = 0
     """Of :attr:`other_calls`, those compiled into a new entry of ``job.store``
-    (:meth:`JobShare.write_miss`)."""
+    (:func:`~torchkiln.jobs.written_entries.write_missed_call`)."""
 
     @property
     def state(self) -> State:
@@ -168,17 +166,6 @@ class GroupShare:
         way = f", {WAYS[self.via]}" if self.role != "local" else ""
         said = describe(self.state, self.source_name)
         return f"{self.group}: {said}{sent}{way}{times}{why}{other}"
-
-
-@attrs.frozen
-class MissedCall:
-    """What :meth:`JobShare.write_miss` needs of a group to compile a call its entries do not
-    fit (the first call's inputs as their spec: no tensor of that call is kept)."""
-
-    group: str
-    shared: Callable[..., Any]
-    build_savable: Callable[..., Any]
-    first_inputs: Any
 
 
 @attrs.define
@@ -269,45 +256,6 @@ class JobShare(CodeSource):
             str(self.store.root) if self.store else None,
             tuple(self.groups.values()),
         )
-
-    def write_miss(
-        self,
-        call: MissedCall,
-        module: nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> list[tuple[str, Any]] | None:
-        """A call the group's loaded functions do not fit, compiled on this rank (as without a
-        store) into a new entry of ``job.store`` under the call's own key, so that a restart
-        serves it too; its loaded functions, or ``None`` when it could not be compiled or saved
-        (the backend's code then serves it). No collective: only this rank may have missed. A
-        call whose input shapes differ from the first call's is compiled with symbolic sizes
-        when ``dynamic`` is unset (torch's automatic dynamic shapes recompile it so too), so
-        one entry covers the sizes that follow."""
-        assert self.store is not None
-        fields = share_fields(self.config, call.group, module, call.shared, args, kwargs)
-        dynamic = self.config.dynamic
-        if dynamic is None and fields["inputs"] != call.first_inputs:
-            dynamic = True
-        key = share_key(fields)
-        directory = self.store.find(key)
-        try:
-            if directory is None:
-                staging = self.store.staging(key)
-                savable = call.build_savable(dynamic)
-                with floats_specialized() if dynamic else contextlib.nullcontext():
-                    build_entry(staging, fields, savable, call.shared, module, args, kwargs)
-                directory = self.store.publish(staging, key)
-            functions, _ = load_entry(directory, call.shared, self.config.cache_dir)
-        except Exception as error:  # the backend compiles the call as usual
-            logger.info(
-                "torchkiln: group %r: a call its entries do not fit was not written to the "
-                "store: %s",
-                call.group,
-                error_reason(error),
-            )
-            return None
-        return functions
 
     def attach(self, group: RegionGroup, shared: Callable[..., Any]) -> bool:
         self.groups.setdefault(group.name, GroupShare(group.name, via=self.via))
@@ -483,7 +431,7 @@ class _GroupSharing:
 
     def _served(self, functions: list[tuple[str, Any]], closure: dict[str, Any]) -> SavedCode:
         """The group's code, from the store or the rank named in the record; with a store
-        (and saved functions), a call it does not fit is written back (:meth:`JobShare.write_miss`)."""
+        (and saved functions), a call it does not fit is written back (:func:`~torchkiln.jobs.written_entries.write_missed_call`)."""
         record, job, call = self.record, self.job, self.call
         write_back = None
         if job.store is not None and job.via == "function":
@@ -493,7 +441,7 @@ class _GroupSharing:
                 call.build_savable,
                 input_spec(call.args, dict(call.kwargs)),
             )
-            write_back = functools.partial(job.write_miss, missed)
+            write_back = functools.partial(write_missed_call, job.store, job.config, missed)
         return SavedCode(
             "store" if record.role == "store" else f"rank {record.source}",
             functions,

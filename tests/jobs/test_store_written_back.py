@@ -117,15 +117,99 @@ def test_evaluation_after_training_is_written_and_served_by_the_next_run(tmp_pat
     assert not any("ran the backend's code" in line for line in second["code"]), second
 
 
+OBJECT_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch, torchkiln
+    from torch import nn
+    from torch._dynamo.utils import counters
+
+    class Scale:  # what a cache object is to a call's key: a type, its int unseen
+        def __init__(self, n):
+            self.n = n
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.norm = nn.Linear(8, 8), nn.LayerNorm(8)
+        def forward(self, x, scale):
+            return self.norm(self.lin(x)) * scale.n
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+        def forward(self, x, scale):
+            for block in self.blocks:
+                x = block(x, scale)
+            return x
+
+    torch.manual_seed(0)
+    model = torchkiln.compile(Stack(), backend="aot_eager", store=sys.argv[1],
+                              tiered={"enabled": False})
+    reference = Stack()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        exact = all(torch.allclose(model(x, Scale(n)), reference(x, Scale(n)))
+                    for n in json.loads(sys.argv[2]))
+    print(json.dumps({"graphs": counters["stats"]["unique_graphs"], "exact": exact,
+                      "code": torchkiln.report(model).served_from}))
+    """
+)
+
+
+@pytest.mark.needs_feature("precompiled artifacts")
+def test_a_call_its_keys_entry_does_not_fit_is_written_beside_it(tmp_path):
+    # The key sees the call's shapes and the object's type, not its int: the call with n=2 has
+    # the first call's key, and that entry's guard (n == 1) fails. Its entry goes beside the
+    # first under a sibling key, with n symbolic (n=3 fits it); the next run loads both.
+    store = tmp_path / "store"
+    first = run_json_script(tmp_path, "objects.py", OBJECT_SCRIPT, str(store), "[1, 2, 3]")
+    assert first["exact"] and first["graphs"] == 2, first
+    assert "5 calls fit; 1 compiled and written to the store" in first["code"][0], first
+    assert "L['args'][1].n == 1" in first["code"][0]  # the failing guard, named
+    assert _entries(store) == 2
+    second = run_json_script(tmp_path, "objects.py", OBJECT_SCRIPT, str(store), "[4, 5]")
+    assert second["exact"] and second["graphs"] == 0, second
+    assert "serving from store (2 functions: inference): 4 calls fit" in second["code"][0]
+
+
+GENERATE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch, torchkiln
+    from torch._dynamo.utils import counters
+    sys.path.insert(0, sys.argv[2])
+    from tiered_models import tiny_llama
+
+    reference = tiny_llama().eval()
+    model = torchkiln.compile(tiny_llama().eval(), store=sys.argv[1], tiered={"enabled": False})
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference.generate(ids, max_new_tokens=5, do_sample=False)
+        tokens = model.generate(ids, max_new_tokens=5, do_sample=False)
+    print(json.dumps({"graphs": counters["stats"]["unique_graphs"],
+                      "equal": bool(torch.equal(tokens, expected)),
+                      "code": torchkiln.report(model).served_from}))
+    """
+)
+
+
 @pytest.mark.slow
 @pytest.mark.needs_feature("precompiled artifacts")
-def test_with_inductor_a_missed_size_is_written_and_served_by_the_next_run(tmp_path):
-    # The default backend: its entries carry inductor's kernels. Sized for CI: inference only,
-    # fixed sizes (training then evaluation, and symbolic sizes, are the tests above).
+def test_generate_with_inductor_is_written_and_served_whole_by_the_next_run(tmp_path):
+    # The default backend, the serving call: a prefill then decode steps, whose KV cache grows
+    # inside the layer views the blocks are given (the key sees none of it). Inductor's entry
+    # for the first decode step guarded on more than its key, so the second step's entry goes
+    # beside it; before, the second step was never kept and every run compiled it again.
     store = tmp_path / "store"
-    first = _run(store, tmp_path, ["eval:1", "eval:3"], "inductor", dynamic=False)
-    assert first["exact"] and first["graphs"] == 2, first
-    assert "1 compiled and written to the store" in _block_line(first), first
-    second = _run(store, tmp_path, ["eval:3", "eval:1"], "inductor", dynamic=False)
-    assert second["exact"] and second["graphs"] == 0, second
-    assert "serving from store (2 functions" in _block_line(second), second
+    tiered = str(Path(__file__).resolve().parents[1] / "tiered")
+    first = run_json_script(tmp_path, "generate.py", GENERATE_SCRIPT, str(store), tiered)
+    assert first["equal"] and first["graphs"] >= 2, first
+    written = _entries(store) - 1
+    calls = 2 * 5  # two blocks, a prefill and four decode steps
+    assert f"{calls - written} calls fit; {written} compiled and written" in _block_line(first)
+    second = run_json_script(tmp_path, "generate.py", GENERATE_SCRIPT, str(store), tiered)
+    assert second["equal"] and second["graphs"] == 0, second
+    assert f"({written + 1} functions: inference): {calls} calls fit" in _block_line(second)
