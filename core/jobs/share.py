@@ -440,6 +440,7 @@ class _GroupSharing:
                 call.shared,
                 call.build_savable,
                 input_spec(call.args, dict(call.kwargs)),
+                group_fields(job.config, record.group, call.module, call.shared),
             )
             write_back = functools.partial(write_missed_call, job.store, job.config, missed)
         return SavedCode(

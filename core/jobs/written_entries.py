@@ -22,10 +22,10 @@ from torch import nn
 
 from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln._internals.dynamo import floats_specialized
-from torchkiln.artifacts.directory import error_reason
+from torchkiln.artifacts.directory import error_reason, input_spec
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.jobs.entry import build_entry, load_entry
-from torchkiln.jobs.keys import share_fields, share_key
+from torchkiln.jobs.keys import call_kind, share_key
 from torchkiln.jobs.store import JobStore
 
 logger = logging.getLogger("torchkiln")
@@ -44,6 +44,10 @@ class MissedCall:
     shared: Callable[..., Any]
     build_savable: Callable[..., Any]
     first_inputs: Any
+    group_fields: dict[str, Any]
+    """The key's group fields, from the module of the group's first call: a restart loads the
+    entries whose group fields equal its first call's, so an entry written for another block
+    (whose own attributes differ: ``layer_idx``) carries these, not that block's."""
 
 
 def sibling_keys(key: str) -> Iterator[str]:
@@ -69,7 +73,11 @@ def write_missed_call(
     input shapes differ from the first call's, or whose key's entry it does not fit, is
     compiled with symbolic sizes when ``dynamic`` is unset (torch's automatic dynamic shapes
     recompile it so too), so that one entry covers the calls that follow."""
-    fields = share_fields(config, call.group, module, call.shared, args, kwargs)
+    fields = {
+        **call.group_fields,
+        "inputs": input_spec(args, dict(kwargs)),
+        "kind": call_kind(module),
+    }
     try:
         for index, key in enumerate(sibling_keys(share_key(fields))):
             directory = store.find(key)

@@ -175,6 +175,56 @@ def test_a_call_its_keys_entry_does_not_fit_is_written_beside_it(tmp_path):
     assert "serving from store (2 functions: inference): 4 calls fit" in second["code"][0]
 
 
+PEFT_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch, torchkiln
+    from torch._dynamo.utils import counters
+    from peft import LoraConfig, get_peft_model
+    sys.path.insert(0, sys.argv[2])
+    from tiered_models import tiny_llama
+
+    def lora():
+        torch.manual_seed(0)
+        return get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+
+    reference = lora()
+    model = torchkiln.compile(lora(), backend="aot_eager", store=sys.argv[1],
+                              tiered={"enabled": False})
+    exact = True
+    for training, batch in [(True, 2), (True, 2), (False, 2), (False, 3)]:
+        model.train(training), reference.train(training)
+        ids = torch.randint(0, 256, (batch, 12), generator=torch.Generator().manual_seed(batch))
+        with torch.set_grad_enabled(training):
+            out, expected = model(input_ids=ids).logits, reference(input_ids=ids).logits
+        exact &= torch.allclose(out, expected, atol=1e-4)
+        if training:
+            out.sum().backward()
+            expected.sum().backward()
+    print(json.dumps({"graphs": counters["stats"]["unique_graphs"], "exact": bool(exact),
+                      "code": torchkiln.report(model).served_from}))
+    """
+)
+
+
+@pytest.mark.needs_feature("precompiled artifacts")
+def test_lora_training_then_evaluation_is_served_whole_by_the_next_run(tmp_path):
+    # PEFT freezes the embeddings: in training the first block's input needs no gradient and
+    # the second block's does, so the second block's first call misses and is written. Its
+    # entry carries the group's fields (the first call's block), not its own (its layer_idx):
+    # before, the next run did not load it and compiled that call again.
+    pytest.importorskip("peft")
+    store = tmp_path / "store"
+    tiered = str(Path(__file__).resolve().parents[1] / "tiered")
+    first = run_json_script(tmp_path, "lora.py", PEFT_SCRIPT, str(store), tiered)
+    assert first["exact"] and first["graphs"] == 4, first
+    assert "5 calls fit; 3 compiled and written to the store" in _block_line(first), first
+    assert _entries(store) == 4
+    second = run_json_script(tmp_path, "lora.py", PEFT_SCRIPT, str(store), tiered)
+    assert second["exact"] and second["graphs"] == 0, second
+    assert "(4 functions: training, inference): 8 calls fit" in _block_line(second), second
+
+
 GENERATE_SCRIPT = textwrap.dedent(
     """
     import json, sys
