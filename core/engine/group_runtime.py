@@ -183,11 +183,13 @@ class GroupCode:
         """The report's line for this group's code."""
         if self.loaded is None:
             return f"{self.group.name}: {self.state}"
-        functions, written = self.loaded.functions, self.loaded.written
-        backend = self.misses - written
+        functions, written, found = self.loaded.functions, self.loaded.written, self.loaded.found
+        backend = self.misses - written - found
         built = f"; {backend} ran the backend's code" if backend else ""
         if written:
             built += f"; {written} compiled and written to the store"
+        if found:
+            built += f"; {found} fit entries another process wrote to the store since"
         missed = "".join(f"\n{line}" for line in self.missed.lines())
         return (
             f"{self.group.name}: {describe(self.state, self.loaded.source)} ({len(functions)} "

@@ -40,12 +40,19 @@ class SavedCode:
     loads it as the others do): a group is then ``compiled``, not ``serving``."""
     load_seconds: float | None = None
     """What loading took, where the source measured it."""
-    write_back: Callable[..., list[tuple[str, Callable[..., Any]]] | None] | None = None
+    write_back: Callable[..., tuple[list[tuple[str, Callable[..., Any]]], bool] | None] | None = (
+        None
+    )
     """For a source that is also written (a store): ``write_back(module, args, kwargs)``
     compiles an entry for a call none of these functions fits, saves it there and returns its
-    loaded functions (``None``: it could not; the backend's code then serves the call)."""
+    loaded functions and ``True``; or the functions of an entry the source received since that
+    fits the call and ``False`` (nothing compiled); or ``None``: neither (the backend's code
+    then serves the call)."""
     written: int = 0
     """How many missed calls ran an entry :meth:`add_written` compiled and wrote for them."""
+    found: int = 0
+    """How many missed calls ran an entry the source received since these were loaded (another
+    process wrote it), compiling nothing."""
     _table: Any = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -60,13 +67,16 @@ class SavedCode:
         if self.write_back is None:
             return None
         added = self.write_back(module, args, kwargs)
-        if not added:
+        if added is None:
             self.write_back = None  # one failure is enough: the backend serves the misses
             return None
-        self.functions = [*self.functions, *added]
+        functions, compiled = added
+        self.functions = [*self.functions, *functions]
         self._table = loaded_guard_table(fn for _, fn in self.functions)
         fn = self.find(self.frame_locals(module, args, kwargs))
-        self.written += fn is not None
+        if fn is not None:
+            self.written += compiled
+            self.found += not compiled
         return fn
 
     def frame_locals(

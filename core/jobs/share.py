@@ -246,7 +246,10 @@ class JobShare(CodeSource):
     def report(self) -> JobReport:
         for name, code in self.codes.items():
             record = self.groups[name]
-            record.fitted_calls, record.other_calls = code.hits, code.misses
+            # A call served by an entry another process wrote since fits the store: not
+            # compiled here.
+            found = code.loaded.found if code.loaded is not None else 0
+            record.fitted_calls, record.other_calls = code.hits + found, code.misses - found
             record.written = code.loaded.written if code.loaded is not None else 0
         return JobReport(
             self.exchange.rank,

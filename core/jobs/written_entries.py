@@ -65,11 +65,12 @@ def write_missed_call(
     module: nn.Module,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-) -> list[tuple[str, Any]] | None:
+) -> tuple[list[tuple[str, Any]], bool] | None:
     """A call the group's loaded functions do not fit, compiled on this rank (as without a
-    store) into a new entry of ``store``, so that a restart serves it too; the functions of the
-    entry that fits it, or ``None`` when none could be compiled, saved or made to fit (the
-    backend's code then serves it). No collective: only this rank may have missed. A call whose
+    store) into a new entry of ``store``, so that a restart serves it too: the functions of the
+    entry that fits it and whether this call compiled it (``False``: another process wrote it
+    since the group loaded the store), or ``None`` when none could be compiled, saved or made to
+    fit (the backend's code then serves it). No collective: only this rank may have missed. A call whose
     input shapes differ from the first call's, or whose key's entry it does not fit, is
     compiled with symbolic sizes when ``dynamic`` is unset (torch's automatic dynamic shapes
     recompile it so too), so that one entry covers the calls that follow."""
@@ -100,7 +101,7 @@ def write_missed_call(
                 table.find({**closure, "module": module, "args": args, "kwargs": kwargs})
                 is not None
             ):
-                return functions
+                return functions, built
             if built:  # compiled for this very call and still not fitting it: stop here
                 raise RuntimeError(f"the entry compiled for the call does not fit it ({key})")
         raise RuntimeError(f"{ENTRIES_PER_KEY} entries of its key exist and none fits it")

@@ -263,3 +263,48 @@ def test_generate_with_inductor_is_written_and_served_whole_by_the_next_run(tmp_
     second = run_json_script(tmp_path, "generate.py", GENERATE_SCRIPT, str(store), tiered)
     assert second["equal"] and second["graphs"] == 0, second
     assert f"({written + 1} functions: inference): {calls} calls fit" in _block_line(second)
+
+
+@pytest.mark.needs_feature("precompiled artifacts")
+def test_an_entry_another_process_wrote_since_serves_the_call_and_is_not_counted_as_compiled(
+    tmp_path,
+):
+    # Two models on one store in one process, as two processes sharing it: both load the store
+    # at their first call (batch 1); the first then writes batch 3's entry; the second's batch
+    # 3 misses what it loaded, finds that entry under the call's key and runs it. The report
+    # says so, not "compiled and written": Dynamo compiled nothing for that call.
+    import torch
+
+    import torchkiln
+    from torchkiln._internals import dynamo
+    from torchkiln.examples import llama
+
+    def graphs() -> int:
+        return int(dynamo.counters()["stats"]["unique_graphs"])
+
+    def tiny_llama() -> torch.nn.Module:  # as tests/tiered/tiered_models.py's
+        torch.manual_seed(0)
+        sizes = {"hidden_size": 64, "intermediate_size": 128, "heads": 4, "kv_heads": 2}
+        return llama(depth=2, vocab_size=256, **sizes).eval()
+
+    store = str(tmp_path / "store")
+    options = {"backend": "aot_eager", "store": store, "tiered": {"enabled": False}}
+    models = [torchkiln.compile(tiny_llama(), progress="off", **options) for _ in "ab"]
+    one, three = (torch.randint(0, 256, (batch, 12)) for batch in (1, 3))
+    with torch.no_grad():
+        for model in models:
+            model(one)
+        models[0](three)
+        before = graphs()
+        out = models[1](three).logits
+        assert graphs() == before  # nothing traced: the entry the first model wrote ran
+        assert torch.allclose(out, models[0](three).logits, atol=1e-5)
+    first, second = (torchkiln.report(m) for m in models)
+    assert "1 compiled and written to the store" in _block_line({"code": first.served_from})
+    said = _block_line({"code": second.served_from})
+    assert "3 calls fit; 1 fit entries another process wrote to the store since" in said, said
+    assert "compiled and written" not in said and "backend's code" not in said, said
+    [group] = second.job.groups
+    assert (group.fitted_calls, group.other_calls, group.written) == (4, 0, 0)
+    for model in models:
+        torchkiln.decompile(model)
