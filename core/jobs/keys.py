@@ -96,11 +96,12 @@ def share_fields(
     kwargs: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Every field of the key, by name (what :func:`differing_fields` compares)."""
-    return {
-        **group_fields(config, group, module, function),
-        "inputs": input_spec(args, dict(kwargs)),
-        "kind": call_kind(module),
-    }
+    return {**group_fields(config, group, module, function), **call_fields(module, args, kwargs)}
+
+
+def call_fields(module: nn.Module, args: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The key's :data:`CALL_FIELDS` for one call of ``module``."""
+    return {"inputs": input_spec(args, dict(kwargs)), "kind": call_kind(module)}
 
 
 def share_key(fields: Mapping[str, Any]) -> str:

@@ -22,10 +22,10 @@ from torch import nn
 
 from torchkiln._internals.aot_artifacts import loaded_guard_table
 from torchkiln._internals.dynamo import floats_specialized
-from torchkiln.artifacts.directory import error_reason, input_spec
+from torchkiln.artifacts.directory import error_reason
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.jobs.entry import build_entry, load_entry
-from torchkiln.jobs.keys import call_kind, share_key
+from torchkiln.jobs.keys import call_fields, share_key
 from torchkiln.jobs.store import JobStore
 
 logger = logging.getLogger("torchkiln")
@@ -74,11 +74,7 @@ def write_missed_call(
     input shapes differ from the first call's, or whose key's entry it does not fit, is
     compiled with symbolic sizes when ``dynamic`` is unset (torch's automatic dynamic shapes
     recompile it so too), so that one entry covers the calls that follow."""
-    fields = {
-        **call.group_fields,
-        "inputs": input_spec(args, dict(kwargs)),
-        "kind": call_kind(module),
-    }
+    fields = {**call.group_fields, **call_fields(module, args, kwargs)}
     try:
         for index, key in enumerate(sibling_keys(share_key(fields))):
             directory = store.find(key)
