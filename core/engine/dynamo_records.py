@@ -210,9 +210,11 @@ def _on_compile_start(compile_id: str) -> None:
         found = cache_entries.frame_being_compiled()
         if found is None:
             return
-        group = cache_entries.resumed_function_name(found[0].co_name)  # as group_code_of
-        if not group.startswith(GROUP_CODE_PREFIX):
-            return
+        group = found[0].co_name
+        if not group.startswith(GROUP_CODE_PREFIX):  # a resume function in a group function?
+            group = cache_entries.resumed_function_name(group)  # as group_code_of
+            if not group.startswith(GROUP_CODE_PREFIX):
+                return
         module = found[1].get("module")  # the region (a group function's first argument)
         event = CompileEvent(compile_id, group, weakref.ref(module) if module is not None else None)
         with _lock:
