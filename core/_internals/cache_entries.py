@@ -268,3 +268,58 @@ def guard_kinds(entry: Any) -> set[str]:
     Dynamo's guard builder methods, which no API enumerates. Verified: torch 2.11, 2.13, 2.14,
     2.15."""
     return {entry.guard_type, *(entry.derived_guard_types or ())}
+
+
+def unsavable_guard(entry: Any) -> bool:
+    """Whether torch refuses to save a compiled function holding this ``guard_filter_fn``
+    entry's guard (``PackageError: ID_MATCH guard cannot be serialized``): a guard on object
+    identity, by its type or a type derived from it, ``TYPE_MATCH`` and ``BUILTIN_MATCH``
+    excepted (torch saves those, by the class or builtin's name).
+
+    Mirrors ``CheckFunctionManager.serialize_guards``' check and reads its
+    ``UNSUPPORTED_SERIALIZATION_GUARD_TYPES``: no API says which guards torch can save.
+    Verified: torch 2.11, 2.13, 2.14, 2.15.
+    """
+    from torch._dynamo.guards import CheckFunctionManager
+
+    refused = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    if entry.guard_type in ("TYPE_MATCH", "BUILTIN_MATCH"):
+        return False
+    return entry.guard_type in refused or any(
+        kind in refused for kind in entry.derived_guard_types or ()
+    )
+
+
+_GUARD_TYPE_OF = re.compile(r"(?:dict\()?type\((\w+(?:\._modules\['[^']+'\])*)(?:\.(\w+))?\)")
+
+
+def kept_by_aot_compile(entry: Any) -> bool:
+    """Whether ``aot_compile`` keeps this ``guard_filter_fn`` entry's guard when it is given no
+    filter of its own: it drops every guard on a global and every guard whose own type it
+    cannot save (any filter given replaces that default).
+
+    Mirrors the default filter ``torch._dynamo.aot_compile`` installs (``is_global`` and
+    ``CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``): torch names it nowhere
+    public. Verified: torch 2.13, 2.14, 2.15 (2.11 has no ``aot_compile``).
+    """
+    from torch._dynamo.guards import CheckFunctionManager
+
+    refused = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return not (entry.is_global or entry.guard_type in refused)
+
+
+def guard_type_of(guard_name: str, root: str = "module") -> tuple[str, str | None] | None:
+    """For a guard on what a class holds, reached through ``type()`` of ``root``, a submodule
+    or an attribute of one (``dict(type(module._modules['attn'].processor).__dict__)
+    ['__call__']``): ``(submodule path, attribute)`` (``("attn", "processor")``; attribute
+    ``None`` for the module's own class). ``None`` for any other name.
+
+    Reads Dynamo's source names (``TypeSource`` spelled ``type(...)``, a class dict read
+    ``dict(type(...).__dict__)``): the guard filter gets names, not sources. Verified: torch
+    2.11, 2.13, 2.14, 2.15.
+    """
+    found = _GUARD_TYPE_OF.match(guard_name)
+    if found is None:
+        return None
+    path = guard_submodule_path(found.group(1), root)
+    return None if path is None else (path, found.group(2))

@@ -111,15 +111,31 @@ def hash_files(digest: Any, paths: Iterable[str]) -> Any:
 
 
 def _source_files(module: nn.Module) -> list[str]:
+    """The files defining the classes of ``module``, its submodules and the objects they hold
+    as attributes (an attention processor): a saved function keeps no identity guard on what
+    those classes hold (:mod:`torchkiln.engine.saved_guards`), so their source is keyed."""
     files = set()
-    for sub in module.modules():
+    for cls in {type(sub) for sub in module.modules()} | _attribute_classes(module):
         try:
-            source = inspect.getsourcefile(type(sub))
+            source = inspect.getsourcefile(cls)
         except (TypeError, OSError):
             source = None
         if source:
             files.add(source)
     return sorted(files)
+
+
+def _attribute_classes(module: nn.Module) -> set[type]:
+    """Classes of the objects the modules hold as public attributes, other than modules,
+    tensors and Python's own types (numbers, strings, containers)."""
+    return {
+        type(value)
+        for sub in module.modules()
+        for name, value in vars(sub).items()
+        if not name.startswith("_")
+        and not isinstance(value, nn.Module | torch.Tensor)
+        and type(value).__module__ != "builtins"
+    }
 
 
 def code_hash(module: nn.Module) -> str:

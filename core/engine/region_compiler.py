@@ -17,7 +17,6 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 from torch import nn
 
 from torchkiln._internals import dynamo
@@ -45,6 +44,7 @@ from torchkiln.engine.region_runtime import (
     first_line,
     traceable_int_patch,
 )
+from torchkiln.engine.saved_guards import saving_config
 from torchkiln.engine.states import State
 from torchkiln.errors import PluginError, RegionCompileError, TorchkilnError
 from torchkiln.plugin_host.group_preparation import GroupPreparation, RegionFunction
@@ -363,13 +363,10 @@ class Compiler:
             return compiled
 
         def compile_savable(dynamic: bool | None = None) -> Any:
-            # What torch can save: the group's function under torch.compile(fullgraph=True)
-            # (aot_compile refuses graph breaks), in the preparations' trace settings.
-            config = attrs.evolve(
-                self.config,
-                fullgraph=True,
-                dynamic=self.config.dynamic if dynamic is None else dynamic,
-            )
+            # What torch can save: the group's function under saving_config (fullgraph, the
+            # guards torch cannot save dropped where the key covers them), in the
+            # preparations' trace settings.
+            config = saving_config(self.config, dynamic)
             compiled = self.plugins.compile_region(
                 fn=fn, group=group, config=config, backend=config.backend
             )

@@ -2,14 +2,16 @@
 to run the same compiled code.
 
 The key covers the environment an artifact directory is keyed by (torch, Python, backend,
-mode, options, dynamic, device type, dtype), the transformers release, the device's
-architecture (a GPU's name and compute capability; on the CPU, the vector ISA inductor may use
-and the C++ compiler), the group's class, the source of its classes, its parameter and buffer
-layout, the values of its plain attributes (what Dynamo bakes into the code as constants:
-:mod:`torchkiln.jobs.attributes`), the wrappers its traced code runs through, the call's input specs and its kind (training or inference), and the device index:
-compiled code is bound to it (Dynamo's tensor guards compare it, inductor's code enters that
-device), so ranks on cuda:0 and cuda:1 of one node never run one entry. Ranks whose keys are
-equal receive one compile; a rank whose key differs compiles its own, and
+mode, options, dynamic, device type, dtype), the transformers and diffusers releases (a saved
+function keeps no identity guard on their modules: :mod:`torchkiln.engine.saved_guards`), the
+device's architecture (a GPU's name and compute capability; on the CPU, the vector ISA inductor
+may use and the C++ compiler), the group's class, the source of its classes and of the classes
+of the objects it holds, its parameter and buffer layout, the values of its plain attributes
+(what Dynamo bakes into the code as constants: :mod:`torchkiln.jobs.attributes`), the wrappers
+its traced code runs through, the call's input specs and its kind (training or inference), and
+the device index: compiled code is bound to it (Dynamo's tensor guards compare it, inductor's
+code enters that device), so ranks on cuda:0 and cuda:1 of one node never run one entry. Ranks
+whose keys are equal receive one compile; a rank whose key differs compiles its own, and
 :func:`differing_fields` names why.
 """
 
@@ -76,6 +78,7 @@ def group_fields(
     return {
         **environment_key(config, module),
         "transformers": installed_version("transformers"),
+        "diffusers": installed_version("diffusers"),
         "architecture": device_architecture(_first_device(module)),
         "device_index": _first_device(module).index,
         "group": group,

@@ -46,6 +46,7 @@ from torchkiln.engine.plan_check import select_plan
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
 from torchkiln.engine.resolve import ConfigArg, resolve_config
+from torchkiln.engine.saved_guards import saving_config
 from torchkiln.jobs.entry import build_entry
 from torchkiln.jobs.keys import share_fields, share_key
 from torchkiln.jobs.store import ENTRIES, JobStore
@@ -318,7 +319,8 @@ def precompile(
             f"artifacts directory {str(directory)!r} cannot be written: {error.__cause__ or error}"
         ) from error
     recorder = EntryRecorder(store, cfg)
-    compiler = Compiler(plan, cfg, pm, make_progress(cfg, plan))
+    # Keys are the configuration's; the groups compile under saving_config (its guard filter).
+    compiler = Compiler(plan, saving_config(cfg), pm, make_progress(cfg, plan))
     call = _as_call(example_inputs)
     recording = pm.register(recorder, name="torchkiln.precompile")
     try:

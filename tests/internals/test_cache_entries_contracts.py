@@ -6,6 +6,7 @@ Compiles only tiny functions with the ``eager`` backend (a few seconds in all).
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from collections.abc import Iterator
@@ -135,13 +136,23 @@ def helper(x):
 """
 
 
+class _Processor:
+    """An object a module holds and calls, reading its signature (as diffusers' attention
+    reads its processor's): Dynamo guards the class's ``__call__`` and its code."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
 class _Probed(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.linear = nn.Linear(3, 3)
+        self.processor = _Processor()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return sys.modules[_PROBE_MODULE].helper(self.linear(x))
+        assert "x" in inspect.signature(self.processor.__call__).parameters
+        return self.processor(sys.modules[_PROBE_MODULE].helper(self.linear(x)))
 
 
 def _whole(module: nn.Module, /, *args, **kwargs):
@@ -149,6 +160,8 @@ def _whole(module: nn.Module, /, *args, **kwargs):
 
 
 _KINDS: list[tuple[str, set[str]]] = []
+_SAVING: list[tuple[str, str, bool, bool]] = []
+"""``(guard type, name, kept_by_aot_compile, unsavable_guard)`` of each guard of the probe."""
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +178,10 @@ def guard_names() -> list[tuple[str, str, str | None]]:
             attribute = cache_entries.guard_checked_attribute(entry)
             seen.append((entry.guard_type, entry.name, attribute))
             _KINDS.append((entry.guard_type, cache_entries.guard_kinds(entry)))
+            kept = cache_entries.kept_by_aot_compile(entry)
+            _SAVING.append(
+                (entry.guard_type, entry.name, kept, cache_entries.unsavable_guard(entry))
+            )
         return [True] * len(entries)
 
     try:
@@ -207,6 +224,32 @@ def test_guard_kinds_hold_each_entrys_guard_type(guard_names) -> None:
     assert _KINDS and all(kind in kinds for kind, kinds in _KINDS)
     found = set().union(*(kinds for _, kinds in _KINDS))
     assert found & {"ID_MATCH", "CLASS_MATCH", "TYPE_MATCH"}, found
+
+
+def test_kept_by_aot_compile_drops_globals_and_the_types_torch_cannot_save(guard_names) -> None:
+    """``GuardFilterEntry.is_global`` and ``UNSUPPORTED_SERIALIZATION_GUARD_TYPES``."""
+    kept = {(kind, name): k for kind, name, k, _ in _SAVING}
+    assert not any(k for (_, name), k in kept.items() if name.startswith("G[")), kept
+    assert kept[("CLOSURE_MATCH", "type(module.processor).__call__")] is False
+    assert kept[("TYPE_MATCH", "module.processor")] is True
+
+
+def test_unsavable_guard_reads_the_types_a_guard_derives(guard_names) -> None:
+    """A ``CONSTANT_MATCH`` on the processor's code derives ``ID_MATCH``: torch's default keeps
+    it and cannot save it (diffusers' ``PackageError``); a ``TYPE_MATCH`` is saved."""
+    code = "dict(type(module.processor).__dict__)['__call__'].__code__"
+    rows = {(kind, name): (k, u) for kind, name, k, u in _SAVING}
+    assert rows[("CONSTANT_MATCH", code)] == (True, True), sorted(rows)
+    assert rows[("TYPE_MATCH", "module.processor")] == (True, False)
+
+
+def test_guard_type_of_reads_dynamos_type_sources(guard_names) -> None:
+    """Guard source names spell ``type(x)`` and a class's dict ``dict(type(x).__dict__)``."""
+    found = {cache_entries.guard_type_of(name) for _, name, _, _ in _SAVING}
+    assert ("", "processor") in found and ("", None) in found, found
+    assert cache_entries.guard_type_of("type(module._modules['a']._modules['b'])") == ("a.b", None)
+    assert cache_entries.guard_type_of("module.processor") is None
+    assert cache_entries.guard_type_of("type(G['x'])") is None
 
 
 def test_covered_calls_reads_each_entrys_tensor_guards() -> None:
