@@ -9,6 +9,7 @@ for. docs/precompile.md says what is checked and why."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import inspect
@@ -18,6 +19,7 @@ import re
 import shutil
 import stat
 import sys
+import types
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
@@ -125,15 +127,28 @@ def _source_files(module: nn.Module) -> list[str]:
     return sorted(files)
 
 
+_NOT_HELD_OBJECTS = (
+    nn.Module,
+    torch.Tensor,
+    types.FunctionType,
+    types.MethodType,
+    functools.partial,
+)
+
+
 def _attribute_classes(module: nn.Module) -> set[type]:
-    """Classes of the objects the modules hold as public attributes, other than modules,
-    tensors and Python's own types (numbers, strings, containers)."""
+    """Classes of the objects the modules hold as public attributes (an attention processor, a
+    config), other than modules, tensors, functions and Python's own types (numbers, strings,
+    containers). An instance ``forward`` is left out: it is whoever wraps the module (torchkiln's
+    runtime, accelerate's hook), which differs between a compiled model and its plain copy;
+    the class's own forward is in the class's file."""
     return {
         type(value)
         for sub in module.modules()
         for name, value in vars(sub).items()
         if not name.startswith("_")
-        and not isinstance(value, nn.Module | torch.Tensor)
+        and name != "forward"
+        and not isinstance(value, _NOT_HELD_OBJECTS)
         and type(value).__module__ != "builtins"
     }
 
