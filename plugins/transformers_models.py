@@ -61,8 +61,8 @@ def layer_index_dynamic(names: Sequence[str]) -> Iterator[None]:
     may trace a block, then the previous value restored: the block reads its index
     (``layer_idx``, ``layer_id``...) to pass it to the cache, and Dynamo would first specialise
     it (a guard ``layer_idx == 0``) and only then recompile with it symbolic: two graphs where
-    one does. Set through ``GroupPreparation.trace_settings``, so calls that run compiled code
-    do not pay it."""
+    one does. Set through ``GroupPreparation.trace_settings``: entered while Dynamo compiles
+    the block's group, so calls that run compiled code do not pay it."""
     sources = compiler_config.dynamic_sources
     compiler_config.dynamic_sources = sources + r",.*\.(?:" + "|".join(names) + r")$"
     try:

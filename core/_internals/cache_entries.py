@@ -155,7 +155,7 @@ def resumed_function_name(co_name: str) -> str:
 
 def frame_being_compiled() -> tuple[types.CodeType, dict[str, Any]] | None:
     """The code and locals of the frame Dynamo is compiling now on this thread (called from a
-    compile-start callback, :func:`on_compile_start`), or ``None``.
+    compile-start callback, :func:`on_compile`), or ``None``.
 
     Reads ``sys._getframe`` and the ``code`` and ``locals`` arguments of Dynamo's
     ``torch._dynamo.convert_frame._compile`` on the stack: a compile-start callback is given
@@ -172,35 +172,47 @@ def frame_being_compiled() -> tuple[types.CodeType, dict[str, Any]] | None:
     return None
 
 
-_start_lock = threading.Lock()
-_start_wrappers: dict[Callable[[str], None], Callable[[Any], None]] = {}
+_callbacks_lock = threading.Lock()
+_wrappers: dict[Callable[[str], None], Callable[[Any], None]] = {}
 
 
-def on_compile_start(callback: Callable[[str], None]) -> None:
-    """Have Dynamo call ``callback(compile_id)`` whenever it starts a compile. Idempotent;
-    call it again after ``torch._dynamo.reset()``, which drops Dynamo's callbacks.
+def _wrapper_of(callback: Callable[[str], None]) -> Callable[[Any], None]:
+    """The function Dynamo calls for ``callback``, made once (registering it again is then
+    seen as done): it passes ``callback`` the compile id only."""
 
-    Reads ``torch._dynamo.callback_handler`` (``start_callbacks``,
-    ``register_start_callback``) and the ``compile_id`` of the arguments it passes: torch has no
-    public compile-start hook. Verified: torch 2.11, 2.13, 2.14, 2.15.
+    def wrapper(args: Any) -> None:
+        try:
+            compile_id = str(getattr(args, "compile_id", "") or "")
+        except Exception:  # an observer never breaks a compile
+            return
+        callback(compile_id)
+
+    _wrappers[callback] = wrapper
+    return wrapper
+
+
+def on_compile(start: Callable[[str], None], end: Callable[[str], None]) -> None:
+    """Have Dynamo call ``start(compile_id)`` when it starts compiling a frame, before it
+    traces, and ``end(compile_id)`` when that compile ends, also when it fails (for the
+    outermost compile only: one that starts inside another calls neither). Idempotent; call
+    it again after ``torch._dynamo.reset()``, which drops Dynamo's callbacks.
+
+    Reads ``torch._dynamo.callback_handler`` (``start_callbacks``, ``end_callbacks``, their
+    ``register_*`` methods, which ``install_callbacks`` runs around ``_compile_inner``) and the
+    ``compile_id`` of the arguments it passes: torch has no public compile-start hook.
+    Verified: torch 2.11, 2.13, 2.14, 2.15.
     """
     import torch._dynamo
 
-    with _start_lock:
-        wrapper = _start_wrappers.get(callback)
-        if wrapper is None:
-
-            def wrapper(args: Any) -> None:
-                try:
-                    compile_id = str(getattr(args, "compile_id", "") or "")
-                except Exception:  # an observer never breaks a compile
-                    return
-                callback(compile_id)
-
-            _start_wrappers[callback] = wrapper
+    with _callbacks_lock:
         handler = torch._dynamo.callback_handler
-        if wrapper not in handler.start_callbacks:
-            handler.register_start_callback(wrapper)
+        for callback, registered, register in (
+            (start, handler.start_callbacks, handler.register_start_callback),
+            (end, handler.end_callbacks, handler.register_end_callback),
+        ):
+            wrapper = _wrappers.get(callback) or _wrapper_of(callback)
+            if wrapper not in registered:
+                register(wrapper)
 
 
 def mark_dynamic(tensor: Any, dims: list[int]) -> None:

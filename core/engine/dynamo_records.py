@@ -17,7 +17,8 @@ import collections
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from types import CodeType
 from typing import Any
 
@@ -145,7 +146,7 @@ class Window:
         """The window, from now; the compile observer installed again first (as
         :func:`install`: ``torch._dynamo.reset()`` may have dropped it)."""
         with _lock:
-            cache_entries.on_compile_start(_on_compile_start)
+            cache_entries.on_compile(_on_compile_start, _on_compile_end)
         counters = dynamo.counters()
         held = tuple(dynamo.compilation_metrics())
         return cls(
@@ -219,15 +220,44 @@ def _on_compile_start(compile_id: str) -> None:
         event = CompileEvent(compile_id, group, weakref.ref(module) if module is not None else None)
         with _lock:
             _by_compile_id[(group, compile_id)] = event
+            factories = _trace_settings.get(group)
+        if factories:
+            stack = contextlib.ExitStack()
+            _entered.append(stack)  # closed at the compile's end, entered or not
+            for factory in factories:
+                stack.enter_context(factory())
     except Exception:  # an observer never breaks a compile
         return
+
+
+def _on_compile_end(compile_id: str) -> None:
+    while _entered:  # only the outermost compile calls the observer: one at a time
+        _entered.pop().close()
+
+
+# --- the settings a group's code is traced in --------------------------------------------------
+
+_trace_settings: dict[str, list[Callable[[], AbstractContextManager[Any]]]] = {}
+"""Group code name -> its preparations' ``trace_settings`` factories."""
+_entered: list[contextlib.ExitStack] = []
+
+
+def trace_while_compiling(
+    group_code: str, factories: list[Callable[[], AbstractContextManager[Any]]]
+) -> None:
+    """Enter ``factories``' contexts (first outermost) whenever Dynamo compiles group code
+    ``group_code`` (its function, or a resume function in it), from the compile's start to its
+    end: ``GroupPreparation.trace_settings`` hold while Dynamo traces, and a call that runs
+    compiled code pays nothing for them (they were a context entered on every call)."""
+    with _lock:
+        _trace_settings[group_code] = list(factories)
 
 
 def install() -> None:
     """Install the observer (again whenever ``torch._dynamo.reset()``, which clears Dynamo's
     callbacks, dropped it)."""
     with _lock:
-        cache_entries.on_compile_start(_on_compile_start)
+        cache_entries.on_compile(_on_compile_start, _on_compile_end)
 
 
 def event_for(group_code: str, compile_id: str) -> CompileEvent | None:
@@ -240,6 +270,8 @@ def forget(group_codes: set[str]) -> None:
     with _lock:
         for key in [k for k, e in _by_compile_id.items() if e.group_code in group_codes]:
             del _by_compile_id[key]
+        for code in group_codes:
+            _trace_settings.pop(code, None)
 
 
 def failed_guards_and_count(code: CodeType, frame_locals: dict[str, Any]) -> tuple[list[str], int]:

@@ -34,8 +34,12 @@ SettingsFactory = Callable[[], AbstractContextManager[Any]]
 
 
 class TraceSettings:
-    """``compiled(*args, **kwargs)`` inside every factory's context, first factory outermost
-    (so that every call that may trace runs in the preparations' settings).
+    """``compiled(*args, **kwargs)`` inside every factory's context, first factory outermost.
+
+    What a group function compiled to be saved carries (``aot_compile`` is traced inside
+    :meth:`entered`), and the call path of an instance ``forward`` compiled on its own. The
+    group's own code is not wrapped: Dynamo's compiles of it enter the settings
+    (:func:`torchkiln.engine.dynamo_records.trace_while_compiling`), and its calls none.
 
     Attributes not defined here (``_torchdynamo_orig_callable``, ``aot_compile``, ...) are
     ``compiled``'s, so hooks that look at what ``torch.compile`` returned still see it.
@@ -46,8 +50,8 @@ class TraceSettings:
         self.factories = factories
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # In front of every call of the group's code: one settings context (the usual case) is
-        # entered directly, without an ExitStack and a frame of its own (principle 6).
+        # One settings context (the usual case) is entered directly, without an ExitStack
+        # and a frame of its own (principle 6).
         factories = self.factories
         if len(factories) == 1:
             with factories[0]():

@@ -398,7 +398,13 @@ class Compiler:
                     group.regions[0].path, group.name, error, plugin
                 ) from error
             return fn, error
-        return with_trace_settings(compiled, preparations), None
+        code_name = fn.__code__.co_name
+        if code_name.startswith(dynamo_records.GROUP_CODE_PREFIX):
+            # Entered while Dynamo compiles the group's code, not on every call of it.
+            factories = [p.trace_settings for p in preparations if p.trace_settings is not None]
+            dynamo_records.trace_while_compiling(code_name, factories)
+            return compiled, None
+        return with_trace_settings(compiled, preparations), None  # an instance forward's
 
 
 def _wrapped(

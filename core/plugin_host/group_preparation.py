@@ -98,8 +98,10 @@ class GroupPreparation:
         default=None, validator=_optional_callable("a factory of context managers")
     )
     """A context manager factory for settings Dynamo needs while it *traces* the group's
-    function (``torch.compiler.config.dynamic_sources``, say). The engine enters it around
-    every call that goes through ``torch.compile``'s own entry, where Dynamo may trace."""
+    function (``torch.compiler.config.dynamic_sources``, say). The engine enters it while
+    Dynamo compiles the group's code, from the compile's start to its end (recompiles and
+    resume functions included), and around the compile of a saved function; a call that runs
+    compiled code does not enter it."""
     forwards: tuple[tuple[nn.Module, Callable[..., Any] | None], ...] = attrs.field(
         default=(), converter=_forward_pairs
     )

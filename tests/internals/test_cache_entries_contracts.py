@@ -80,36 +80,66 @@ def _breaks(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture
 def compile_starts() -> Iterator[list[tuple[str, str | None]]]:
-    """``(compile id, name of the code being compiled)`` per compile start."""
+    """``(compile id, name of the code being compiled)`` per compile start; each compile's end
+    appends ``(compile id, "end")``."""
     seen: list[tuple[str, str | None]] = []
 
     def record(compile_id: str) -> None:
         found = cache_entries.frame_being_compiled()
         seen.append((compile_id, found[0].co_name if found is not None else None))
 
+    def record_end(compile_id: str) -> None:
+        seen.append((compile_id, "end"))
+
     torch._dynamo.reset()
-    cache_entries.on_compile_start(record)
-    cache_entries.on_compile_start(record)  # idempotent
+    cache_entries.on_compile(record, record_end)
+    cache_entries.on_compile(record, record_end)  # idempotent
     yield seen
-    torch._dynamo.reset()  # drops the callback
+    torch._dynamo.reset()  # drops the callbacks
 
 
-def test_on_compile_start_passes_each_compile_id_once(compile_starts) -> None:
+def test_on_compile_passes_each_compile_id_once_at_its_start_and_end(compile_starts) -> None:
     """``torch._dynamo.callback_handler`` and its arguments' ``compile_id``."""
     torch.compile(_sine, backend="eager")(torch.randn(3))
-    assert [compile_id for compile_id, _ in compile_starts] == ["0/0"]
+    assert compile_starts == [("0/0", "_sine"), ("0/0", "end")]
+
+
+_SCALE = {"value": 1.0}
+
+
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * _SCALE["value"]
+
+
+def test_on_compile_start_runs_before_dynamo_traces_and_end_after() -> None:
+    """``install_callbacks`` runs around ``_compile_inner``: a setting made at the start holds
+    while Dynamo traces (the value is folded into the graph), and is put back at the end."""
+
+    def start(compile_id: str) -> None:
+        _SCALE["value"] = 3.0
+
+    def end(compile_id: str) -> None:
+        _SCALE["value"] = 1.0
+
+    torch._dynamo.reset()
+    try:
+        cache_entries.on_compile(start, end)
+        out = torch.compile(_scaled, backend="eager")(torch.ones(2))
+    finally:
+        torch._dynamo.reset()
+    assert out.tolist() == [3.0, 3.0] and _SCALE["value"] == 1.0
 
 
 def test_frame_being_compiled_is_found_from_a_compile_start(compile_starts) -> None:
     """``sys._getframe`` and the ``code``/``locals`` arguments of ``convert_frame._compile``."""
     torch.compile(_sine, backend="eager")(torch.randn(3))
-    assert [name for _, name in compile_starts] == ["_sine"]
+    assert [name for _, name in compile_starts if name != "end"] == ["_sine"]
 
 
 def test_resumed_function_name_maps_a_resume_function_to_its_origin(compile_starts) -> None:
     """Dynamo's ``torch_dynamo_resume_in_<name>_at_<line>`` names."""
     torch.compile(_breaks, backend="eager")(torch.randn(2))
-    names = [name for _, name in compile_starts]
+    names = [name for _, name in compile_starts if name != "end"]
     assert len(names) == 2 and names[0] == "_breaks", names
     assert names[1] != "_breaks" and cache_entries.resumed_function_name(names[1]) == "_breaks"
     assert cache_entries.resumed_function_name("_sine") == "_sine"
