@@ -253,6 +253,18 @@ def trace_while_compiling(
         _trace_settings[group_code] = list(factories)
 
 
+@contextlib.contextmanager
+def trace_settings_entered(group_code: str) -> Iterator[None]:
+    """The settings :func:`trace_while_compiling` holds for ``group_code``, entered for a trace
+    made by other means than a Dynamo compile (``aot_compile`` while precompiling)."""
+    with _lock:
+        factories = list(_trace_settings.get(group_code, ()))
+    with contextlib.ExitStack() as stack:
+        for factory in factories:
+            stack.enter_context(factory())
+        yield
+
+
 def install() -> None:
     """Install the observer (again whenever ``torch._dynamo.reset()``, which clears Dynamo's
     callbacks, dropped it)."""

@@ -42,6 +42,7 @@ from torchkiln.artifacts.whole_build import (
 from torchkiln.configuration.config import CompileConfig
 from torchkiln.configuration.store_layout import KERNELS, WHOLE
 from torchkiln.engine.compile_state import decompile, state_of
+from torchkiln.engine.dynamo_records import trace_settings_entered
 from torchkiln.engine.plan_check import select_plan
 from torchkiln.engine.progress import make_progress
 from torchkiln.engine.region_compiler import Compiler
@@ -183,7 +184,9 @@ class EntryRecorder:
             seconds, path = 0.0, self.store.find(key)
             if path is None:  # an earlier precompile may have written it: kept as it is
                 staging = self.store.staging(key)
-                seconds, _ = build_entry(staging, fields, compiled, fn, module, args, kwargs)
+                # The group's trace settings (layer_idx symbolic), as its Dynamo compiles get.
+                with trace_settings_entered(fn.__code__.co_name):
+                    seconds, _ = build_entry(staging, fields, compiled, fn, module, args, kwargs)
                 path = self.store.publish(staging, key)
         except Exception as error:  # one entry failing is recorded, the rest go on
             self.skipped.append({"group": group, "kind": self.kind, "reason": error_reason(error)})
