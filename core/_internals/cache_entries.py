@@ -302,9 +302,6 @@ def unsavable_guard(entry: Any) -> bool:
     )
 
 
-_GUARD_TYPE_OF = re.compile(r"(?:dict\()?type\((\w+(?:\._modules\['[^']+'\])*)(?:\.(\w+))?\)")
-
-
 def kept_by_aot_compile(entry: Any) -> bool:
     """Whether ``aot_compile`` keeps this ``guard_filter_fn`` entry's guard when it is given no
     filter of its own: it drops every guard on a global and every guard whose own type it
@@ -318,6 +315,9 @@ def kept_by_aot_compile(entry: Any) -> bool:
 
     refused = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
     return not (entry.is_global or entry.guard_type in refused)
+
+
+_GUARD_TYPE_OF = re.compile(r"(?:dict\()?type\((\w+(?:\._modules\['[^']+'\])*)(?:\.(\w+))?\)")
 
 
 def guard_type_of(guard_name: str, root: str = "module") -> tuple[str, str | None] | None:
